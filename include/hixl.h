@@ -1,0 +1,293 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * hixl.h - one-sided communication for AI clusters.
+ *
+ * A process registers memory; a peer then puts, gets, writes with an
+ * immediate and runs 64-bit atomics on it without the owner calling anything,
+ * and fences to know it all landed.  This header is the whole public API and
+ * its contract.  It is C11 and compiles as C++.
+ *
+ * Conventions (the same in every function):
+ *  - Every call that can fail returns hixl_status_t: HIXL_OK (0), the
+ *    progress code HIXL_INPROGRESS (1), or a negative HIXL_ERR_*.  On failure
+ *    hixl_last_error() gives this thread's detailed message (what failed,
+ *    which peer, which range) and nothing observable has changed: output
+ *    arguments (named *_p) are written only on success, and no byte of remote
+ *    memory has been touched.
+ *  - Timeouts are in milliseconds: -1 waits forever, 0 does not wait.
+ *  - Handles are opaque.  A handle belongs to the context it came from.
+ *  - Thread safety: every function may be called from any thread at any time,
+ *    except that a handle must not be used concurrently with the call that
+ *    destroys it (hixl_ctx_destroy, hixl_disconnect, hixl_mr_dereg,
+ *    hixl_rmr_release, hixl_req_free, hixl_world_destroy).
+ *
+ * Completion semantics (see docs/semantics.md):
+ *  - A put completes when its data is visible in the target's memory, a get
+ *    when the data is in ours, an atomic when it has executed at the target.
+ *  - hixl_fence(ctx, peer) returns once everything issued before it to that
+ *    peer (or to every peer) has completed at its target.
+ *  - Each hixl_put_imm / hixl_notify / notifying batch yields exactly one
+ *    notification at the target, after its data is visible, in issue order
+ *    per peer.
+ */
+#ifndef HIXL_H
+#define HIXL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define HIXL_VERSION_MAJOR 1
+#define HIXL_VERSION_MINOR 0
+#define HIXL_VERSION_PATCH 0
+
+typedef struct hixl_ctx hixl_ctx_t;     /* a communication context (one per process usually) */
+typedef struct hixl_peer hixl_peer_t;   /* a connection to another context (or to ourselves) */
+typedef struct hixl_mr hixl_mr_t;       /* a local registered region */
+typedef struct hixl_rmr hixl_rmr_t;     /* a peer's region, usable as a remote target */
+typedef struct hixl_req hixl_req_t;     /* an outstanding operation */
+typedef struct hixl_world hixl_world_t; /* a fixed group of ranks (torchrun style) */
+
+/* Status codes.  Values are part of the ABI and never renumbered. */
+typedef enum hixl_status {
+  HIXL_OK = 0,
+  HIXL_INPROGRESS = 1,         /* not yet complete; test or wait again */
+  HIXL_ERR_INVALID = -1,       /* bad argument (NULL, zero length, bad flags, unaligned atomic) */
+  HIXL_ERR_NOMEM = -2,         /* out of memory or of a bounded resource */
+  HIXL_ERR_NOT_REGISTERED = -3, /* range not inside a registered region; unknown or stale rkey */
+  HIXL_ERR_ACCESS = -4,        /* the region does not grant the right the operation needs */
+  HIXL_ERR_UNSUPPORTED = -5,   /* the transport or build cannot do this */
+  HIXL_ERR_TIMEOUT = -6,       /* the timeout expired; the operation may still complete */
+  HIXL_ERR_PEER_LOST = -7,     /* the peer died, disconnected or stopped answering */
+  HIXL_ERR_TRANSPORT = -8,     /* the transport failed (details in hixl_last_error) */
+  HIXL_ERR_AUTH = -9,          /* the peer rejected our auth token, or we rejected theirs */
+  HIXL_ERR_AGAIN = -10,        /* a bounded queue is full for longer than the timeout; retry */
+  HIXL_ERR_NO_DEVICE = -11     /* no such device, or no device runtime on this machine */
+} hixl_status_t;
+
+/* Name of a status ("HIXL_ERR_ACCESS: ..."); never NULL, static storage. */
+const char *hixl_strerror(hixl_status_t st);
+/* The calling thread's detailed message for its last failed call; "" if none.
+ * Valid until this thread's next hixl call. */
+const char *hixl_last_error(void);
+
+/* ---------------------------------------------------------------- config */
+
+typedef struct hixl_config {
+  const char *listen;      /* "host:port" to listen on; NULL: all addresses, any port   (HIXL_LISTEN) */
+  const char *transports;  /* allowed, in preference order, e.g. "shm,verbs"; NULL: all (HIXL_TRANSPORTS) */
+  const char *net_dev;     /* RDMA device or netdev; NULL: auto                          (HIXL_NET_DEV) */
+  const char *auth_token;  /* shared secret checked at connect; NULL: none               (HIXL_AUTH_TOKEN) */
+  int progress_thread;     /* 1: progress in a background thread                         (HIXL_PROGRESS_THREAD) */
+  int timeout_ms;          /* default for connects, heartbeats and blocking calls       (HIXL_TIMEOUT_MS) */
+  void *reserved[8];       /* must be zero (hixl_config_init does it) */
+} hixl_config_t;
+
+/* Fill defaults (listen NULL, transports NULL, progress_thread 0,
+ * timeout_ms 10000), then override each field from its HIXL_* environment
+ * variable when set.  The strings point into the environment. */
+void hixl_config_init(hixl_config_t *cfg);
+
+/* Create a context: starts the control listener (TCP on cfg->listen) and the
+ * control thread that answers peers (connects, key lookups, heartbeats), so
+ * that peers can reach our memory without this process calling hixl.
+ * cfg NULL means hixl_config_init() defaults.  The strings in cfg are copied.
+ * Errors: INVALID (bad listen address, unknown transport name, timeout < 1),
+ * TRANSPORT (cannot listen), NOMEM. */
+hixl_status_t hixl_ctx_create(const hixl_config_t *cfg, hixl_ctx_t **ctx_p);
+/* Disconnect every peer, release every region and request, free the context.
+ * Memory from hixl_mem_alloc is freed.  NULL is a no-op. */
+void hixl_ctx_destroy(hixl_ctx_t *ctx);
+/* "host:port" that peers pass to hixl_connect.  Valid while ctx lives. */
+const char *hixl_ctx_address(const hixl_ctx_t *ctx);
+
+/* ------------------------------------------------------------------ peers */
+
+/* Connect to the context listening at addr ("host:port", IPv4, IPv6 in
+ * brackets, or a name).  The handshake checks the protocol version and the
+ * auth token and picks the transport: "self" when addr is this context,
+ * "shm" when both are on the same host (same kernel boot and network
+ * namespace), later "verbs" / "fabric" across hosts; cfg.transports limits
+ * the choice.  Peers that connect to us become hixl_peer_t objects too
+ * (they appear in notifications and can be used to reach back).
+ * Errors: INVALID (bad address), TIMEOUT, PEER_LOST (refused / closed),
+ * AUTH (token mismatch), UNSUPPORTED (no common transport), NOMEM. */
+hixl_status_t hixl_connect(hixl_ctx_t *ctx, const char *addr, int timeout_ms,
+                           hixl_peer_t **peer_p);
+/* Close a peer we connected to: outstanding requests fail with PEER_LOST,
+ * rmrs unpacked through it become unusable (release them still).  The handle
+ * is freed.  Peers that connected to us are owned by the context; for those
+ * this closes the connection and the handle stays valid (but lost) until
+ * hixl_ctx_destroy.  Errors: INVALID (NULL). */
+hixl_status_t hixl_disconnect(hixl_peer_t *peer);
+/* "self", "shm", "verbs" or "fabric"; NULL for a NULL peer. */
+const char *hixl_peer_transport(const hixl_peer_t *peer);
+
+/* ----------------------------------------------------------------- memory */
+
+/* Remote access rights of a region (bit set).  Local use needs none. */
+enum { HIXL_ACCESS_READ = 1, HIXL_ACCESS_WRITE = 2, HIXL_ACCESS_ATOMIC = 4 };
+typedef enum { HIXL_MEM_HOST = 0, HIXL_MEM_DEVICE = 1 } hixl_mem_kind_t;
+
+/* Register [addr, addr+len) of host memory with the given remote rights.
+ * The memory must stay mapped until hixl_mr_dereg.  Any host memory works
+ * (stack, heap, mmap); hixl_mem_alloc memory is faster to reach on shm.
+ * Errors: INVALID (NULL addr, zero len, unknown access bits), NOMEM (too many
+ * regions). */
+hixl_status_t hixl_mr_reg(hixl_ctx_t *ctx, void *addr, size_t len, unsigned access,
+                          hixl_mr_t **mr_p);
+/* Register device memory (GPU / NPU).  Until the device shim lands this
+ * returns NO_DEVICE. */
+hixl_status_t hixl_mr_reg_device(hixl_ctx_t *ctx, void *addr, size_t len, int device_id,
+                                 unsigned access, hixl_mr_t **mr_p);
+/* Allocate len bytes of the memory every transport shares best (host:
+ * page-aligned, zeroed, memfd-backed so same-host peers map it directly) and
+ * register it.  Freed by hixl_mr_dereg.  HIXL_MEM_DEVICE returns NO_DEVICE
+ * until the device shim lands.  Errors: INVALID, NOMEM, NO_DEVICE. */
+hixl_status_t hixl_mem_alloc(hixl_ctx_t *ctx, size_t len, hixl_mem_kind_t kind,
+                             unsigned access, void **addr_p, hixl_mr_t **mr_p);
+/* Deregister; frees hixl_mem_alloc memory too.  Its rkey is never matched
+ * again: later peer operations on it fail with NOT_REGISTERED.  An operation
+ * racing with dereg may still land (as with RDMA); quiesce first.
+ * Errors: INVALID (NULL). */
+hixl_status_t hixl_mr_dereg(hixl_mr_t *mr);
+/* Serialize the region's remote key into buf for out-of-band exchange.
+ * *len_p: capacity in, size out; buf NULL asks the size.  The blob is
+ * position independent and at most HIXL_RKEY_MAX bytes.
+ * Errors: INVALID (NULL mr/len_p), NOMEM (capacity too small; *len_p set to
+ * the size needed). */
+hixl_status_t hixl_mr_pack(const hixl_mr_t *mr, void *buf, size_t *len_p);
+#define HIXL_RKEY_MAX 64
+/* Turn a blob from hixl_mr_pack of the context behind peer into an rmr.
+ * The blob is parsed strictly and checked with the owner: a forged, altered
+ * or stale blob gives NOT_REGISTERED (or INVALID when malformed).
+ * Errors: INVALID, NOT_REGISTERED, PEER_LOST, NOMEM. */
+hixl_status_t hixl_rmr_unpack(hixl_peer_t *peer, const void *buf, size_t len,
+                              hixl_rmr_t **rmr_p);
+/* Publish the region under a name (1..63 bytes) so peers can find it with
+ * hixl_rmr_lookup.  Republishing a name replaces it; dereg unpublishes.
+ * Errors: INVALID (bad name), NOMEM. */
+hixl_status_t hixl_mr_publish(hixl_mr_t *mr, const char *name);
+/* Ask the peer for the region it published under name, waiting up to
+ * timeout_ms for it to appear.  Errors: INVALID, NOT_REGISTERED (not
+ * published within the timeout, or timeout 0 and absent), PEER_LOST,
+ * TIMEOUT (the peer did not answer). */
+hixl_status_t hixl_rmr_lookup(hixl_peer_t *peer, const char *name, int timeout_ms,
+                              hixl_rmr_t **rmr_p);
+/* Release an rmr (unmaps what it mapped).  NULL is a no-op. */
+void hixl_rmr_release(hixl_rmr_t *rmr);
+
+/* ------------------------------------------------------------- operations */
+
+/* Operation flags.  HIXL_OP_ORDERED: the operation is not started before every
+ * earlier operation to the same peer has completed at the target (a fence
+ * that does not block the caller). */
+enum { HIXL_OP_ORDERED = 1 };
+
+/* All operations are non-blocking.  Before anything moves, the remote range
+ * [off, off+len) is checked against the rmr's region: outside it (or an
+ * overflowing off+len, or a deregistered region) -> NOT_REGISTERED; the
+ * region lacks READ (get), WRITE (put) or ATOMIC (atomics) -> ACCESS; len 0,
+ * NULL buffers or unknown flags -> INVALID; a lost peer -> PEER_LOST.  On
+ * such an error no request is created and nothing is written.
+ * Local buffers need not be registered and may be reused as soon as the
+ * call returns for puts (the data has been taken), or once the request
+ * completes for gets and atomics.  req_p NULL: no request is returned; use
+ * hixl_fence to know completion.  Otherwise *req_p must be freed with
+ * hixl_req_free. */
+hixl_status_t hixl_put(hixl_peer_t *peer, const void *src, size_t len, hixl_rmr_t *dst,
+                       uint64_t off, unsigned flags, hixl_req_t **req_p);
+hixl_status_t hixl_get(hixl_peer_t *peer, void *dst, size_t len, hixl_rmr_t *src,
+                       uint64_t off, unsigned flags, hixl_req_t **req_p);
+/* A put whose completion also yields, at the target, one notification
+ * {peer, imm, len} after the data is visible, in issue order per peer. */
+hixl_status_t hixl_put_imm(hixl_peer_t *peer, const void *src, size_t len, hixl_rmr_t *dst,
+                           uint64_t off, uint32_t imm, unsigned flags, hixl_req_t **req_p);
+/* A notification with no data ({peer, imm, 0} at the target). */
+hixl_status_t hixl_notify(hixl_peer_t *peer, uint32_t imm, unsigned flags, hixl_req_t **req_p);
+/* 64-bit atomics on an 8-byte-aligned offset (else INVALID), host byte order.
+ * *old_p receives the previous value when the request completes (old_p may
+ * be NULL).  CAS writes desired only if the value equals expected. */
+hixl_status_t hixl_atomic_cas(hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t off,
+                              uint64_t expected, uint64_t desired, uint64_t *old_p,
+                              unsigned flags, hixl_req_t **req_p);
+hixl_status_t hixl_atomic_faa(hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t off,
+                              uint64_t add, uint64_t *old_p, unsigned flags, hixl_req_t **req_p);
+
+/* One element of a batch: local buffer, remote region and offset, length. */
+typedef struct hixl_xfer {
+  void *local;
+  hixl_rmr_t *rmr;
+  uint64_t off;
+  size_t len;
+} hixl_xfer_t;
+/* Many transfers to one peer under one request.  Every element is checked
+ * before any moves; the first bad one fails the whole batch (its index is in
+ * hixl_last_error).  With imm non-NULL, one notification {peer, *imm, total
+ * bytes} is delivered after the whole batch is visible. */
+hixl_status_t hixl_put_batch(hixl_peer_t *peer, const hixl_xfer_t *xfers, size_t n,
+                             const uint32_t *imm /* NULL: no notification */,
+                             unsigned flags, hixl_req_t **req_p);
+hixl_status_t hixl_get_batch(hixl_peer_t *peer, const hixl_xfer_t *xfers, size_t n,
+                             unsigned flags, hixl_req_t **req_p);
+
+/* --------------------------------------------------------------- requests */
+
+/* OK (complete), INPROGRESS, or the operation's error.  Drives progress. */
+hixl_status_t hixl_req_test(hixl_req_t *req);
+/* Wait for completion; TIMEOUT when it has not completed in timeout_ms (the
+ * request stays valid).  Returns the operation's status otherwise. */
+hixl_status_t hixl_req_wait(hixl_req_t *req, int timeout_ms);
+/* Free a request.  Freeing an incomplete request is allowed: the operation
+ * still runs, its result is dropped.  NULL is a no-op. */
+void hixl_req_free(hixl_req_t *req);
+/* Return once every operation issued before the call to peer (NULL: to
+ * every peer) has completed at its target.  Errors: TIMEOUT, PEER_LOST
+ * (something issued to a lost peer did not complete). */
+hixl_status_t hixl_fence(hixl_ctx_t *ctx, hixl_peer_t *peer /* NULL: all */, int timeout_ms);
+/* Drive completions once; returns how many were processed, or < 0 (a
+ * hixl_status_t) on error.  Blocking calls drive progress themselves. */
+int hixl_progress(hixl_ctx_t *ctx);
+
+/* ---------------------------------------------------------- notifications */
+
+typedef struct hixl_notif {
+  hixl_peer_t *peer; /* who sent it (a handle valid until hixl_ctx_destroy) */
+  uint32_t imm;      /* the immediate */
+  size_t len;        /* bytes of the put it followed (0 for hixl_notify) */
+} hixl_notif_t;
+/* Take up to max pending notifications; returns how many (0 if none), or <
+ * 0 (INVALID) on bad arguments. */
+int hixl_notif_poll(hixl_ctx_t *ctx, hixl_notif_t *out, int max);
+/* Wait for one notification.  Errors: TIMEOUT, INVALID. */
+hixl_status_t hixl_notif_wait(hixl_ctx_t *ctx, hixl_notif_t *out, int timeout_ms);
+
+/* ------------------------------------------------------------------ world */
+
+/* Join a fixed group: rank in [0, size).  rank or size < 0: taken from RANK /
+ * WORLD_SIZE; rendezvous "host:port" (rank 0 listens there), NULL:
+ * MASTER_ADDR:MASTER_PORT.  Every rank gets a peer to every other rank
+ * (one connection per pair) and a self peer for itself.  Blocks until all
+ * ranks have joined or ctx's timeout expires.
+ * Errors: INVALID, TIMEOUT, PEER_LOST, AUTH, NOMEM. */
+hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char *rendezvous,
+                                hixl_world_t **world_p);
+/* The peer for rank (own rank: a self peer); NULL if out of range. */
+hixl_peer_t *hixl_world_peer(hixl_world_t *w, int rank);
+int hixl_world_rank(const hixl_world_t *w);
+int hixl_world_size(const hixl_world_t *w);
+/* Return once every rank has entered the barrier.  Does not fence. */
+hixl_status_t hixl_world_barrier(hixl_world_t *w);
+/* Collective: every rank passes its region; rmrs[r] (an array of size
+ * entries) receives rank r's region, usable through hixl_world_peer(w, r).
+ * Release each with hixl_rmr_release. */
+hixl_status_t hixl_world_exchange(hixl_world_t *w, hixl_mr_t *mr, hixl_rmr_t **rmrs);
+void hixl_world_destroy(hixl_world_t *w);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* HIXL_H */

@@ -1,0 +1,120 @@
+/* SPDX-License-Identifier: MIT */
+#define _GNU_SOURCE
+#include "config.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hixl_int.h"
+
+static const char *const tp_names[HIXL_TP_COUNT] = {"self", "shm", "verbs", "fabric"};
+
+void hixl_config_init(hixl_config_t *cfg)
+{
+  if (cfg == NULL)
+    return;
+  memset(cfg, 0, sizeof(*cfg));
+  cfg->timeout_ms = 10000;
+  cfg->listen = getenv("HIXL_LISTEN");
+  cfg->transports = getenv("HIXL_TRANSPORTS");
+  cfg->net_dev = getenv("HIXL_NET_DEV");
+  cfg->auth_token = getenv("HIXL_AUTH_TOKEN");
+  long v;
+  const char *e = getenv("HIXL_PROGRESS_THREAD");
+  if (e && hixl__parse_int(e, 0, 1, &v) == 0)
+    cfg->progress_thread = (int)v;
+  else if (e)
+    hixl_warn("ignoring HIXL_PROGRESS_THREAD=%s (want 0 or 1)", e);
+  e = getenv("HIXL_TIMEOUT_MS");
+  if (e && hixl__parse_int(e, 1, 24L * 3600 * 1000, &v) == 0)
+    cfg->timeout_ms = (int)v;
+  else if (e)
+    hixl_warn("ignoring HIXL_TIMEOUT_MS=%s (want 1..86400000)", e);
+}
+
+int hixl__parse_int(const char *s, long lo, long hi, long *out)
+{
+  if (s == NULL || *s == 0)
+    return -1;
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || *end != 0 || v < lo || v > hi)
+    return -1;
+  *out = v;
+  return 0;
+}
+
+hixl_status_t hixl__parse_transports(const char *s, uint8_t *order, int *n_p, uint32_t *mask_p)
+{
+  uint32_t mask = 0;
+  int n = 0;
+  if (s == NULL || *s == 0 || strcmp(s, "all") == 0) {
+    for (int i = 0; i < HIXL_TP_COUNT; i++) {
+      order[n++] = (uint8_t)i;
+      mask |= 1u << i;
+    }
+    *n_p = n;
+    *mask_p = mask;
+    return HIXL_OK;
+  }
+  const char *p = s;
+  while (*p) {
+    const char *end = strchr(p, ',');
+    size_t len = end ? (size_t)(end - p) : strlen(p);
+    int id = -1;
+    for (int i = 0; i < HIXL_TP_COUNT; i++)
+      if (strlen(tp_names[i]) == len && strncmp(p, tp_names[i], len) == 0)
+        id = i;
+    if (id < 0)
+      return hixl__err(HIXL_ERR_INVALID,
+                       "unknown transport '%.*s' in \"%s\" (known: self, shm, verbs, fabric)",
+                       (int)(len > 32 ? 32 : len), p, s);
+    if (!(mask & (1u << id))) {
+      order[n++] = (uint8_t)id;
+      mask |= 1u << id;
+    }
+    p += len;
+    if (*p == ',')
+      p++;
+  }
+  *n_p = n;
+  *mask_p = mask;
+  return HIXL_OK;
+}
+
+hixl_status_t hixl__parse_hostport(const char *s, char *host, size_t host_cap, char *port,
+                                   size_t port_cap)
+{
+  if (s == NULL || *s == 0)
+    return hixl__err(HIXL_ERR_INVALID, "empty address (want host:port)");
+  const char *colon;
+  const char *h = s;
+  size_t hlen;
+  if (*s == '[') {
+    const char *rb = strchr(s, ']');
+    if (rb == NULL || rb[1] != ':')
+      return hixl__err(HIXL_ERR_INVALID, "bad address \"%s\" (want [v6addr]:port)", s);
+    h = s + 1;
+    hlen = (size_t)(rb - h);
+    colon = rb + 1;
+  } else {
+    colon = strrchr(s, ':');
+    if (colon == NULL)
+      return hixl__err(HIXL_ERR_INVALID, "bad address \"%s\" (want host:port)", s);
+    hlen = (size_t)(colon - s);
+    if (memchr(s, ':', hlen) != NULL)
+      return hixl__err(HIXL_ERR_INVALID, "bad address \"%s\" (put IPv6 in brackets)", s);
+  }
+  const char *pt = colon + 1;
+  long pv;
+  if (hixl__parse_int(pt, 0, 65535, &pv) != 0)
+    return hixl__err(HIXL_ERR_INVALID, "bad port in address \"%s\"", s);
+  if (hlen + 1 > host_cap || strlen(pt) + 1 > port_cap)
+    return hixl__err(HIXL_ERR_INVALID, "address \"%s\" too long", s);
+  memcpy(host, h, hlen);
+  host[hlen] = 0;
+  strcpy(port, pt);
+  return HIXL_OK;
+}

@@ -1,0 +1,1080 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The control plane: one stream socket per peer carrying wire.h messages,
+ * and one control thread per context that accepts peers, runs the target
+ * side of the handshake, answers requests that reach our memory (key
+ * lookups, memfd requests, atomics on CMA regions), delivers replies to
+ * waiting callers, sends heartbeats and notices dead peers.  Because of it a
+ * target never has to call hixl for peers to use its memory.
+ *
+ * Locking: ctx->lock protects the peer list, pending calls and world state.
+ * Only the control thread closes peer sockets and frees unbound inbound
+ * connections, so a socket is never closed under a reader.  Writes to a
+ * socket are serialized by peer->send_lock; nobody sends while holding
+ * ctx->lock except the control thread for heartbeats (bounded by
+ * SO_SNDTIMEO), so a full socket cannot deadlock two contexts.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "hixl_int.h"
+
+#define RX_CAP (HIXL_WIRE_HDR + HIXL_WIRE_MAX)
+
+int hixl__ctx_timeout(const hixl_ctx_t *ctx) { return ctx->cfg.timeout_ms; }
+
+void hixl__wake(hixl_ctx_t *ctx)
+{
+  uint64_t one = 1;
+  ssize_t r = write(ctx->wake_fd, &one, sizeof(one));
+  (void)r; /* a full eventfd already wakes the thread */
+}
+
+static hixl_peer_t *peer_new(hixl_ctx_t *ctx, int fd, bool inbound)
+{
+  hixl_peer_t *p = calloc(1, sizeof(*p));
+  if (p == NULL)
+    return NULL;
+  p->magic = HIXL_MAGIC_PEER;
+  p->ctx = ctx;
+  p->fd = fd;
+  p->inbound = inbound;
+  atomic_init(&p->state, HIXL_PEER_CONNECTING);
+  pthread_mutex_init(&p->send_lock, NULL);
+  p->last_rx_ns = p->last_tx_ns = hixl__now_ns();
+  return p;
+}
+
+void hixl__peer_free(hixl_peer_t *p)
+{
+  if (p->ops)
+    p->ops->peer_close(p);
+  for (int i = 0; i < p->n_rx_fds; i++)
+    close(p->rx_fds[i]);
+  if (p->fd >= 0)
+    close(p->fd);
+  free(p->rx);
+  pthread_mutex_destroy(&p->send_lock);
+  p->magic = HIXL_MAGIC_DEAD;
+  free(p);
+}
+
+void hixl__peer_fail_locked(hixl_peer_t *p, int state, const char *why)
+{
+  int old = atomic_load(&p->state);
+  if (old == HIXL_PEER_LOST || old == HIXL_PEER_CLOSED)
+    return;
+  atomic_store(&p->state, state);
+  if (!p->unix_pending && old == HIXL_PEER_UP)
+    hixl_info("peer %s %s: %s", p->name, state == HIXL_PEER_LOST ? "lost" : "closed", why);
+  hixl_pending_t *pd = p->pending;
+  p->pending = NULL;
+  while (pd) {
+    hixl_pending_t *next = pd->next;
+    pd->status = HIXL_ERR_PEER_LOST;
+    pd->done = true;
+    if (pd->req) {
+      hixl__req_complete(pd->req, HIXL_ERR_PEER_LOST, 0);
+      free(pd);
+    }
+    pd = next;
+  }
+  pthread_cond_broadcast(&p->ctx->cond);
+  hixl__wake(p->ctx);
+}
+
+/* ------------------------------------------------------------- sending */
+
+hixl_status_t hixl__send(hixl_peer_t *peer, hixl_msg_t *m, const int *fds, int nfds)
+{
+  uint8_t buf[RX_CAP];
+  m->nfds = (uint16_t)nfds;
+  size_t len = hixl_wire_encode(m, buf, sizeof(buf));
+  if (len == 0)
+    return hixl__err(HIXL_ERR_INVALID, "control message %s does not encode",
+                     hixl_wire_type_name(m->type));
+  union {
+    char buf[CMSG_SPACE(sizeof(int) * 4)];
+    struct cmsghdr align;
+  } cm;
+  pthread_mutex_lock(&peer->send_lock);
+  int fd = peer->fd;
+  size_t off = 0;
+  hixl_status_t st = HIXL_OK;
+  while (off < len) {
+    struct iovec iov = {buf + off, len - off};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (off == 0 && nfds > 0) {
+      memset(&cm, 0, sizeof(cm));
+      mh.msg_control = cm.buf;
+      mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
+      struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+      memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
+    }
+    ssize_t n = fd < 0 ? -1 : sendmsg(fd, &mh, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (fd >= 0 && errno == EINTR)
+        continue;
+      st = hixl__err(HIXL_ERR_PEER_LOST, "peer %s: sending %s failed: %s", peer->name,
+                     hixl_wire_type_name(m->type), fd < 0 ? "not connected" : strerror(errno));
+      break;
+    }
+    off += (size_t)n;
+  }
+  peer->last_tx_ns = hixl__now_ns();
+  pthread_mutex_unlock(&peer->send_lock);
+  return st;
+}
+
+static void pending_unlink_locked(hixl_peer_t *peer, hixl_pending_t *pd)
+{
+  for (hixl_pending_t **pp = &peer->pending; *pp; pp = &(*pp)->next)
+    if (*pp == pd) {
+      *pp = pd->next;
+      return;
+    }
+}
+
+static void cond_wait_until(hixl_ctx_t *ctx, int64_t deadline)
+{
+  /* Wake at least every 100 ms: cheap insurance against a missed signal. */
+  int64_t now = hixl__now_ns();
+  int64_t until = now + 100000000;
+  if (deadline < until)
+    until = deadline;
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  int64_t t = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec + (until - now);
+  ts.tv_sec = t / 1000000000;
+  ts.tv_nsec = t % 1000000000;
+  pthread_cond_timedwait(&ctx->cond, &ctx->lock, &ts);
+}
+
+hixl_status_t hixl__call(hixl_peer_t *peer, hixl_msg_t *m, uint16_t reply_type, hixl_msg_t *reply,
+                         int *fd_p, int64_t deadline)
+{
+  hixl_ctx_t *ctx = peer->ctx;
+  hixl_pending_t pd = {.reply_type = reply_type, .reply = reply, .fd = -1};
+  pthread_mutex_lock(&ctx->lock);
+  if (atomic_load(&peer->state) != HIXL_PEER_UP) {
+    pthread_mutex_unlock(&ctx->lock);
+    return hixl__err(HIXL_ERR_PEER_LOST, "peer %s is not connected", peer->name);
+  }
+  pd.seq = ++peer->next_seq;
+  m->seq = pd.seq;
+  pd.next = peer->pending;
+  peer->pending = &pd;
+  pthread_mutex_unlock(&ctx->lock);
+
+  hixl_status_t st = hixl__send(peer, m, NULL, 0);
+  pthread_mutex_lock(&ctx->lock);
+  if (st == HIXL_OK) {
+    while (!pd.done && !hixl__expired(deadline))
+      cond_wait_until(ctx, deadline);
+    if (!pd.done)
+      st = hixl__err(HIXL_ERR_TIMEOUT, "peer %s: no reply to %s in time", peer->name,
+                     hixl_wire_type_name(m->type));
+    else if (pd.status == HIXL_ERR_PEER_LOST)
+      st = hixl__err(HIXL_ERR_PEER_LOST, "peer %s lost while waiting for %s", peer->name,
+                     hixl_wire_type_name(reply_type));
+    else
+      st = pd.status;
+  }
+  if (!pd.done)
+    pending_unlink_locked(peer, &pd);
+  pthread_mutex_unlock(&ctx->lock);
+  if (st == HIXL_OK && fd_p)
+    *fd_p = pd.fd;
+  else if (pd.fd >= 0)
+    close(pd.fd);
+  return st;
+}
+
+hixl_status_t hixl__call_async(hixl_peer_t *peer, hixl_msg_t *m, uint16_t reply_type,
+                               hixl_req_t *req)
+{
+  hixl_ctx_t *ctx = peer->ctx;
+  hixl_pending_t *pd = calloc(1, sizeof(*pd));
+  if (pd == NULL)
+    return hixl__err(HIXL_ERR_NOMEM, "no memory for a pending call");
+  pd->reply_type = reply_type;
+  pd->req = req;
+  pd->fd = -1;
+  pthread_mutex_lock(&ctx->lock);
+  if (atomic_load(&peer->state) != HIXL_PEER_UP) {
+    pthread_mutex_unlock(&ctx->lock);
+    free(pd);
+    return hixl__err(HIXL_ERR_PEER_LOST, "peer %s is not connected", peer->name);
+  }
+  pd->seq = ++peer->next_seq;
+  m->seq = pd->seq;
+  /* Append: replies come back in order, so the list stays FIFO. */
+  hixl_pending_t **pp = &peer->pending;
+  while (*pp)
+    pp = &(*pp)->next;
+  *pp = pd;
+  req->counted = true;
+  atomic_fetch_add(&peer->issued, 1);
+  pthread_mutex_unlock(&ctx->lock);
+  hixl_status_t st = hixl__send(peer, m, NULL, 0);
+  if (st != HIXL_OK) {
+    /* The request is issued: fail it through the normal path. */
+    pthread_mutex_lock(&ctx->lock);
+    hixl__peer_fail_locked(peer, HIXL_PEER_LOST, hixl_last_error());
+    pthread_mutex_unlock(&ctx->lock);
+  }
+  return HIXL_INPROGRESS;
+}
+
+/* ------------------------------------------------------------ receiving */
+
+/* A protocol violation: drop the connection (never trust the rest). */
+static void proto_error_locked(hixl_peer_t *p, const char *what, unsigned type)
+{
+  hixl_warn("peer %s: protocol error: %s (%s); dropping it", p->name, what,
+            hixl_wire_type_name(type));
+  hixl__peer_fail_locked(p, HIXL_PEER_LOST, "protocol error");
+}
+
+static const hixl_transport_ops_t *pick_transport_locked(hixl_ctx_t *ctx, const hixl_msg_t *hello)
+{
+  uint8_t order[HIXL_TP_COUNT];
+  int n;
+  uint32_t mask;
+  if (hixl__parse_transports(hello->str[0], order, &n, &mask) != HIXL_OK)
+    return NULL;
+  for (int i = 0; i < n; i++) {
+    if (!(ctx->tp_allowed & (1u << order[i])))
+      continue;
+    for (size_t t = 0; t < hixl__n_transports; t++) {
+      const hixl_transport_ops_t *ops = hixl__transports[t];
+      if (ops->id == order[i] && ops->id != HIXL_TP_SELF && ops->usable(ctx, hello))
+        return ops;
+    }
+  }
+  return NULL;
+}
+
+static bool token_equal(const char *a, const char *b)
+{
+  /* Constant time in the length of the longer: no early exit. */
+  size_t la = strlen(a), lb = strlen(b);
+  unsigned diff = (unsigned)(la ^ lb);
+  size_t n = la > lb ? la : lb;
+  for (size_t i = 0; i < n; i++)
+    diff |= (unsigned)((i < la ? a[i] : 0) ^ (i < lb ? b[i] : 0));
+  return diff == 0;
+}
+
+/* Target side of HELLO.  Returns the ack to send (status set). */
+static void handle_hello_locked(hixl_peer_t *p, const hixl_msg_t *m, hixl_msg_t *ack)
+{
+  hixl_ctx_t *ctx = p->ctx;
+  memset(ack, 0, sizeof(*ack));
+  ack->type = HIXL_MSG_HELLO_ACK;
+  ack->u64[0] = ctx->id;
+  memcpy(ack->host_id, ctx->host_id, 32);
+  ack->u32[1] = (uint32_t)getpid();
+  const char *token = ctx->cfg.auth_token ? ctx->cfg.auth_token : "";
+  if (!token_equal(token, m->str[1])) {
+    ack->status = HIXL_ERR_AUTH;
+    snprintf(ack->str[1], sizeof(ack->str[1]), "auth token rejected by %s", ctx->address);
+    hixl_warn("rejected a connection: wrong auth token");
+    return;
+  }
+  p->remote_ctx_id = m->u64[0];
+  p->remote_pid = (pid_t)m->u32[1];
+  p->tag = m->u64[1];
+  if (m->u64[0] == ctx->id) {
+    /* Our own context: the initiator makes a self peer; this connection
+     * only carried the handshake. */
+    ack->u32[0] = HIXL_TP_SELF;
+    p->unix_pending = true; /* not a user-visible peer: free it at EOF */
+    return;
+  }
+  const hixl_transport_ops_t *ops = pick_transport_locked(ctx, m);
+  if (ops == NULL) {
+    ack->status = HIXL_ERR_UNSUPPORTED;
+    snprintf(ack->str[1], sizeof(ack->str[1]),
+             "no common transport (initiator allows \"%s\"; different host, and only self/shm "
+             "are built)",
+             m->str[0]);
+    return;
+  }
+  ack->u32[0] = (uint32_t)ops->id;
+  p->ops = ops;
+  p->cookie = hixl__random64();
+  ack->u64[1] = p->cookie;
+  snprintf(ack->str[0], sizeof(ack->str[0]), "%s", ctx->unix_name + 1);
+  snprintf(p->name, sizeof(p->name), "inbound#%u(pid %d)", ++ctx->n_inbound, (int)p->remote_pid);
+}
+
+/* Target side of SHM_BIND, arriving on an accepted unix connection u: find
+ * the inbound peer it binds and move the connection over to it. */
+static hixl_peer_t *handle_bind_locked(hixl_peer_t *u, const hixl_msg_t *m, int *fds, int nfds,
+                                       hixl_msg_t *ack, int *out_fds, int *n_out)
+{
+  hixl_ctx_t *ctx = u->ctx;
+  hixl_peer_t *p;
+  for (p = ctx->peers; p; p = p->next)
+    if (p->inbound && !p->unix_pending && atomic_load(&p->state) == HIXL_PEER_CONNECTING &&
+        p->cookie == m->u64[0] && p->remote_ctx_id == m->u64[1] && p->ops == &hixl__shm_ops)
+      break;
+  memset(ack, 0, sizeof(*ack));
+  ack->type = HIXL_MSG_SHM_BIND_ACK;
+  if (p == NULL) {
+    ack->status = HIXL_ERR_AUTH;
+    return NULL;
+  }
+  hixl_status_t st = hixl__shm_accept(p, fds, nfds, out_fds, n_out);
+  ack->status = st;
+  if (st != HIXL_OK)
+    return NULL;
+  /* Swap sockets: the TCP one has done its job. */
+  epoll_ctl(ctx->epoll_fd, EPOLL_CTL_DEL, p->fd, NULL);
+  close(p->fd);
+  p->fd = u->fd;
+  u->fd = -1;
+  struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = p};
+  epoll_ctl(ctx->epoll_fd, EPOLL_CTL_MOD, p->fd, &ev);
+  atomic_store(&u->state, HIXL_PEER_CLOSED);
+  return p;
+}
+
+static void complete_pending_locked(hixl_peer_t *p, hixl_msg_t *m, int fd)
+{
+  hixl_pending_t *pd;
+  for (pd = p->pending; pd; pd = pd->next)
+    if (pd->seq == m->seq)
+      break;
+  if (pd == NULL || pd->reply_type != m->type) {
+    /* A reply nobody waits for: the caller timed out.  Not an error. */
+    if (fd >= 0)
+      close(fd);
+    return;
+  }
+  pending_unlink_locked(p, pd);
+  if (pd->req) {
+    hixl__req_complete(pd->req, m->status, m->u64[0]);
+    free(pd);
+    if (fd >= 0)
+      close(fd);
+    return;
+  }
+  *pd->reply = *m;
+  pd->fd = fd;
+  pd->status = m->status;
+  pd->done = true;
+  pthread_cond_broadcast(&p->ctx->cond);
+}
+
+/* Dispatch one message from p.  Called with ctx->lock held; may leave a
+ * reply in *out (sent by the caller after unlocking). */
+static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t *out,
+                            int *out_fds, int *n_out, hixl_peer_t **reply_to)
+{
+  hixl_ctx_t *ctx = p->ctx;
+  int fd = m->nfds ? fds[0] : -1;
+  *reply_to = p;
+  if (atomic_load(&p->state) == HIXL_PEER_CONNECTING && p->inbound) {
+    if (p->unix_pending && m->type == HIXL_MSG_SHM_BIND && m->nfds == 2) {
+      hixl_peer_t *bound = handle_bind_locked(p, m, fds, 2, out, out_fds, n_out);
+      if (bound) {
+        *reply_to = bound;
+        atomic_store(&bound->state, HIXL_PEER_UP);
+        pthread_cond_broadcast(&ctx->cond);
+      } else {
+        hixl_warn("unix connection with an unknown or failed SHM_BIND: dropping it");
+        for (int i = 0; i < m->nfds; i++)
+          close(fds[i]);
+      }
+      return;
+    }
+    if (!p->unix_pending && m->type == HIXL_MSG_HELLO && m->nfds == 0) {
+      handle_hello_locked(p, m, out);
+      /* Transports set up at ACK time go UP now; shm waits for SHM_BIND. */
+      if (out->status == HIXL_OK && p->ops && p->ops != &hixl__shm_ops)
+        atomic_store(&p->state, HIXL_PEER_UP);
+      if (out->status != HIXL_OK)
+        p->unix_pending = true; /* drop quietly after the ack */
+      return;
+    }
+    for (int i = 0; i < m->nfds; i++)
+      close(fds[i]);
+    proto_error_locked(p, "unexpected message during handshake", m->type);
+    return;
+  }
+  if (atomic_load(&p->state) != HIXL_PEER_UP) {
+    for (int i = 0; i < m->nfds; i++)
+      close(fds[i]);
+    return;
+  }
+  /* Only FD_REPLY may carry an fd once connected. */
+  if (m->nfds > (m->type == HIXL_MSG_FD_REPLY ? 1 : 0)) {
+    for (int i = 0; i < m->nfds; i++)
+      close(fds[i]);
+    proto_error_locked(p, "unexpected file descriptors", m->type);
+    return;
+  }
+  switch (m->type) {
+  case HIXL_MSG_HEARTBEAT:
+    return;
+  case HIXL_MSG_BYE:
+    hixl__peer_fail_locked(p, HIXL_PEER_CLOSED, "peer disconnected");
+    return;
+  case HIXL_MSG_LOOKUP_REPLY:
+  case HIXL_MSG_FD_REPLY:
+  case HIXL_MSG_ATOMIC_REPLY:
+    complete_pending_locked(p, m, fd);
+    return;
+  case HIXL_MSG_LOOKUP:
+  case HIXL_MSG_FD_REQ:
+  case HIXL_MSG_ATOMIC:
+    hixl__serve(p, m, out, out_fds, n_out);
+    return;
+  case HIXL_MSG_WORLD_BARRIER:
+    if (m->u64[1] > p->barrier_epoch)
+      p->barrier_epoch = m->u64[1];
+    pthread_cond_broadcast(&ctx->cond);
+    return;
+  case HIXL_MSG_WORLD_XCHG:
+    if (m->blob_len > sizeof(p->xchg_blob)) {
+      proto_error_locked(p, "exchange blob too long", m->type);
+      return;
+    }
+    memcpy(p->xchg_blob, m->blob, m->blob_len);
+    p->xchg_len = m->blob_len;
+    p->xchg_epoch = m->u64[1];
+    pthread_cond_broadcast(&ctx->cond);
+    return;
+  default:
+    proto_error_locked(p, "unexpected message", m->type);
+    return;
+  }
+}
+
+/* Read what p's socket has and handle every whole message.  Control thread. */
+static void peer_readable(hixl_ctx_t *ctx, hixl_peer_t *p)
+{
+  if (p->rx == NULL && (p->rx = malloc(RX_CAP)) == NULL)
+    return;
+  for (;;) {
+    union {
+      char buf[CMSG_SPACE(sizeof(int) * 8)];
+      struct cmsghdr align;
+    } cm;
+    struct iovec iov = {p->rx + p->rx_len, RX_CAP - p->rx_len};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
+                        .msg_controllen = sizeof(cm.buf)};
+    ssize_t n = recvmsg(p->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n < 0 && errno == EINTR)
+      continue;
+    pthread_mutex_lock(&ctx->lock);
+    if (n > 0) {
+      for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+          continue;
+        int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+        int got[8];
+        memcpy(got, CMSG_DATA(c), sizeof(int) * (size_t)(k > 8 ? 8 : k));
+        for (int i = 0; i < k && i < 8; i++) {
+          if (p->n_rx_fds < 8)
+            p->rx_fds[p->n_rx_fds++] = got[i];
+          else
+            close(got[i]);
+        }
+      }
+    }
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+      hixl__peer_fail_locked(p, HIXL_PEER_LOST, n == 0 ? "connection closed" : strerror(errno));
+      pthread_mutex_unlock(&ctx->lock);
+      return;
+    }
+    if (n < 0) {
+      pthread_mutex_unlock(&ctx->lock);
+      return;
+    }
+    p->rx_len += (size_t)n;
+    p->last_rx_ns = hixl__now_ns();
+    for (;;) {
+      size_t need = 0;
+      int r = hixl_wire_frame(p->rx, p->rx_len, &need);
+      if (r == HIXL_WIRE_SHORT)
+        break;
+      hixl_msg_t m;
+      if (r == HIXL_WIRE_BAD || hixl_wire_decode(p->rx, need, &m) != HIXL_WIRE_OK) {
+        proto_error_locked(p, "malformed message", 0);
+        pthread_mutex_unlock(&ctx->lock);
+        return;
+      }
+      if (m.nfds > p->n_rx_fds) {
+        proto_error_locked(p, "message announces fds that did not arrive", m.type);
+        pthread_mutex_unlock(&ctx->lock);
+        return;
+      }
+      int fds[4];
+      memcpy(fds, p->rx_fds, sizeof(int) * m.nfds);
+      memmove(p->rx_fds, p->rx_fds + m.nfds, sizeof(int) * (size_t)(p->n_rx_fds - m.nfds));
+      p->n_rx_fds -= m.nfds;
+      memmove(p->rx, p->rx + need, p->rx_len - need);
+      p->rx_len -= need;
+
+      hixl_msg_t out;
+      out.type = 0;
+      int out_fds[2], n_out = 0;
+      hixl_peer_t *reply_to = p;
+      dispatch_locked(p, &m, fds, &out, out_fds, &n_out, &reply_to);
+      if (out.type != 0) {
+        out.seq = m.seq;
+        pthread_mutex_unlock(&ctx->lock);
+        hixl__send(reply_to, &out, out_fds, n_out);
+        for (int i = 0; i < n_out; i++)
+          close(out_fds[i]);
+        pthread_mutex_lock(&ctx->lock);
+      }
+      if (reply_to != p || atomic_load(&p->state) >= HIXL_PEER_LOST) {
+        /* p's socket moved to the peer it bound, or p failed. */
+        pthread_mutex_unlock(&ctx->lock);
+        return;
+      }
+    }
+    pthread_mutex_unlock(&ctx->lock);
+  }
+}
+
+/* ------------------------------------------------------ control thread */
+
+static void set_sock_opts(int fd, int timeout_ms, bool tcp)
+{
+  int one = 1;
+  if (tcp)
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
+static void accept_all(hixl_ctx_t *ctx, int lfd, bool is_unix)
+{
+  for (;;) {
+    int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0)
+      return;
+    set_sock_opts(fd, ctx->cfg.timeout_ms, !is_unix);
+    pthread_mutex_lock(&ctx->lock);
+    hixl_peer_t *p = peer_new(ctx, fd, true);
+    if (p == NULL) {
+      pthread_mutex_unlock(&ctx->lock);
+      close(fd);
+      continue;
+    }
+    p->unix_pending = is_unix;
+    snprintf(p->name, sizeof(p->name), "%s", is_unix ? "unix-accept" : "tcp-accept");
+    p->next = ctx->peers;
+    ctx->peers = p;
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = p};
+    epoll_ctl(ctx->epoll_fd, EPOLL_CTL_ADD, fd, &ev);
+    pthread_mutex_unlock(&ctx->lock);
+  }
+}
+
+/* Close sockets of failed peers; free connections nobody can see.  Also
+ * heartbeats.  Control thread, ctx->lock held. */
+static void housekeeping_locked(hixl_ctx_t *ctx, int64_t now)
+{
+  int64_t timeout_ns = (int64_t)ctx->cfg.timeout_ms * 1000000;
+  int64_t hb_ns = timeout_ns / 4;
+  hixl_peer_t **pp = &ctx->peers;
+  while (*pp) {
+    hixl_peer_t *p = *pp;
+    int st = atomic_load(&p->state);
+    if (st == HIXL_PEER_UP && !p->self) {
+      if (now - p->last_rx_ns > timeout_ns) {
+        char why[64];
+        snprintf(why, sizeof(why), "no heartbeat for %d ms", ctx->cfg.timeout_ms);
+        hixl__peer_fail_locked(p, HIXL_PEER_LOST, why);
+        st = HIXL_PEER_LOST;
+      } else if (now - p->last_tx_ns > hb_ns) {
+        hixl_msg_t hb = {.type = HIXL_MSG_HEARTBEAT};
+        hixl__send(p, &hb, NULL, 0);
+      }
+    } else if (st == HIXL_PEER_CONNECTING && p->inbound && now - p->last_rx_ns > timeout_ns) {
+      hixl__peer_fail_locked(p, HIXL_PEER_LOST, "handshake timed out");
+      st = HIXL_PEER_LOST;
+    }
+    if (st >= HIXL_PEER_LOST && p->fd >= 0) {
+      epoll_ctl(ctx->epoll_fd, EPOLL_CTL_DEL, p->fd, NULL);
+      pthread_mutex_lock(&p->send_lock);
+      close(p->fd);
+      p->fd = -1;
+      pthread_mutex_unlock(&p->send_lock);
+      pthread_cond_broadcast(&ctx->cond);
+    }
+    if (st >= HIXL_PEER_LOST && p->inbound && (p->unix_pending || p->ops == NULL)) {
+      /* Never visible to the user: free now. */
+      *pp = p->next;
+      hixl__peer_free(p);
+      continue;
+    }
+    pp = &p->next;
+  }
+}
+
+static void *ctl_main(void *arg)
+{
+  hixl_ctx_t *ctx = arg;
+  struct epoll_event evs[32];
+  int64_t last_hk = 0;
+  while (!atomic_load(&ctx->stopping)) {
+    int hb_ms = ctx->cfg.timeout_ms / 4;
+    if (hb_ms < 10)
+      hb_ms = 10;
+    if (hb_ms > 1000)
+      hb_ms = 1000;
+    int n = epoll_wait(ctx->epoll_fd, evs, 32, hb_ms);
+    for (int i = 0; i < n; i++) {
+      void *ptr = evs[i].data.ptr;
+      if (ptr == &ctx->listen_fd) {
+        accept_all(ctx, ctx->listen_fd, false);
+      } else if (ptr == &ctx->unix_fd) {
+        accept_all(ctx, ctx->unix_fd, true);
+      } else if (ptr == &ctx->wake_fd) {
+        uint64_t v;
+        ssize_t r = read(ctx->wake_fd, &v, sizeof(v));
+        (void)r;
+      } else {
+        hixl_peer_t *p = ptr;
+        /* The event may be stale: p might have been freed by the
+         * housekeeping of an earlier event in this batch only if its fd was
+         * removed from epoll first, which drops pending events for it. */
+        if (p->fd >= 0)
+          peer_readable(ctx, p);
+      }
+    }
+    int64_t now = hixl__now_ns();
+    pthread_mutex_lock(&ctx->lock);
+    /* Sockets of failed peers close promptly; heartbeats at their pace. */
+    if (n > 0 || now - last_hk >= (int64_t)hb_ms * 1000000) {
+      housekeeping_locked(ctx, now);
+      last_hk = now;
+    }
+    pthread_mutex_unlock(&ctx->lock);
+  }
+  return NULL;
+}
+
+static hixl_status_t listen_tcp(hixl_ctx_t *ctx)
+{
+  char host[128], port[16];
+  const char *listen_addr = ctx->cfg.listen ? ctx->cfg.listen : ":0";
+  hixl_status_t st = hixl__parse_hostport(listen_addr, host, sizeof(host), port, sizeof(port));
+  if (st != HIXL_OK)
+    return st;
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                           .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+  struct addrinfo *res;
+  int rc = getaddrinfo(host[0] ? host : NULL, port, &hints, &res);
+  if (rc != 0)
+    return hixl__err(HIXL_ERR_INVALID, "cannot resolve listen address \"%s\": %s", listen_addr,
+                     gai_strerror(rc));
+  int fd = -1, err = 0;
+  for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+    if (host[0] == 0 && ai->ai_family != AF_INET)
+      continue; /* any address: IPv4 wildcard, the common case */
+    fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+      continue;
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 256) == 0)
+      break;
+    err = errno;
+    close(fd);
+    fd = -1;
+  }
+  freeaddrinfo(res);
+  if (fd < 0)
+    return hixl__err(HIXL_ERR_TRANSPORT, "cannot listen on \"%s\": %s", listen_addr,
+                     strerror(err ? err : EADDRNOTAVAIL));
+  ctx->listen_fd = fd;
+  struct sockaddr_storage ss;
+  socklen_t sl = sizeof(ss);
+  getsockname(fd, (struct sockaddr *)&ss, &sl);
+  char num[64], serv[16];
+  getnameinfo((struct sockaddr *)&ss, sl, num, sizeof(num), serv, sizeof(serv),
+              NI_NUMERICHOST | NI_NUMERICSERV);
+  if (host[0] == 0 || strcmp(num, "0.0.0.0") == 0 || strcmp(num, "::") == 0)
+    hixl__primary_ip(num, sizeof(num));
+  if (strchr(num, ':'))
+    snprintf(ctx->address, sizeof(ctx->address), "[%s]:%s", num, serv);
+  else
+    snprintf(ctx->address, sizeof(ctx->address), "%s:%s", num, serv);
+  return HIXL_OK;
+}
+
+static hixl_status_t listen_unix(hixl_ctx_t *ctx)
+{
+  /* Abstract namespace: no file to clean up; scoped to the network
+   * namespace, which is what "same host" means for us. */
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  int len = snprintf(sa.sun_path + 1, sizeof(sa.sun_path) - 1, "hixl-%d-%016llx", (int)getpid(),
+                     (unsigned long long)ctx->id);
+  memcpy(ctx->unix_name, sa.sun_path, sizeof(ctx->unix_name));
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0 ||
+      bind(fd, (struct sockaddr *)&sa, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 +
+                                                   (size_t)len)) != 0 ||
+      listen(fd, 256) != 0) {
+    int e = errno;
+    if (fd >= 0)
+      close(fd);
+    return hixl__err(HIXL_ERR_TRANSPORT, "cannot listen on unix socket: %s", strerror(e));
+  }
+  ctx->unix_fd = fd;
+  return HIXL_OK;
+}
+
+hixl_status_t hixl__ctl_start(hixl_ctx_t *ctx)
+{
+  hixl_status_t st = listen_tcp(ctx);
+  if (st != HIXL_OK)
+    return st;
+  if ((st = listen_unix(ctx)) != HIXL_OK)
+    return st;
+  ctx->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+  ctx->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (ctx->epoll_fd < 0 || ctx->wake_fd < 0)
+    return hixl__err(HIXL_ERR_TRANSPORT, "epoll/eventfd: %s", strerror(errno));
+  struct epoll_event ev = {.events = EPOLLIN};
+  ev.data.ptr = &ctx->listen_fd;
+  epoll_ctl(ctx->epoll_fd, EPOLL_CTL_ADD, ctx->listen_fd, &ev);
+  ev.data.ptr = &ctx->unix_fd;
+  epoll_ctl(ctx->epoll_fd, EPOLL_CTL_ADD, ctx->unix_fd, &ev);
+  ev.data.ptr = &ctx->wake_fd;
+  epoll_ctl(ctx->epoll_fd, EPOLL_CTL_ADD, ctx->wake_fd, &ev);
+  if (pthread_create(&ctx->ctl_thread, NULL, ctl_main, ctx) != 0)
+    return hixl__err(HIXL_ERR_NOMEM, "cannot start the control thread");
+  ctx->ctl_started = true;
+  return HIXL_OK;
+}
+
+void hixl__ctl_stop(hixl_ctx_t *ctx)
+{
+  if (ctx->ctl_started) {
+    atomic_store(&ctx->stopping, true);
+    hixl__wake(ctx);
+    pthread_join(ctx->ctl_thread, NULL);
+    ctx->ctl_started = false;
+  }
+}
+
+/* ------------------------------------------------------ initiator side */
+
+/* Blocking exchange on a socket not yet owned by the control thread. */
+hixl_status_t hixl__recv_sync(int fd, hixl_msg_t *m, int *fds, int max_fds, int64_t deadline,
+                                   const char *who)
+{
+  uint8_t buf[RX_CAP];
+  size_t have = 0, need = HIXL_WIRE_HDR;
+  int nf = 0;
+  for (;;) {
+    int r = hixl_wire_frame(buf, have, &need);
+    if (r == HIXL_WIRE_BAD)
+      return hixl__err(HIXL_ERR_TRANSPORT, "%s: malformed handshake reply", who);
+    if (r == HIXL_WIRE_OK)
+      break;
+    int ms = deadline == INT64_MAX ? -1 : (int)((deadline - hixl__now_ns()) / 1000000);
+    if (ms < 0 && deadline != INT64_MAX)
+      ms = 0;
+    struct pollfd pfd = {fd, POLLIN, 0};
+    int pr = poll(&pfd, 1, ms);
+    if (pr == 0)
+      return hixl__err(HIXL_ERR_TIMEOUT, "%s: no handshake reply in time", who);
+    if (pr < 0 && errno == EINTR)
+      continue;
+    union {
+      char b[CMSG_SPACE(sizeof(int) * 4)];
+      struct cmsghdr align;
+    } cm;
+    struct iovec iov = {buf + have, need - have};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b,
+                        .msg_controllen = sizeof(cm.b)};
+    ssize_t n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR))
+      continue;
+    for (struct cmsghdr *c = n > 0 ? CMSG_FIRSTHDR(&mh) : NULL; c; c = CMSG_NXTHDR(&mh, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+        continue;
+      int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+      int got[4];
+      memcpy(got, CMSG_DATA(c), sizeof(int) * (size_t)(k > 4 ? 4 : k));
+      for (int i = 0; i < k && i < 4; i++) {
+        if (nf < max_fds)
+          fds[nf++] = got[i];
+        else
+          close(got[i]);
+      }
+    }
+    if (n <= 0) {
+      for (int i = 0; i < nf; i++)
+        close(fds[i]);
+      return hixl__err(HIXL_ERR_PEER_LOST, "%s closed the connection during the handshake", who);
+    }
+    have += (size_t)n;
+  }
+  if (hixl_wire_decode(buf, need, m) != HIXL_WIRE_OK || m->nfds != nf) {
+    for (int i = 0; i < nf; i++)
+      close(fds[i]);
+    return hixl__err(HIXL_ERR_TRANSPORT, "%s: malformed handshake reply", who);
+  }
+  return HIXL_OK;
+}
+
+static hixl_status_t connect_with_deadline(int fd, const struct sockaddr *sa, socklen_t sl,
+                                           int64_t deadline, const char *addr)
+{
+  if (connect(fd, sa, sl) == 0)
+    return HIXL_OK;
+  if (errno != EINPROGRESS)
+    return hixl__err(HIXL_ERR_PEER_LOST, "cannot connect to %s: %s", addr, strerror(errno));
+  for (;;) {
+    int ms = deadline == INT64_MAX ? -1 : (int)((deadline - hixl__now_ns()) / 1000000);
+    if (ms < 0 && deadline != INT64_MAX)
+      ms = 0;
+    struct pollfd pfd = {fd, POLLOUT, 0};
+    int pr = poll(&pfd, 1, ms);
+    if (pr < 0 && errno == EINTR)
+      continue;
+    if (pr == 0)
+      return hixl__err(HIXL_ERR_TIMEOUT, "connecting to %s timed out", addr);
+    int err = 0;
+    socklen_t el = sizeof(err);
+    getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
+    if (err)
+      return hixl__err(HIXL_ERR_PEER_LOST, "cannot connect to %s: %s", addr, strerror(err));
+    return HIXL_OK;
+  }
+}
+
+static hixl_status_t tcp_connect(const char *addr, int64_t deadline, int *fd_p)
+{
+  char host[128], port[16];
+  hixl_status_t st = hixl__parse_hostport(addr, host, sizeof(host), port, sizeof(port));
+  if (st != HIXL_OK)
+    return st;
+  if (host[0] == 0 || strcmp(port, "0") == 0)
+    return hixl__err(HIXL_ERR_INVALID, "cannot connect to \"%s\": need a host and a port", addr);
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                           .ai_flags = AI_NUMERICSERV};
+  struct addrinfo *res;
+  int rc = getaddrinfo(host, port, &hints, &res);
+  if (rc != 0)
+    return hixl__err(HIXL_ERR_INVALID, "cannot resolve \"%s\": %s", addr, gai_strerror(rc));
+  st = HIXL_ERR_PEER_LOST;
+  for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+      continue;
+    st = connect_with_deadline(fd, ai->ai_addr, ai->ai_addrlen, deadline, addr);
+    if (st == HIXL_OK) {
+      fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+      *fd_p = fd;
+      break;
+    }
+    close(fd);
+  }
+  freeaddrinfo(res);
+  return st;
+}
+
+hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeout_ms, uint64_t tag,
+                                   hixl_peer_t **peer_p)
+{
+  if (ctx == NULL || addr == NULL || peer_p == NULL)
+    return hixl__err(HIXL_ERR_INVALID, "hixl_connect: NULL %s",
+                     ctx == NULL ? "ctx" : addr == NULL ? "addr" : "peer_p");
+  int64_t deadline = hixl__deadline(timeout_ms);
+  int fd = -1;
+  hixl_status_t st = tcp_connect(addr, deadline, &fd);
+  if (st != HIXL_OK)
+    return st;
+  set_sock_opts(fd, ctx->cfg.timeout_ms, true);
+
+  hixl_peer_t *p = peer_new(ctx, fd, false);
+  if (p == NULL) {
+    close(fd);
+    return hixl__err(HIXL_ERR_NOMEM, "no memory for a peer");
+  }
+  snprintf(p->name, sizeof(p->name), "%s", addr);
+  hixl_msg_t hello = {.type = HIXL_MSG_HELLO};
+  hello.u64[0] = ctx->id;
+  memcpy(hello.host_id, ctx->host_id, 32);
+  hello.u32[1] = (uint32_t)getpid();
+  hello.u64[1] = tag;
+  /* Our preference order, by name. */
+  static const char *const names[HIXL_TP_COUNT] = {"self", "shm", "verbs", "fabric"};
+  size_t pos = 0;
+  for (int i = 0; i < ctx->n_tp_order; i++)
+    pos += (size_t)snprintf(hello.str[0] + pos, sizeof(hello.str[0]) - pos, "%s%s",
+                            pos ? "," : "", names[ctx->tp_order[i]]);
+  snprintf(hello.str[1], sizeof(hello.str[1]), "%s",
+           ctx->cfg.auth_token ? ctx->cfg.auth_token : "");
+  hixl_msg_t ack;
+  if ((st = hixl__send(p, &hello, NULL, 0)) != HIXL_OK ||
+      (st = hixl__recv_sync(fd, &ack, NULL, 0, deadline, addr)) != HIXL_OK)
+    goto fail;
+  if (ack.type != HIXL_MSG_HELLO_ACK) {
+    st = hixl__err(HIXL_ERR_TRANSPORT, "%s answered the handshake with %s", addr,
+                   hixl_wire_type_name(ack.type));
+    goto fail;
+  }
+  if (ack.status != HIXL_OK) {
+    st = hixl__err(ack.status < 0 && ack.status >= HIXL_ERR_NO_DEVICE ? ack.status
+                                                                       : HIXL_ERR_TRANSPORT,
+                   "%s refused the connection: %s", addr,
+                   ack.str[1][0] ? ack.str[1] : hixl_strerror(ack.status));
+    goto fail;
+  }
+  p->remote_ctx_id = ack.u64[0];
+  p->remote_pid = (pid_t)ack.u32[1];
+  if (ack.u32[0] == HIXL_TP_SELF) {
+    hixl__peer_free(p);
+    hixl_peer_t *self = hixl__self_peer(ctx);
+    if (self == NULL)
+      return hixl__err(HIXL_ERR_NOMEM, "no memory for a self peer");
+    *peer_p = self;
+    return HIXL_OK;
+  }
+  const hixl_transport_ops_t *ops = NULL;
+  for (size_t t = 0; t < hixl__n_transports; t++)
+    if ((uint32_t)hixl__transports[t]->id == ack.u32[0])
+      ops = hixl__transports[t];
+  if (ops == NULL || !(ctx->tp_allowed & (1u << ack.u32[0]))) {
+    st = hixl__err(HIXL_ERR_UNSUPPORTED, "%s chose transport %u, which we do not allow", addr,
+                   ack.u32[0]);
+    goto fail;
+  }
+  p->ops = ops;
+  if ((st = ops->connect(p, &ack, deadline)) != HIXL_OK) {
+    p->ops = NULL;
+    goto fail;
+  }
+  pthread_mutex_lock(&ctx->lock);
+  atomic_store(&p->state, HIXL_PEER_UP);
+  p->last_rx_ns = hixl__now_ns();
+  p->next = ctx->peers;
+  ctx->peers = p;
+  struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = p};
+  epoll_ctl(ctx->epoll_fd, EPOLL_CTL_ADD, p->fd, &ev);
+  pthread_mutex_unlock(&ctx->lock);
+  hixl_info("connected to %s over %s", addr, ops->name);
+  *peer_p = p;
+  return HIXL_OK;
+fail:
+  hixl__peer_free(p);
+  return st;
+}
+
+hixl_status_t hixl_connect(hixl_ctx_t *ctx, const char *addr, int timeout_ms,
+                           hixl_peer_t **peer_p)
+{
+  return hixl__connect_tagged(ctx, addr, timeout_ms, 0, peer_p);
+}
+
+hixl_peer_t *hixl__self_peer(hixl_ctx_t *ctx)
+{
+  hixl_peer_t *p = peer_new(ctx, -1, false);
+  if (p == NULL)
+    return NULL;
+  p->self = true;
+  p->ops = &hixl__self_ops;
+  p->remote_ctx_id = ctx->id;
+  p->remote_pid = getpid();
+  snprintf(p->name, sizeof(p->name), "self(%s)", ctx->address);
+  if (hixl__self_init(p) != HIXL_OK) {
+    p->ops = NULL;
+    hixl__peer_free(p);
+    return NULL;
+  }
+  pthread_mutex_lock(&ctx->lock);
+  atomic_store(&p->state, HIXL_PEER_UP);
+  p->next = ctx->peers;
+  ctx->peers = p;
+  pthread_mutex_unlock(&ctx->lock);
+  return p;
+}
+
+hixl_status_t hixl_disconnect(hixl_peer_t *peer)
+{
+  if (peer == NULL || peer->magic != HIXL_MAGIC_PEER)
+    return hixl__err(HIXL_ERR_INVALID, "hixl_disconnect: %s peer",
+                     peer == NULL ? "NULL" : "invalid or freed");
+  hixl_ctx_t *ctx = peer->ctx;
+  if (atomic_load(&peer->state) == HIXL_PEER_UP && peer->fd >= 0) {
+    hixl_msg_t bye = {.type = HIXL_MSG_BYE};
+    hixl__send(peer, &bye, NULL, 0);
+  }
+  pthread_mutex_lock(&ctx->lock);
+  hixl__peer_fail_locked(peer, HIXL_PEER_CLOSED, "disconnected by us");
+  /* The control thread closes the socket; wait for it so that nothing
+   * reads from a peer we are about to tear down. */
+  while (peer->fd >= 0 && !peer->self) {
+    hixl__wake(ctx);
+    cond_wait_until(ctx, hixl__deadline(100));
+  }
+  /* Release transport resources now; keep the handle (state CLOSED) so a
+   * use after disconnect is reported as PEER_LOST, not a crash.  It is freed
+   * with the context. */
+  if (peer->ops) {
+    peer->ops->peer_close(peer);
+    peer->ops = &hixl__closed_ops;
+  }
+  pthread_mutex_unlock(&ctx->lock);
+  return HIXL_OK;
+}
+
+const char *hixl_peer_transport(const hixl_peer_t *peer)
+{
+  if (peer == NULL || peer->magic != HIXL_MAGIC_PEER || peer->ops == NULL)
+    return NULL;
+  return peer->ops->name;
+}
+
+/* Free every peer; the control thread is stopped.  For hixl_ctx_destroy. */
+void hixl__peers_destroy(hixl_ctx_t *ctx)
+{
+  while (ctx->peers) {
+    hixl_peer_t *p = ctx->peers;
+    ctx->peers = p->next;
+    if (atomic_load(&p->state) == HIXL_PEER_UP && p->fd >= 0 && !p->inbound) {
+      hixl_msg_t bye = {.type = HIXL_MSG_BYE};
+      hixl__send(p, &bye, NULL, 0);
+    }
+    hixl__peer_fail_locked(p, HIXL_PEER_CLOSED, "context destroyed");
+    while (p->rmrs) {
+      hixl_rmr_t *r = p->rmrs;
+      p->rmrs = r->next;
+      if (p->ops)
+        p->ops->rmr_detach(r);
+      r->magic = HIXL_MAGIC_DEAD;
+      free(r);
+    }
+    hixl__peer_free(p);
+  }
+}

@@ -1,0 +1,164 @@
+/* SPDX-License-Identifier: MIT */
+/* Context lifetime. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "hixl_int.h"
+
+static pthread_once_t log_once = PTHREAD_ONCE_INIT;
+
+
+
+void hixl__primary_ip(char *buf, size_t cap)
+{
+  /* The first IPv4 address of an up, non-loopback interface: what a peer on
+   * another host (or network namespace) can reach.  Loopback otherwise. */
+  snprintf(buf, cap, "127.0.0.1");
+  struct ifaddrs *ifs;
+  if (getifaddrs(&ifs) != 0)
+    return;
+  for (struct ifaddrs *i = ifs; i; i = i->ifa_next) {
+    if (i->ifa_addr == NULL || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP) ||
+        (i->ifa_flags & IFF_LOOPBACK))
+      continue;
+    getnameinfo(i->ifa_addr, sizeof(struct sockaddr_in), buf, (socklen_t)cap, NULL, 0,
+                NI_NUMERICHOST);
+    break;
+  }
+  freeifaddrs(ifs);
+}
+
+static void *progress_main(void *arg)
+{
+  hixl_ctx_t *ctx = arg;
+  unsigned idle = 0;
+  while (!atomic_load(&ctx->stopping)) {
+    if (hixl_progress(ctx) > 0)
+      idle = 0;
+    else
+      hixl__backoff(&idle);
+  }
+  return NULL;
+}
+
+static char *dup_opt(const char *s) { return s ? strdup(s) : NULL; }
+
+hixl_status_t hixl_ctx_create(const hixl_config_t *cfg_in, hixl_ctx_t **ctx_p)
+{
+  pthread_once(&log_once, hixl__log_init);
+  if (ctx_p == NULL)
+    return hixl__err(HIXL_ERR_INVALID, "hixl_ctx_create: NULL ctx_p");
+  hixl_config_t defaults;
+  if (cfg_in == NULL) {
+    hixl_config_init(&defaults);
+    cfg_in = &defaults;
+  }
+  if (cfg_in->timeout_ms < 1)
+    return hixl__err(HIXL_ERR_INVALID, "hixl_ctx_create: timeout_ms must be >= 1 (got %d)",
+                     cfg_in->timeout_ms);
+  for (int i = 0; i < 8; i++)
+    if (cfg_in->reserved[i])
+      return hixl__err(HIXL_ERR_INVALID,
+                       "hixl_ctx_create: reserved fields must be zero (use hixl_config_init)");
+  hixl_ctx_t *ctx = calloc(1, sizeof(*ctx));
+  if (ctx == NULL)
+    return hixl__err(HIXL_ERR_NOMEM, "hixl_ctx_create: no memory");
+  ctx->listen_fd = ctx->unix_fd = ctx->wake_fd = ctx->epoll_fd = ctx->reg_fd = -1;
+  ctx->cfg = *cfg_in;
+  ctx->cfg.progress_thread = cfg_in->progress_thread != 0;
+  ctx->cfg_strs[0] = dup_opt(cfg_in->listen);
+  ctx->cfg_strs[1] = dup_opt(cfg_in->transports);
+  ctx->cfg_strs[2] = dup_opt(cfg_in->net_dev);
+  ctx->cfg_strs[3] = dup_opt(cfg_in->auth_token);
+  ctx->cfg.listen = ctx->cfg_strs[0];
+  ctx->cfg.transports = ctx->cfg_strs[1];
+  ctx->cfg.net_dev = ctx->cfg_strs[2];
+  ctx->cfg.auth_token = ctx->cfg_strs[3];
+  pthread_mutex_init(&ctx->lock, NULL);
+  pthread_mutex_init(&ctx->reg_lock, NULL);
+  pthread_mutex_init(&ctx->pool_lock, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&ctx->cond, &ca);
+  pthread_condattr_destroy(&ca);
+
+  hixl_status_t st = hixl__parse_transports(ctx->cfg.transports, ctx->tp_order, &ctx->n_tp_order,
+                                            &ctx->tp_allowed);
+  if (st != HIXL_OK)
+    goto fail;
+  ctx->tp_allowed |= 1u << HIXL_TP_SELF; /* our own context is always reachable */
+  ctx->id = hixl__random64();
+  hixl__host_id(ctx->host_id);
+
+  size_t table_bytes = HIXL_REG_SLOTS * sizeof(hixl_reg_slot_t);
+  ctx->reg_fd = hixl__memfd("hixl-regions", table_bytes);
+  ctx->slot_mr = calloc(HIXL_REG_SLOTS, sizeof(*ctx->slot_mr));
+  if (ctx->reg_fd < 0 || ctx->slot_mr == NULL) {
+    st = hixl__err(HIXL_ERR_NOMEM, "hixl_ctx_create: region table: %s", strerror(errno));
+    goto fail;
+  }
+  ctx->reg_table = mmap(NULL, table_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, ctx->reg_fd, 0);
+  if (ctx->reg_table == MAP_FAILED) {
+    ctx->reg_table = NULL;
+    st = hixl__err(HIXL_ERR_NOMEM, "hixl_ctx_create: region table: %s", strerror(errno));
+    goto fail;
+  }
+  if ((st = hixl__ctl_start(ctx)) != HIXL_OK)
+    goto fail;
+  if (ctx->cfg.progress_thread) {
+    if (pthread_create(&ctx->prog_thread, NULL, progress_main, ctx) != 0) {
+      st = hixl__err(HIXL_ERR_NOMEM, "hixl_ctx_create: cannot start the progress thread");
+      goto fail;
+    }
+    ctx->prog_started = true;
+  }
+  hixl_info("context %016llx listening on %s", (unsigned long long)ctx->id, ctx->address);
+  *ctx_p = ctx;
+  return HIXL_OK;
+fail:
+  hixl_ctx_destroy(ctx);
+  return st;
+}
+
+void hixl_ctx_destroy(hixl_ctx_t *ctx)
+{
+  if (ctx == NULL)
+    return;
+  atomic_store(&ctx->stopping, true);
+  if (ctx->prog_started)
+    pthread_join(ctx->prog_thread, NULL);
+  hixl__ctl_stop(ctx);
+  pthread_mutex_lock(&ctx->lock);
+  hixl__peers_destroy(ctx);
+  pthread_mutex_unlock(&ctx->lock);
+  hixl__mrs_destroy(ctx);
+  for (unsigned i = 0; i < HIXL_QUARANTINE; i++)
+    free(ctx->quarantine[i]);
+  hixl__pool_destroy(ctx);
+  if (ctx->reg_table)
+    munmap(ctx->reg_table, HIXL_REG_SLOTS * sizeof(hixl_reg_slot_t));
+  free(ctx->slot_mr);
+  int fds[] = {ctx->listen_fd, ctx->unix_fd, ctx->wake_fd, ctx->epoll_fd, ctx->reg_fd};
+  for (size_t i = 0; i < sizeof(fds) / sizeof(fds[0]); i++)
+    if (fds[i] >= 0)
+      close(fds[i]);
+  for (int i = 0; i < 4; i++)
+    free(ctx->cfg_strs[i]);
+  pthread_mutex_destroy(&ctx->lock);
+  pthread_mutex_destroy(&ctx->reg_lock);
+  pthread_mutex_destroy(&ctx->pool_lock);
+  pthread_cond_destroy(&ctx->cond);
+  free(ctx);
+}
+
+const char *hixl_ctx_address(const hixl_ctx_t *ctx) { return ctx ? ctx->address : NULL; }

@@ -1,0 +1,352 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Internal core types shared by the core and the transports.  Nothing here
+ * is visible outside libhixl.so (see src/hixl.map).
+ */
+#ifndef HIXL_INT_H
+#define HIXL_INT_H
+
+#include "hixl.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <sys/types.h>
+
+#include "log.h"
+#include "ring.h"
+#include "wire.h"
+
+#define HIXL_HOT __attribute__((hot))
+#define HIXL_COLD __attribute__((cold, noinline))
+#define hixl_likely(x) __builtin_expect(!!(x), 1)
+#define hixl_unlikely(x) __builtin_expect(!!(x), 0)
+#define HIXL_CACHELINE 64
+
+/* ------------------------------------------------------------- errors */
+
+/* Record a detailed message for this thread and return st (st < 0). */
+hixl_status_t hixl__err(hixl_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3), cold));
+void hixl__clear_error(void);
+
+/* -------------------------------------------------------------- time */
+
+int64_t hixl__now_ns(void);
+/* Deadline helper: -1 forever, 0 now, else now + ms. */
+int64_t hixl__deadline(int timeout_ms);
+bool hixl__expired(int64_t deadline_ns);
+/* Back-off for blocking waits: spins, then yields, then sleeps briefly. */
+void hixl__backoff(unsigned *iter);
+
+/* -------------------------------------------------------------- regions */
+
+/*
+ * The region table is one memfd per context, mapped read-write by its owner
+ * and read-only by same-host peers, so a peer can check an rkey with one
+ * load and no syscall.  A slot is live while rkey != 0.  Only the owner
+ * writes, under ctx->reg_lock; the release store of rkey publishes the other
+ * fields, and dereg clears rkey first so a racing reader sees the slot dead.
+ * rkeys are 64 random bits and never reused, so a released region is never
+ * matched again even when its slot is.
+ */
+#define HIXL_REG_SLOTS 65536u
+enum { HIXL_REGF_MEMFD = 1, HIXL_REGF_DEVICE = 2 };
+typedef struct hixl_reg_slot {
+  _Atomic uint64_t rkey;
+  uint64_t base; /* owner's virtual address of byte 0 */
+  uint64_t len;
+  uint32_t access;
+  uint32_t flags; /* HIXL_REGF_* */
+} hixl_reg_slot_t;
+_Static_assert(sizeof(hixl_reg_slot_t) == 32, "region slot layout is shared between processes");
+
+/* Handles carry a magic so that a released one is recognised (they sit in a
+ * quarantine before their memory is reused, see hixl__quarantine). */
+#define HIXL_MAGIC_MR 0x524d4c58u
+#define HIXL_MAGIC_RMR 0x524d5258u
+#define HIXL_MAGIC_PEER 0x52455058u
+#define HIXL_MAGIC_DEAD 0xdeadbeefu
+
+struct hixl_mr {
+  uint32_t magic;
+  hixl_ctx_t *ctx;
+  void *addr;
+  size_t len;
+  unsigned access;
+  uint32_t slot;
+  uint64_t rkey;
+  int memfd;      /* >= 0: backing memfd (hixl_mem_alloc or inside one) */
+  uint64_t fd_off; /* offset of addr inside memfd */
+  bool owns_mem;  /* hixl_mem_alloc: unmap and close on dereg */
+  struct hixl_mr *next; /* ctx->mrs */
+};
+
+/* A peer's region: what the blob said, checked with the owner at unpack. */
+struct hixl_rmr {
+  uint32_t magic;
+  hixl_peer_t *peer;
+  uint64_t base; /* owner's address (for CMA) */
+  uint64_t len;
+  uint64_t rkey;
+  uint32_t slot;
+  uint32_t access;
+  uint32_t flags;
+  uint8_t *map;   /* shm: byte 0 of the region in our mapping, or NULL (CMA) */
+  void *map_base; /* what mmap returned (page-aligned) */
+  size_t map_len; /* bytes mapped (page-rounded) */
+  struct hixl_rmr *next; /* peer->rmrs */
+};
+
+/* --------------------------------------------------------------- requests */
+
+enum { HIXL_REQF_DONE = 1, HIXL_REQF_FREED = 2 };
+struct hixl_req {
+  _Atomic int status;   /* INPROGRESS until complete; then the result */
+  _Atomic unsigned flags; /* DONE / FREED: whoever sets the second recycles */
+  hixl_ctx_t *ctx;
+  hixl_peer_t *peer;
+  uint64_t *old_p;      /* atomics: where the old value goes */
+  bool counted;         /* counted in peer->issued: count its completion */
+  uint32_t index;       /* position in the pool */
+  uint32_t next_free;   /* pool free list link */
+};
+
+/* Take a request from ctx's pool (no malloc unless the pool grows). */
+hixl_req_t *hixl__req_get(hixl_ctx_t *ctx, hixl_peer_t *peer);
+/* Complete: store status (and old value), count it on the peer. */
+void hixl__req_complete(hixl_req_t *req, hixl_status_t st, uint64_t old);
+/* Drop the caller's reference (user free, or an internal request). */
+void hixl__req_release(hixl_req_t *req);
+void hixl__pool_destroy(hixl_ctx_t *ctx);
+
+/* ------------------------------------------------------------ transports */
+
+enum { HIXL_AMO_FAA = 1, HIXL_AMO_CAS = 2 };
+enum { HIXL_TP_SELF = 0, HIXL_TP_SHM = 1, HIXL_TP_VERBS = 2, HIXL_TP_FABRIC = 3, HIXL_TP_COUNT };
+
+/*
+ * One ops table per transport (size first, every slot filled; typed
+ * UNSUPPORTED stubs for what a transport cannot do).  A peer picks its table
+ * once at connect, so an operation costs one indirect call.  The core has
+ * already checked arguments, bounds and rights when these are called.
+ * put/get/notify complete before they return (shm and self move data with
+ * the CPU); transports with asynchronous completion extend this table.
+ */
+typedef struct hixl_transport_ops {
+  size_t size;
+  const char *name;
+  int id; /* HIXL_TP_* */
+  /* Whether this transport can serve a peer described by the handshake. */
+  bool (*usable)(hixl_ctx_t *ctx, const struct hixl_msg *hello_or_ack);
+  /* Initiator side: set the peer up after HELLO_ACK. */
+  hixl_status_t (*connect)(hixl_peer_t *peer, const struct hixl_msg *ack, int64_t deadline);
+  /* Release transport state (peer lost, disconnected or destroyed). */
+  void (*peer_close)(hixl_peer_t *peer);
+  /* Check an unpacked blob with the owner and make it usable. */
+  hixl_status_t (*rmr_attach)(hixl_rmr_t *rmr, int64_t deadline);
+  void (*rmr_detach)(hixl_rmr_t *rmr);
+  /* Whether the owner still holds rmr's region (stale rkey check). */
+  bool (*rmr_live)(const hixl_rmr_t *rmr);
+  hixl_status_t (*put)(hixl_peer_t *peer, const void *src, size_t len, hixl_rmr_t *rmr,
+                       uint64_t off);
+  hixl_status_t (*get)(hixl_peer_t *peer, void *dst, size_t len, hixl_rmr_t *rmr, uint64_t off);
+  /* Deliver one notification {imm, len} after everything before it. */
+  hixl_status_t (*notify)(hixl_peer_t *peer, uint32_t imm, uint64_t len);
+  /* Completes req (hixl__req_complete) now and returns OK, or later and
+   * returns INPROGRESS; on an error return req is untouched. */
+  hixl_status_t (*atomic)(hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t off, int op, uint64_t a,
+                          uint64_t b, hixl_req_t *req);
+  /* Poll this transport's completion sources; returns completions or < 0. */
+  int (*progress)(hixl_ctx_t *ctx);
+} hixl_transport_ops_t;
+
+extern const hixl_transport_ops_t hixl__self_ops;
+extern const hixl_transport_ops_t hixl__shm_ops;
+/* What a peer's ops become after hixl_disconnect: every op PEER_LOST. */
+extern const hixl_transport_ops_t hixl__closed_ops;
+hixl_status_t hixl__self_init(hixl_peer_t *peer);
+/* shm target side: map the initiator's segments (fds), create ours. */
+hixl_status_t hixl__shm_accept(hixl_peer_t *peer, const int *fds, int nfds, int *out_fds,
+                               int *n_out);
+/* All transports built in, in default preference order. */
+extern const hixl_transport_ops_t *const hixl__transports[];
+extern const size_t hixl__n_transports;
+
+/* ------------------------------------------------------------------ peers */
+
+enum { HIXL_PEER_CONNECTING = 0, HIXL_PEER_UP = 1, HIXL_PEER_LOST = 2, HIXL_PEER_CLOSED = 3 };
+
+/* A control-plane call waiting for its reply (see conn.c). */
+typedef struct hixl_pending {
+  uint64_t seq;
+  uint16_t reply_type;
+  bool done;
+  hixl_status_t status;
+  struct hixl_msg *reply; /* caller-owned buffer the reply is decoded into */
+  int fd;                 /* a passed fd, or -1 */
+  hixl_req_t *req;        /* async: complete this instead of waking a waiter */
+  struct hixl_pending *next;
+} hixl_pending_t;
+
+struct hixl_peer {
+  uint32_t magic;
+  hixl_ctx_t *ctx;
+  const hixl_transport_ops_t *ops;
+  void *tp; /* transport-private state */
+  _Atomic int state;
+  bool inbound; /* they connected to us; owned by the context */
+  bool self;
+  bool unix_pending; /* an accepted unix connection not yet bound to its peer */
+  _Atomic bool used; /* an operation was issued (fence reports loss only then) */
+  uint64_t fence_acked; /* fence(NULL) reported this peer's loss */
+  int fd;       /* control socket (TCP, or unix once shm is bound); -1 when none */
+  pthread_mutex_t send_lock; /* serializes writes on fd */
+  uint64_t remote_ctx_id;
+  pid_t remote_pid;
+  uint64_t tag;    /* world tag from HELLO (0: none) */
+  uint64_t cookie; /* inbound shm: matches the SHM_BIND on the unix socket */
+  char name[96];   /* for messages: "host:port" or "inbound #n" */
+
+  /* Operations issued / completed, for hixl_fence.  Completions of one peer
+   * arrive in issue order (control channel FIFO), so completed >= n means the
+   * first n completed. */
+  _Atomic uint64_t issued;
+  _Atomic uint64_t completed;
+
+  hixl_ring_t *inbox; /* notifications they send us (shm: shared; self: local) */
+
+  /* Everything below is protected by ctx->lock. */
+  hixl_pending_t *pending;
+  uint64_t next_seq;
+  uint8_t *rx;      /* control receive buffer (control thread only) */
+  size_t rx_len, rx_cap;
+  int rx_fds[8];    /* fds received, in order, not yet claimed */
+  int n_rx_fds;
+  int64_t last_rx_ns, last_tx_ns;
+  uint64_t barrier_epoch; /* world: highest barrier epoch received from them */
+  uint64_t xchg_epoch;    /* world: epoch of the blob in xchg_blob */
+  uint8_t xchg_blob[HIXL_RKEY_MAX];
+  uint32_t xchg_len;
+  hixl_rmr_t *rmrs; /* rmrs unpacked through this peer */
+  struct hixl_peer *next; /* ctx->peers */
+};
+
+/* --------------------------------------------------------------- context */
+
+#define HIXL_MAX_PUBLISHED 1024
+typedef struct hixl_published {
+  char name[64];
+  hixl_mr_t *mr;
+} hixl_published_t;
+
+struct hixl_ctx {
+  uint64_t id;            /* random; identifies us in handshakes and blobs */
+  uint8_t host_id[32];    /* boot id + network namespace: "same host" */
+  hixl_config_t cfg;      /* strings below are owned copies */
+  char *cfg_strs[4];
+  uint32_t tp_allowed;    /* bit per HIXL_TP_* */
+  uint8_t tp_order[HIXL_TP_COUNT]; /* preference order */
+  int n_tp_order;
+  char address[128];
+  char unix_name[108];    /* abstract unix socket for same-host peers */
+  int listen_fd, unix_fd, wake_fd, epoll_fd;
+  pthread_t ctl_thread;
+  bool ctl_started;
+  _Atomic bool stopping;
+  pthread_t prog_thread;
+  bool prog_started;
+
+  /* Protects peers, pending calls, published names, world state.  Waiters
+   * on control replies sleep on cond. */
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  hixl_peer_t *peers;
+  unsigned n_inbound;
+  hixl_published_t published[HIXL_MAX_PUBLISHED];
+  _Atomic unsigned notif_rr; /* round-robin start for notification polling */
+
+  /* Region registry. */
+  pthread_mutex_t reg_lock;
+  hixl_reg_slot_t *reg_table; /* HIXL_REG_SLOTS slots, memfd-backed */
+  hixl_mr_t **slot_mr;        /* HIXL_REG_SLOTS: the mr in each live slot */
+  int reg_fd;
+  uint32_t reg_hint;
+  hixl_mr_t *mrs;
+
+  /* Released handles wait here before their memory is freed, so a use
+   * after release reads a dead magic rather than reused memory. */
+#define HIXL_QUARANTINE 4096
+  void *quarantine[HIXL_QUARANTINE];
+  unsigned q_next;
+
+  /* Request pool: chunks of requests, a lock-free free list of indices. */
+  pthread_mutex_t pool_lock; /* growing only */
+  hixl_req_t *pool_chunks[256];
+  _Atomic uint32_t pool_nchunks;
+  _Atomic uint64_t pool_head; /* (aba tag << 32) | (index + 1), 0 = empty */
+};
+
+/* conn.c: the control plane. */
+hixl_status_t hixl__ctl_start(hixl_ctx_t *ctx);
+void hixl__ctl_stop(hixl_ctx_t *ctx);
+hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeout_ms,
+                                   uint64_t tag, hixl_peer_t **peer_p);
+hixl_peer_t *hixl__self_peer(hixl_ctx_t *ctx);
+/* Send a message on peer's control socket (with fds); thread-safe. */
+hixl_status_t hixl__send(hixl_peer_t *peer, struct hixl_msg *m, const int *fds, int nfds);
+/* Call: send m, wait for a reply of reply_type (decoded into *reply, a
+ * passed fd into *fd_p when fd_p is non-NULL). */
+hixl_status_t hixl__call(hixl_peer_t *peer, struct hixl_msg *m, uint16_t reply_type,
+                         struct hixl_msg *reply, int *fd_p, int64_t deadline);
+/* Read one whole message from a socket the control thread does not own yet
+ * (handshakes); passed fds go to fds[0..max_fds). */
+hixl_status_t hixl__recv_sync(int fd, struct hixl_msg *m, int *fds, int max_fds, int64_t deadline,
+                              const char *who);
+/* Async call: the reply completes req (ATOMIC_REPLY). */
+hixl_status_t hixl__call_async(hixl_peer_t *peer, struct hixl_msg *m, uint16_t reply_type,
+                               hixl_req_t *req);
+/* Mark a peer lost/closed and fail what waits on it; ctx->lock held. */
+void hixl__peer_fail_locked(hixl_peer_t *peer, int state, const char *why);
+void hixl__peer_free(hixl_peer_t *peer);
+void hixl__wake(hixl_ctx_t *ctx);
+int hixl__ctx_timeout(const hixl_ctx_t *ctx);
+
+/* Answer a peer's LOOKUP / FD_REQ / ATOMIC (control thread, ctx->lock
+ * held): fills *out (and fds to pass, which the caller closes after
+ * sending). */
+void hixl__serve(hixl_peer_t *peer, const struct hixl_msg *m, struct hixl_msg *out, int *out_fds,
+                 int *n_out);
+void hixl__peers_destroy(hixl_ctx_t *ctx);
+/* Our address to advertise when listening on the wildcard. */
+void hixl__primary_ip(char *buf, size_t cap);
+
+/* mr.c */
+hixl_mr_t *hixl__mr_by_slot(hixl_ctx_t *ctx, uint32_t slot, uint64_t rkey);
+/* Check rkey/slot against our table; base/len/access as claimed. */
+hixl_status_t hixl__reg_check(const hixl_reg_slot_t *table, uint32_t slot, uint64_t rkey,
+                              uint64_t base, uint64_t len, uint32_t access, uint32_t flags);
+/* Run an atomic on our own memory (self, or a peer's ATOMIC request). */
+uint64_t hixl__amo_local(uint64_t *p, int op, uint64_t a, uint64_t b);
+hixl_status_t hixl__lookup_local(hixl_ctx_t *ctx, const char *name, uint8_t *blob,
+                                 uint32_t *len_p);
+void hixl__mr_unpublish_locked(hixl_ctx_t *ctx, hixl_mr_t *mr);
+
+/* Retire a handle (its magic already set dead); ctx->lock held. */
+void hixl__quarantine_locked(hixl_ctx_t *ctx, void *obj);
+
+void hixl__mrs_destroy(hixl_ctx_t *ctx);
+
+/* device/device.c: the device-memory shim (backends land with the device
+ * issue); NO_DEVICE with a message until then. */
+hixl_status_t hixl__dev_check(int device_id);
+
+/* util.c */
+hixl_status_t hixl__host_id(uint8_t out[32]);
+uint64_t hixl__random64(void);
+int hixl__memfd(const char *name, size_t len);
+/* Copy that avoids glibc's slow path for (dst - src) % 64 in {8, 16} and
+ * streams very large copies; used for every data move. */
+void hixl__copy(void *dst, const void *src, size_t len);
+
+#endif /* HIXL_INT_H */

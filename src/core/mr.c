@@ -1,0 +1,481 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Region registry: registration, allocation, remote keys, names, and the
+ * owner-side checks a peer's request goes through.  The table of live
+ * regions is shared read-only with same-host peers (see hixl_int.h).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "hixl_int.h"
+#include "rkey.h"
+
+#define ACCESS_ALL (HIXL_ACCESS_READ | HIXL_ACCESS_WRITE | HIXL_ACCESS_ATOMIC)
+
+void hixl__quarantine_locked(hixl_ctx_t *ctx, void *obj)
+{
+  void *old = ctx->quarantine[ctx->q_next];
+  ctx->quarantine[ctx->q_next] = obj;
+  ctx->q_next = (ctx->q_next + 1) % HIXL_QUARANTINE;
+  free(old);
+}
+
+static hixl_status_t reg_common(hixl_ctx_t *ctx, void *addr, size_t len, unsigned access,
+                                int memfd, uint64_t fd_off, bool owns, uint32_t flags,
+                                hixl_mr_t **mr_p)
+{
+  hixl_mr_t *mr = calloc(1, sizeof(*mr));
+  if (mr == NULL)
+    return hixl__err(HIXL_ERR_NOMEM, "no memory for a region");
+  pthread_mutex_lock(&ctx->reg_lock);
+  uint32_t slot = UINT32_MAX;
+  for (uint32_t i = 0; i < HIXL_REG_SLOTS; i++) {
+    uint32_t s = (ctx->reg_hint + i) % HIXL_REG_SLOTS;
+    if (ctx->slot_mr[s] == NULL) {
+      slot = s;
+      break;
+    }
+  }
+  if (slot == UINT32_MAX) {
+    pthread_mutex_unlock(&ctx->reg_lock);
+    free(mr);
+    return hixl__err(HIXL_ERR_NOMEM, "too many registered regions (%u)", HIXL_REG_SLOTS);
+  }
+  ctx->reg_hint = slot + 1;
+  *mr = (hixl_mr_t){.magic = HIXL_MAGIC_MR, .ctx = ctx, .addr = addr, .len = len,
+                    .access = access, .slot = slot, .rkey = hixl__random64(), .memfd = memfd,
+                    .fd_off = fd_off, .owns_mem = owns};
+  hixl_reg_slot_t *s = &ctx->reg_table[slot];
+  s->base = (uint64_t)(uintptr_t)addr;
+  s->len = len;
+  s->access = access;
+  s->flags = flags | (memfd >= 0 ? HIXL_REGF_MEMFD : 0);
+  atomic_store_explicit(&s->rkey, mr->rkey, memory_order_release);
+  ctx->slot_mr[slot] = mr;
+  mr->next = ctx->mrs;
+  ctx->mrs = mr;
+  pthread_mutex_unlock(&ctx->reg_lock);
+  hixl_debug("registered %p+%zu access %u slot %u%s", addr, len, access, slot,
+             memfd >= 0 ? " (memfd)" : "");
+  *mr_p = mr;
+  return HIXL_OK;
+}
+
+static hixl_status_t check_reg_args(const char *fn, hixl_ctx_t *ctx, const void *addr, size_t len,
+                                    unsigned access, const void *out)
+{
+  if (ctx == NULL || addr == NULL || out == NULL)
+    return hixl__err(HIXL_ERR_INVALID, "%s: NULL %s", fn,
+                     ctx == NULL ? "ctx" : addr == NULL ? "addr" : "output pointer");
+  if (len == 0)
+    return hixl__err(HIXL_ERR_INVALID, "%s: zero length", fn);
+  if ((uintptr_t)addr + len < (uintptr_t)addr)
+    return hixl__err(HIXL_ERR_INVALID, "%s: %p + %zu wraps the address space", fn, addr, len);
+  if (access & ~(unsigned)ACCESS_ALL)
+    return hixl__err(HIXL_ERR_INVALID, "%s: unknown access bits 0x%x", fn,
+                     access & ~(unsigned)ACCESS_ALL);
+  return HIXL_OK;
+}
+
+hixl_status_t hixl_mr_reg(hixl_ctx_t *ctx, void *addr, size_t len, unsigned access,
+                          hixl_mr_t **mr_p)
+{
+  hixl_status_t st = check_reg_args("hixl_mr_reg", ctx, addr, len, access, mr_p);
+  if (st != HIXL_OK)
+    return st;
+  /* Inside memory we allocated?  Then peers can map it too. */
+  int memfd = -1;
+  uint64_t fd_off = 0;
+  pthread_mutex_lock(&ctx->reg_lock);
+  for (hixl_mr_t *m = ctx->mrs; m; m = m->next)
+    if (m->owns_mem && (uint8_t *)addr >= (uint8_t *)m->addr &&
+        (uint8_t *)addr + len <= (uint8_t *)m->addr + m->len) {
+      memfd = fcntl(m->memfd, F_DUPFD_CLOEXEC, 0);
+      fd_off = (uint64_t)((uint8_t *)addr - (uint8_t *)m->addr);
+      break;
+    }
+  pthread_mutex_unlock(&ctx->reg_lock);
+  st = reg_common(ctx, addr, len, access, memfd, fd_off, false, 0, mr_p);
+  if (st != HIXL_OK && memfd >= 0)
+    close(memfd);
+  return st;
+}
+
+hixl_status_t hixl_mr_reg_device(hixl_ctx_t *ctx, void *addr, size_t len, int device_id,
+                                 unsigned access, hixl_mr_t **mr_p)
+{
+  hixl_status_t st = check_reg_args("hixl_mr_reg_device", ctx, addr, len, access, mr_p);
+  if (st != HIXL_OK)
+    return st;
+  return hixl__dev_check(device_id);
+}
+
+hixl_status_t hixl_mem_alloc(hixl_ctx_t *ctx, size_t len, hixl_mem_kind_t kind, unsigned access,
+                             void **addr_p, hixl_mr_t **mr_p)
+{
+  if (addr_p == NULL)
+    return hixl__err(HIXL_ERR_INVALID, "hixl_mem_alloc: NULL addr_p");
+  hixl_status_t st = check_reg_args("hixl_mem_alloc", ctx, addr_p, len, access, mr_p);
+  if (st != HIXL_OK)
+    return st;
+  if (kind == HIXL_MEM_DEVICE)
+    return hixl__dev_check(0);
+  if (kind != HIXL_MEM_HOST)
+    return hixl__err(HIXL_ERR_INVALID, "hixl_mem_alloc: unknown memory kind %d", (int)kind);
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  if (len > SIZE_MAX - page)
+    return hixl__err(HIXL_ERR_NOMEM, "hixl_mem_alloc: %zu bytes is too large", len);
+  size_t map_len = (len + page - 1) & ~(page - 1);
+  int fd = hixl__memfd("hixl-mem", map_len);
+  if (fd < 0)
+    return hixl__err(HIXL_ERR_NOMEM, "hixl_mem_alloc: memfd of %zu bytes: %s", map_len,
+                     strerror(errno));
+  void *p = mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    int e = errno;
+    close(fd);
+    return hixl__err(HIXL_ERR_NOMEM, "hixl_mem_alloc: mmap of %zu bytes: %s", map_len,
+                     strerror(e));
+  }
+  st = reg_common(ctx, p, len, access, fd, 0, true, 0, mr_p);
+  if (st != HIXL_OK) {
+    munmap(p, map_len);
+    close(fd);
+    return st;
+  }
+  *addr_p = p;
+  return HIXL_OK;
+}
+
+void hixl__mr_unpublish_locked(hixl_ctx_t *ctx, hixl_mr_t *mr)
+{
+  for (int i = 0; i < HIXL_MAX_PUBLISHED; i++)
+    if (ctx->published[i].mr == mr)
+      ctx->published[i] = (hixl_published_t){0};
+}
+
+static bool mr_valid(const hixl_mr_t *mr) { return mr != NULL && mr->magic == HIXL_MAGIC_MR; }
+
+hixl_status_t hixl_mr_dereg(hixl_mr_t *mr)
+{
+  if (!mr_valid(mr))
+    return hixl__err(HIXL_ERR_INVALID, "hixl_mr_dereg: %s region",
+                     mr == NULL ? "NULL" : "invalid or already deregistered");
+  hixl_ctx_t *ctx = mr->ctx;
+  pthread_mutex_lock(&ctx->lock);
+  hixl__mr_unpublish_locked(ctx, mr);
+  pthread_mutex_unlock(&ctx->lock);
+
+  pthread_mutex_lock(&ctx->reg_lock);
+  hixl_reg_slot_t *s = &ctx->reg_table[mr->slot];
+  /* Kill the rkey first: a peer checking the slot now sees it dead. */
+  atomic_store_explicit(&s->rkey, 0, memory_order_release);
+  s->base = s->len = 0;
+  s->access = s->flags = 0;
+  ctx->slot_mr[mr->slot] = NULL;
+  for (hixl_mr_t **pp = &ctx->mrs; *pp; pp = &(*pp)->next)
+    if (*pp == mr) {
+      *pp = mr->next;
+      break;
+    }
+  /* Unmapping under reg_lock: a peer's atomic executed by our control
+   * thread holds reg_lock, so it never touches freed memory. */
+  if (mr->owns_mem) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    munmap(mr->addr, (mr->len + page - 1) & ~(page - 1));
+  }
+  pthread_mutex_unlock(&ctx->reg_lock);
+  if (mr->memfd >= 0)
+    close(mr->memfd);
+  pthread_mutex_lock(&ctx->lock);
+  mr->magic = HIXL_MAGIC_DEAD;
+  hixl__quarantine_locked(ctx, mr);
+  pthread_mutex_unlock(&ctx->lock);
+  return HIXL_OK;
+}
+
+/* For hixl_ctx_destroy: every region still registered. */
+void hixl__mrs_destroy(hixl_ctx_t *ctx)
+{
+  while (ctx->mrs)
+    hixl_mr_dereg(ctx->mrs);
+}
+
+static void mr_to_info(const hixl_mr_t *mr, hixl_rkey_info_t *k)
+{
+  *k = (hixl_rkey_info_t){.ctx_id = mr->ctx->id, .rkey = mr->rkey,
+                          .base = (uint64_t)(uintptr_t)mr->addr, .len = mr->len,
+                          .slot = mr->slot, .access = mr->access,
+                          .flags = mr->memfd >= 0 ? HIXL_REGF_MEMFD : 0};
+}
+
+hixl_status_t hixl_mr_pack(const hixl_mr_t *mr, void *buf, size_t *len_p)
+{
+  if (!mr_valid(mr) || len_p == NULL)
+    return hixl__err(HIXL_ERR_INVALID, "hixl_mr_pack: %s",
+                     len_p == NULL ? "NULL len_p" : "NULL, invalid or deregistered region");
+  if (buf == NULL || *len_p < HIXL_RKEY_BLOB_LEN) {
+    bool asking = buf == NULL;
+    *len_p = HIXL_RKEY_BLOB_LEN;
+    if (asking)
+      return HIXL_OK;
+    return hixl__err(HIXL_ERR_NOMEM, "hixl_mr_pack: buffer too small (need %d bytes)",
+                     HIXL_RKEY_BLOB_LEN);
+  }
+  hixl_rkey_info_t k;
+  mr_to_info(mr, &k);
+  hixl_rkey_encode(&k, buf);
+  *len_p = HIXL_RKEY_BLOB_LEN;
+  return HIXL_OK;
+}
+_Static_assert(HIXL_RKEY_BLOB_LEN <= HIXL_RKEY_MAX, "rkey blob must fit HIXL_RKEY_MAX");
+_Static_assert(HIXL_RKEY_BLOB_LEN <= HIXL_WIRE_BLOB, "rkey blob must fit a control message");
+
+hixl_status_t hixl__reg_check(const hixl_reg_slot_t *table, uint32_t slot, uint64_t rkey,
+                              uint64_t base, uint64_t len, uint32_t access, uint32_t flags)
+{
+  if (slot >= HIXL_REG_SLOTS)
+    return HIXL_ERR_NOT_REGISTERED;
+  const hixl_reg_slot_t *s = &table[slot];
+  if (atomic_load_explicit(&((hixl_reg_slot_t *)s)->rkey, memory_order_acquire) != rkey ||
+      s->base != base || s->len != len || s->access != access || s->flags != flags)
+    return HIXL_ERR_NOT_REGISTERED;
+  return HIXL_OK;
+}
+
+static bool peer_valid(const hixl_peer_t *p) { return p != NULL && p->magic == HIXL_MAGIC_PEER; }
+
+hixl_status_t hixl_rmr_unpack(hixl_peer_t *peer, const void *buf, size_t len, hixl_rmr_t **rmr_p)
+{
+  if (!peer_valid(peer) || buf == NULL || rmr_p == NULL)
+    return hixl__err(HIXL_ERR_INVALID, "hixl_rmr_unpack: NULL or invalid %s",
+                     !peer_valid(peer) ? "peer" : buf == NULL ? "buf" : "rmr_p");
+  if (atomic_load(&peer->state) != HIXL_PEER_UP)
+    return hixl__err(HIXL_ERR_PEER_LOST, "hixl_rmr_unpack: peer %s is not connected", peer->name);
+  hixl_rkey_info_t k;
+  if (hixl_rkey_decode(buf, len, &k) != 0)
+    return hixl__err(HIXL_ERR_INVALID, "hixl_rmr_unpack: malformed rkey blob (%zu bytes)", len);
+  if (k.ctx_id != peer->remote_ctx_id)
+    return hixl__err(HIXL_ERR_NOT_REGISTERED,
+                     "hixl_rmr_unpack: the blob belongs to another context than peer %s",
+                     peer->name);
+  hixl_rmr_t *r = calloc(1, sizeof(*r));
+  if (r == NULL)
+    return hixl__err(HIXL_ERR_NOMEM, "no memory for an rmr");
+  *r = (hixl_rmr_t){.magic = HIXL_MAGIC_RMR, .peer = peer, .base = k.base, .len = k.len,
+                    .rkey = k.rkey, .slot = k.slot, .access = k.access, .flags = k.flags};
+  hixl_status_t st = peer->ops->rmr_attach(r, hixl__deadline(hixl__ctx_timeout(peer->ctx)));
+  if (st != HIXL_OK) {
+    free(r);
+    return st;
+  }
+  pthread_mutex_lock(&peer->ctx->lock);
+  r->next = peer->rmrs;
+  peer->rmrs = r;
+  pthread_mutex_unlock(&peer->ctx->lock);
+  *rmr_p = r;
+  return HIXL_OK;
+}
+
+void hixl_rmr_release(hixl_rmr_t *rmr)
+{
+  if (rmr == NULL || rmr->magic != HIXL_MAGIC_RMR)
+    return;
+  hixl_peer_t *peer = rmr->peer;
+  hixl_ctx_t *ctx = peer->ctx;
+  pthread_mutex_lock(&ctx->lock);
+  for (hixl_rmr_t **pp = &peer->rmrs; *pp; pp = &(*pp)->next)
+    if (*pp == rmr) {
+      *pp = rmr->next;
+      break;
+    }
+  peer->ops->rmr_detach(rmr);
+  rmr->magic = HIXL_MAGIC_DEAD;
+  hixl__quarantine_locked(ctx, rmr);
+  pthread_mutex_unlock(&ctx->lock);
+}
+
+static bool name_ok(const char *name)
+{
+  size_t n = name ? strnlen(name, 64) : 0;
+  if (n == 0 || n > 63)
+    return false;
+  for (size_t i = 0; i < n; i++)
+    if ((unsigned char)name[i] < 0x20 || name[i] == 0x7f)
+      return false;
+  return true;
+}
+
+hixl_status_t hixl_mr_publish(hixl_mr_t *mr, const char *name)
+{
+  if (!mr_valid(mr))
+    return hixl__err(HIXL_ERR_INVALID, "hixl_mr_publish: NULL, invalid or deregistered region");
+  if (!name_ok(name))
+    return hixl__err(HIXL_ERR_INVALID,
+                     "hixl_mr_publish: name must be 1..63 printable bytes");
+  hixl_ctx_t *ctx = mr->ctx;
+  pthread_mutex_lock(&ctx->lock);
+  int free_i = -1;
+  for (int i = 0; i < HIXL_MAX_PUBLISHED; i++) {
+    if (ctx->published[i].mr && strcmp(ctx->published[i].name, name) == 0) {
+      ctx->published[i].mr = mr;
+      pthread_mutex_unlock(&ctx->lock);
+      return HIXL_OK;
+    }
+    if (!ctx->published[i].mr && free_i < 0)
+      free_i = i;
+  }
+  if (free_i < 0) {
+    pthread_mutex_unlock(&ctx->lock);
+    return hixl__err(HIXL_ERR_NOMEM, "hixl_mr_publish: more than %d names published",
+                     HIXL_MAX_PUBLISHED);
+  }
+  snprintf(ctx->published[free_i].name, sizeof(ctx->published[free_i].name), "%s", name);
+  ctx->published[free_i].mr = mr;
+  pthread_mutex_unlock(&ctx->lock);
+  return HIXL_OK;
+}
+
+static hixl_status_t lookup_locked(hixl_ctx_t *ctx, const char *name, uint8_t *blob,
+                                   uint32_t *len_p)
+{
+  for (int i = 0; i < HIXL_MAX_PUBLISHED; i++)
+    if (ctx->published[i].mr && strcmp(ctx->published[i].name, name) == 0) {
+      hixl_rkey_info_t k;
+      mr_to_info(ctx->published[i].mr, &k);
+      hixl_rkey_encode(&k, blob);
+      *len_p = HIXL_RKEY_BLOB_LEN;
+      return HIXL_OK;
+    }
+  return HIXL_ERR_NOT_REGISTERED;
+}
+
+hixl_status_t hixl__lookup_local(hixl_ctx_t *ctx, const char *name, uint8_t *blob,
+                                 uint32_t *len_p)
+{
+  pthread_mutex_lock(&ctx->lock);
+  hixl_status_t st = lookup_locked(ctx, name, blob, len_p);
+  pthread_mutex_unlock(&ctx->lock);
+  return st;
+}
+
+hixl_status_t hixl_rmr_lookup(hixl_peer_t *peer, const char *name, int timeout_ms,
+                              hixl_rmr_t **rmr_p)
+{
+  if (!peer_valid(peer) || rmr_p == NULL)
+    return hixl__err(HIXL_ERR_INVALID, "hixl_rmr_lookup: NULL or invalid %s",
+                     rmr_p == NULL ? "rmr_p" : "peer");
+  if (!name_ok(name))
+    return hixl__err(HIXL_ERR_INVALID, "hixl_rmr_lookup: name must be 1..63 printable bytes");
+  int64_t deadline = hixl__deadline(timeout_ms);
+  /* Each call is bounded by the context timeout (a peer that does not
+   * answer), the whole by timeout_ms (a name that does not appear). */
+  int call_ms = hixl__ctx_timeout(peer->ctx);
+  for (;;) {
+    if (atomic_load(&peer->state) != HIXL_PEER_UP)
+      return hixl__err(HIXL_ERR_PEER_LOST, "hixl_rmr_lookup: peer %s is not connected",
+                       peer->name);
+    uint8_t blob[HIXL_WIRE_BLOB];
+    uint32_t blen = 0;
+    hixl_status_t st;
+    if (peer->self) {
+      st = hixl__lookup_local(peer->ctx, name, blob, &blen);
+    } else {
+      hixl_msg_t m = {.type = HIXL_MSG_LOOKUP}, reply;
+      snprintf(m.str[0], sizeof(m.str[0]), "%s", name);
+      st = hixl__call(peer, &m, HIXL_MSG_LOOKUP_REPLY, &reply, NULL, hixl__deadline(call_ms));
+      if (st == HIXL_OK) {
+        blen = reply.blob_len;
+        memcpy(blob, reply.blob, blen);
+      }
+    }
+    if (st == HIXL_OK)
+      return hixl_rmr_unpack(peer, blob, blen, rmr_p);
+    if (st != HIXL_ERR_NOT_REGISTERED)
+      return st;
+    if (hixl__expired(deadline) || timeout_ms == 0)
+      return hixl__err(HIXL_ERR_NOT_REGISTERED, "hixl_rmr_lookup: peer %s has no region \"%s\"",
+                       peer->name, name);
+    usleep(5000);
+  }
+}
+
+uint64_t hixl__amo_local(uint64_t *p, int op, uint64_t a, uint64_t b)
+{
+  if (op == HIXL_AMO_FAA)
+    return __atomic_fetch_add(p, a, __ATOMIC_SEQ_CST);
+  uint64_t expected = a;
+  __atomic_compare_exchange_n(p, &expected, b, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  return expected;
+}
+
+/* The owner's view of a peer's request on (slot, rkey). */
+static hixl_mr_t *live_mr(hixl_ctx_t *ctx, uint32_t slot, uint64_t rkey)
+{
+  if (slot >= HIXL_REG_SLOTS)
+    return NULL;
+  hixl_mr_t *mr = ctx->slot_mr[slot];
+  return mr && mr->rkey == rkey ? mr : NULL;
+}
+
+void hixl__serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out, int *out_fds,
+                 int *n_out)
+{
+  hixl_ctx_t *ctx = peer->ctx;
+  memset(out, 0, sizeof(*out));
+  *n_out = 0;
+  switch (m->type) {
+  case HIXL_MSG_LOOKUP:
+    out->type = HIXL_MSG_LOOKUP_REPLY;
+    out->status = lookup_locked(ctx, m->str[0], out->blob, &out->blob_len);
+    return;
+  case HIXL_MSG_FD_REQ: {
+    out->type = HIXL_MSG_FD_REPLY;
+    out->status = HIXL_ERR_NOT_REGISTERED;
+    /* Only same-host peers may ask, and only for memfd-backed regions. */
+    if (peer->ops != &hixl__shm_ops)
+      return;
+    pthread_mutex_lock(&ctx->reg_lock);
+    hixl_mr_t *mr = live_mr(ctx, m->u32[0], m->u64[0]);
+    if (mr && mr->memfd >= 0) {
+      out_fds[0] = fcntl(mr->memfd, F_DUPFD_CLOEXEC, 0);
+      if (out_fds[0] >= 0) {
+        *n_out = 1;
+        out->status = HIXL_OK;
+        out->u64[0] = mr->fd_off;
+      } else {
+        out->status = HIXL_ERR_NOMEM;
+      }
+    }
+    pthread_mutex_unlock(&ctx->reg_lock);
+    return;
+  }
+  case HIXL_MSG_ATOMIC: {
+    out->type = HIXL_MSG_ATOMIC_REPLY;
+    uint64_t off = m->u64[1];
+    int op = (int)m->u32[1];
+    pthread_mutex_lock(&ctx->reg_lock);
+    hixl_mr_t *mr = live_mr(ctx, m->u32[0], m->u64[0]);
+    /* Checked again here: the initiator's checks are not trusted. */
+    if (mr == NULL || off > mr->len || mr->len - off < 8)
+      out->status = HIXL_ERR_NOT_REGISTERED;
+    else if (!(mr->access & HIXL_ACCESS_ATOMIC))
+      out->status = HIXL_ERR_ACCESS;
+    else if (((uintptr_t)mr->addr + off) % 8 != 0 || (op != HIXL_AMO_FAA && op != HIXL_AMO_CAS))
+      out->status = HIXL_ERR_INVALID;
+    else
+      out->u64[0] = hixl__amo_local((uint64_t *)((uint8_t *)mr->addr + off), op, m->u64[2],
+                                    m->u64[3]);
+    pthread_mutex_unlock(&ctx->reg_lock);
+    return;
+  }
+  default:
+    return;
+  }
+}

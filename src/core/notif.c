@@ -1,0 +1,60 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Notifications.  Every peer that can notify us has an inbox ring (shm: in
+ * memory the peer writes directly; self: local).  Polling takes entries in
+ * ring order, which is issue order for that peer; peers are visited round
+ * robin so none starves.
+ */
+#define _GNU_SOURCE
+#include "hixl_int.h"
+
+int hixl_notif_poll(hixl_ctx_t *ctx, hixl_notif_t *out, int max)
+{
+  if (ctx == NULL || out == NULL || max < 0)
+    return hixl__err(HIXL_ERR_INVALID, "hixl_notif_poll: %s",
+                     ctx == NULL ? "NULL ctx" : out == NULL ? "NULL out" : "max < 0");
+  int n = 0;
+  pthread_mutex_lock(&ctx->lock);
+  unsigned npeers = 0;
+  for (hixl_peer_t *p = ctx->peers; p; p = p->next)
+    npeers++;
+  unsigned start = npeers ? atomic_fetch_add(&ctx->notif_rr, 1) % npeers : 0;
+  for (int pass = 0; pass < 2 && n < max; pass++) {
+    unsigned i = 0;
+    for (hixl_peer_t *p = ctx->peers; p && n < max; p = p->next, i++) {
+      /* First pass: from start to the end; second: the ones before start. */
+      if ((pass == 0) != (i >= start) || p->inbox == NULL)
+        continue;
+      uint32_t imm;
+      uint64_t len;
+      while (n < max && hixl_ring_pop(p->inbox, &imm, &len)) {
+        out[n].peer = p;
+        out[n].imm = imm;
+        out[n].len = (size_t)len;
+        n++;
+      }
+    }
+  }
+  pthread_mutex_unlock(&ctx->lock);
+  return n;
+}
+
+hixl_status_t hixl_notif_wait(hixl_ctx_t *ctx, hixl_notif_t *out, int timeout_ms)
+{
+  if (ctx == NULL || out == NULL)
+    return hixl__err(HIXL_ERR_INVALID, "hixl_notif_wait: NULL %s", ctx == NULL ? "ctx" : "out");
+  int64_t deadline = hixl__deadline(timeout_ms);
+  unsigned it = 0;
+  for (;;) {
+    int n = hixl_notif_poll(ctx, out, 1);
+    if (n > 0)
+      return HIXL_OK;
+    if (n < 0)
+      return n;
+    if (timeout_ms == 0 || hixl__expired(deadline))
+      return hixl__err(HIXL_ERR_TIMEOUT, "hixl_notif_wait: no notification in %d ms",
+                       timeout_ms);
+    hixl_progress(ctx);
+    hixl__backoff(&it);
+  }
+}

@@ -1,0 +1,256 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The public operations: check everything the contract promises to check
+ * (arguments, peer state, bounds, rights, liveness of the remote region),
+ * then make one indirect call into the peer's transport.  Checks are inline
+ * and branch-predicted; the error paths are out of line (hixl__err is cold).
+ */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <string.h>
+
+#include "hixl_int.h"
+
+static inline hixl_status_t check_peer(const char *fn, hixl_peer_t *peer)
+{
+  if (hixl_unlikely(peer == NULL || peer->magic != HIXL_MAGIC_PEER))
+    return hixl__err(HIXL_ERR_INVALID, "%s: %s peer", fn, peer == NULL ? "NULL" : "invalid");
+  if (hixl_unlikely(atomic_load_explicit(&peer->state, memory_order_acquire) != HIXL_PEER_UP))
+    return hixl__err(HIXL_ERR_PEER_LOST, "%s: peer %s is %s", fn, peer->name,
+                     atomic_load(&peer->state) == HIXL_PEER_CLOSED ? "disconnected" : "lost");
+  return HIXL_OK;
+}
+
+static inline hixl_status_t check_remote(const char *fn, hixl_peer_t *peer, hixl_rmr_t *rmr,
+                                         uint64_t off, size_t len, unsigned need)
+{
+  if (hixl_unlikely(rmr == NULL || rmr->magic != HIXL_MAGIC_RMR))
+    return hixl__err(rmr == NULL ? HIXL_ERR_INVALID : HIXL_ERR_NOT_REGISTERED,
+                     "%s: %s remote region", fn, rmr == NULL ? "NULL" : "released or invalid");
+  if (hixl_unlikely(rmr->peer != peer))
+    return hixl__err(HIXL_ERR_INVALID, "%s: the remote region belongs to peer %s, not %s", fn,
+                     rmr->peer->name, peer->name);
+  if (hixl_unlikely(len == 0))
+    return hixl__err(HIXL_ERR_INVALID, "%s: zero length", fn);
+  if (hixl_unlikely(off > rmr->len || len > rmr->len - off))
+    return hixl__err(HIXL_ERR_NOT_REGISTERED,
+                     "%s: [%llu, %llu + %zu) is outside the %llu-byte region of peer %s", fn,
+                     (unsigned long long)off, (unsigned long long)off, len,
+                     (unsigned long long)rmr->len, peer->name);
+  if (hixl_unlikely((rmr->access & need) != need))
+    return hixl__err(HIXL_ERR_ACCESS, "%s: the region of peer %s does not grant %s", fn,
+                     peer->name,
+                     need == HIXL_ACCESS_READ    ? "READ"
+                     : need == HIXL_ACCESS_WRITE ? "WRITE"
+                                                 : "ATOMIC");
+  if (hixl_unlikely(!peer->ops->rmr_live(rmr)))
+    return hixl__err(HIXL_ERR_NOT_REGISTERED, "%s: peer %s has deregistered the region", fn,
+                     peer->name);
+  return HIXL_OK;
+}
+
+static inline hixl_status_t check_flags(const char *fn, unsigned flags)
+{
+  if (hixl_unlikely(flags & ~(unsigned)HIXL_OP_ORDERED))
+    return hixl__err(HIXL_ERR_INVALID, "%s: unknown flags 0x%x", fn, flags);
+  return HIXL_OK;
+}
+
+/* HIXL_OP_ORDERED: everything earlier to this peer completes first.  Ops
+ * that completed synchronously are already visible; only asynchronous ones
+ * (counted in issued/completed) can be outstanding. */
+static hixl_status_t order_after_earlier(const char *fn, hixl_peer_t *peer)
+{
+  uint64_t target = atomic_load(&peer->issued);
+  int64_t deadline = hixl__deadline(hixl__ctx_timeout(peer->ctx));
+  unsigned it = 0;
+  while (atomic_load_explicit(&peer->completed, memory_order_acquire) < target) {
+    if (atomic_load(&peer->state) != HIXL_PEER_UP)
+      return hixl__err(HIXL_ERR_PEER_LOST, "%s: peer %s lost while ordering", fn, peer->name);
+    if (hixl__expired(deadline))
+      return hixl__err(HIXL_ERR_TIMEOUT, "%s: earlier operations to %s did not complete", fn,
+                       peer->name);
+    hixl_progress(peer->ctx);
+    hixl__backoff(&it);
+  }
+  return HIXL_OK;
+}
+
+/* Finish a synchronous operation: hand back a completed request if asked. */
+static inline hixl_status_t done_sync(hixl_peer_t *peer, hixl_status_t st, hixl_req_t **req_p)
+{
+  if (hixl_unlikely(st != HIXL_OK))
+    return st;
+  if (req_p) {
+    hixl_req_t *req = hixl__req_get(peer->ctx, peer);
+    if (hixl_unlikely(req == NULL))
+      return hixl__err(HIXL_ERR_NOMEM, "no memory for a request");
+    atomic_store_explicit(&req->status, HIXL_OK, memory_order_relaxed);
+    atomic_store_explicit(&req->flags, HIXL_REQF_DONE, memory_order_release);
+    *req_p = req;
+  }
+  return HIXL_OK;
+}
+
+#define PRE(fn, peer, flags)                                                                    \
+  hixl_status_t st_ = check_peer(fn, peer);                                                     \
+  if (hixl_likely(st_ == HIXL_OK))                                                              \
+    st_ = check_flags(fn, flags);                                                               \
+  if (hixl_unlikely(st_ != HIXL_OK))                                                            \
+    return st_;                                                                                 \
+  if (hixl_unlikely((flags) & HIXL_OP_ORDERED) && (st_ = order_after_earlier(fn, peer)))        \
+    return st_;                                                                                 \
+  atomic_store_explicit(&(peer)->used, true, memory_order_relaxed)
+
+HIXL_HOT hixl_status_t hixl_put(hixl_peer_t *peer, const void *src, size_t len, hixl_rmr_t *dst,
+                                uint64_t off, unsigned flags, hixl_req_t **req_p)
+{
+  hixl_status_t st = check_peer("hixl_put", peer);
+  if (hixl_likely(st == HIXL_OK))
+    st = check_remote("hixl_put", peer, dst, off, len, HIXL_ACCESS_WRITE);
+  if (hixl_unlikely(st == HIXL_OK && src == NULL))
+    st = hixl__err(HIXL_ERR_INVALID, "hixl_put: NULL src");
+  if (hixl_unlikely(st != HIXL_OK))
+    return st;
+  PRE("hixl_put", peer, flags);
+  return done_sync(peer, peer->ops->put(peer, src, len, dst, off), req_p);
+}
+
+HIXL_HOT hixl_status_t hixl_get(hixl_peer_t *peer, void *dst, size_t len, hixl_rmr_t *src,
+                                uint64_t off, unsigned flags, hixl_req_t **req_p)
+{
+  hixl_status_t st = check_peer("hixl_get", peer);
+  if (hixl_likely(st == HIXL_OK))
+    st = check_remote("hixl_get", peer, src, off, len, HIXL_ACCESS_READ);
+  if (hixl_unlikely(st == HIXL_OK && dst == NULL))
+    st = hixl__err(HIXL_ERR_INVALID, "hixl_get: NULL dst");
+  if (hixl_unlikely(st != HIXL_OK))
+    return st;
+  PRE("hixl_get", peer, flags);
+  return done_sync(peer, peer->ops->get(peer, dst, len, src, off), req_p);
+}
+
+hixl_status_t hixl_put_imm(hixl_peer_t *peer, const void *src, size_t len, hixl_rmr_t *dst,
+                           uint64_t off, uint32_t imm, unsigned flags, hixl_req_t **req_p)
+{
+  hixl_status_t st = check_peer("hixl_put_imm", peer);
+  if (hixl_likely(st == HIXL_OK))
+    st = check_remote("hixl_put_imm", peer, dst, off, len, HIXL_ACCESS_WRITE);
+  if (hixl_unlikely(st == HIXL_OK && src == NULL))
+    st = hixl__err(HIXL_ERR_INVALID, "hixl_put_imm: NULL src");
+  if (hixl_unlikely(st != HIXL_OK))
+    return st;
+  PRE("hixl_put_imm", peer, flags);
+  st = peer->ops->put(peer, src, len, dst, off);
+  if (hixl_likely(st == HIXL_OK))
+    st = peer->ops->notify(peer, imm, len);
+  return done_sync(peer, st, req_p);
+}
+
+hixl_status_t hixl_notify(hixl_peer_t *peer, uint32_t imm, unsigned flags, hixl_req_t **req_p)
+{
+  PRE("hixl_notify", peer, flags);
+  return done_sync(peer, peer->ops->notify(peer, imm, 0), req_p);
+}
+
+static hixl_status_t atomic_common(const char *fn, hixl_peer_t *peer, hixl_rmr_t *rmr,
+                                   uint64_t off, int op, uint64_t a, uint64_t b, uint64_t *old_p,
+                                   unsigned flags, hixl_req_t **req_p)
+{
+  hixl_status_t st = check_peer(fn, peer);
+  if (hixl_likely(st == HIXL_OK))
+    st = check_remote(fn, peer, rmr, off, 8, HIXL_ACCESS_ATOMIC);
+  if (hixl_unlikely(st == HIXL_OK && (rmr->base + off) % 8 != 0))
+    st = hixl__err(HIXL_ERR_INVALID, "%s: offset %llu is not 8-byte aligned", fn,
+                   (unsigned long long)off);
+  if (hixl_unlikely(st != HIXL_OK))
+    return st;
+  PRE(fn, peer, flags);
+  /* The transport completes the request itself, now (CPU atomic on a
+   * mapping) or later (executed by the owner's control thread). */
+  hixl_req_t *req = hixl__req_get(peer->ctx, peer);
+  if (hixl_unlikely(req == NULL))
+    return hixl__err(HIXL_ERR_NOMEM, "no memory for a request");
+  req->old_p = old_p;
+  st = peer->ops->atomic(peer, rmr, off, op, a, b, req);
+  if (hixl_unlikely(st < 0)) {
+    req->old_p = NULL;
+    hixl__req_complete(req, st, 0);
+    hixl__req_release(req);
+    return st;
+  }
+  if (req_p)
+    *req_p = req;
+  else
+    hixl__req_release(req);
+  return HIXL_OK;
+}
+
+hixl_status_t hixl_atomic_cas(hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t off, uint64_t expected,
+                              uint64_t desired, uint64_t *old_p, unsigned flags,
+                              hixl_req_t **req_p)
+{
+  return atomic_common("hixl_atomic_cas", peer, rmr, off, HIXL_AMO_CAS, expected, desired, old_p,
+                       flags, req_p);
+}
+
+hixl_status_t hixl_atomic_faa(hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t off, uint64_t add,
+                              uint64_t *old_p, unsigned flags, hixl_req_t **req_p)
+{
+  return atomic_common("hixl_atomic_faa", peer, rmr, off, HIXL_AMO_FAA, add, 0, old_p, flags,
+                       req_p);
+}
+
+/* Every element is checked before any moves, so a bad batch changes nothing. */
+static hixl_status_t check_batch(const char *fn, hixl_peer_t *peer, const hixl_xfer_t *xfers,
+                                 size_t n, unsigned need, uint64_t *total_p)
+{
+  if (xfers == NULL || n == 0)
+    return hixl__err(HIXL_ERR_INVALID, "%s: %s", fn, xfers == NULL ? "NULL xfers" : "empty batch");
+  uint64_t total = 0;
+  for (size_t i = 0; i < n; i++) {
+    hixl_status_t st = check_remote(fn, peer, xfers[i].rmr, xfers[i].off, xfers[i].len, need);
+    if (st == HIXL_OK && xfers[i].local == NULL)
+      st = hixl__err(HIXL_ERR_INVALID, "%s: NULL local buffer", fn);
+    if (st != HIXL_OK) {
+      char msg[512];
+      snprintf(msg, sizeof(msg), "%s", hixl_last_error());
+      return hixl__err(st, "%s (batch element %zu of %zu)", msg, i, n);
+    }
+    total += xfers[i].len;
+  }
+  *total_p = total;
+  return HIXL_OK;
+}
+
+hixl_status_t hixl_put_batch(hixl_peer_t *peer, const hixl_xfer_t *xfers, size_t n,
+                             const uint32_t *imm, unsigned flags, hixl_req_t **req_p)
+{
+  uint64_t total;
+  hixl_status_t st = check_peer("hixl_put_batch", peer);
+  if (st == HIXL_OK)
+    st = check_batch("hixl_put_batch", peer, xfers, n, HIXL_ACCESS_WRITE, &total);
+  if (st != HIXL_OK)
+    return st;
+  PRE("hixl_put_batch", peer, flags);
+  for (size_t i = 0; i < n && st == HIXL_OK; i++)
+    st = peer->ops->put(peer, xfers[i].local, xfers[i].len, xfers[i].rmr, xfers[i].off);
+  if (st == HIXL_OK && imm)
+    st = peer->ops->notify(peer, *imm, total);
+  return done_sync(peer, st, req_p);
+}
+
+hixl_status_t hixl_get_batch(hixl_peer_t *peer, const hixl_xfer_t *xfers, size_t n,
+                             unsigned flags, hixl_req_t **req_p)
+{
+  uint64_t total;
+  hixl_status_t st = check_peer("hixl_get_batch", peer);
+  if (st == HIXL_OK)
+    st = check_batch("hixl_get_batch", peer, xfers, n, HIXL_ACCESS_READ, &total);
+  if (st != HIXL_OK)
+    return st;
+  PRE("hixl_get_batch", peer, flags);
+  for (size_t i = 0; i < n && st == HIXL_OK; i++)
+    st = peer->ops->get(peer, xfers[i].local, xfers[i].len, xfers[i].rmr, xfers[i].off);
+  return done_sync(peer, st, req_p);
+}

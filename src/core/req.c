@@ -1,0 +1,224 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Requests, fence and progress.  Requests come from a per-context pool:
+ * chunks of 1024 that are never freed before the context, and a lock-free
+ * LIFO of free indices (a Treiber stack whose head carries an ABA tag), so
+ * taking and returning a request costs one CAS and no malloc.
+ */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+
+#include "hixl_int.h"
+
+#define CHUNK 1024u
+
+static hixl_req_t *req_at(hixl_ctx_t *ctx, uint32_t idx)
+{
+  return &ctx->pool_chunks[idx / CHUNK][idx % CHUNK];
+}
+
+static void pool_push(hixl_ctx_t *ctx, hixl_req_t *req)
+{
+  uint64_t head = atomic_load_explicit(&ctx->pool_head, memory_order_relaxed);
+  uint64_t next;
+  do {
+    req->next_free = (uint32_t)head; /* index + 1 of the old top, 0: none */
+    next = ((head >> 32) + 1) << 32 | (uint64_t)(req->index + 1);
+  } while (!atomic_compare_exchange_weak_explicit(&ctx->pool_head, &head, next,
+                                                  memory_order_release, memory_order_relaxed));
+}
+
+static bool pool_grow(hixl_ctx_t *ctx)
+{
+  pthread_mutex_lock(&ctx->pool_lock);
+  uint32_t n = atomic_load(&ctx->pool_nchunks);
+  bool ok = false;
+  /* Another thread may have grown it while we waited. */
+  if ((uint32_t)atomic_load(&ctx->pool_head) != 0) {
+    ok = true;
+  } else if (n < sizeof(ctx->pool_chunks) / sizeof(ctx->pool_chunks[0])) {
+    hixl_req_t *chunk = calloc(CHUNK, sizeof(hixl_req_t));
+    if (chunk) {
+      ctx->pool_chunks[n] = chunk;
+      atomic_store(&ctx->pool_nchunks, n + 1);
+      for (uint32_t i = 0; i < CHUNK; i++) {
+        chunk[i].index = n * CHUNK + i;
+        chunk[i].ctx = ctx;
+        pool_push(ctx, &chunk[i]);
+      }
+      ok = true;
+    }
+  }
+  pthread_mutex_unlock(&ctx->pool_lock);
+  return ok;
+}
+
+hixl_req_t *hixl__req_get(hixl_ctx_t *ctx, hixl_peer_t *peer)
+{
+  for (;;) {
+    uint64_t head = atomic_load_explicit(&ctx->pool_head, memory_order_acquire);
+    uint32_t top = (uint32_t)head;
+    if (top == 0) {
+      if (!pool_grow(ctx))
+        return NULL;
+      continue;
+    }
+    hixl_req_t *req = req_at(ctx, top - 1);
+    uint64_t next = (head & 0xffffffff00000000ull) | req->next_free;
+    if (atomic_compare_exchange_weak_explicit(&ctx->pool_head, &head, next, memory_order_acquire,
+                                              memory_order_relaxed)) {
+      atomic_store_explicit(&req->status, HIXL_INPROGRESS, memory_order_relaxed);
+      atomic_store_explicit(&req->flags, 0, memory_order_relaxed);
+      req->peer = peer;
+      req->old_p = NULL;
+      req->counted = false;
+      return req;
+    }
+  }
+}
+
+void hixl__req_complete(hixl_req_t *req, hixl_status_t st, uint64_t old)
+{
+  if (st == HIXL_OK && req->old_p)
+    *req->old_p = old;
+  atomic_store_explicit(&req->status, st, memory_order_release);
+  if (req->counted)
+    atomic_fetch_add_explicit(&req->peer->completed, 1, memory_order_release);
+  unsigned prev = atomic_fetch_or_explicit(&req->flags, HIXL_REQF_DONE, memory_order_acq_rel);
+  if (prev & HIXL_REQF_FREED)
+    pool_push(req->ctx, req);
+}
+
+void hixl__req_release(hixl_req_t *req)
+{
+  unsigned prev = atomic_fetch_or_explicit(&req->flags, HIXL_REQF_FREED, memory_order_acq_rel);
+  if (prev & HIXL_REQF_DONE)
+    pool_push(req->ctx, req);
+}
+
+void hixl_req_free(hixl_req_t *req)
+{
+  if (req == NULL)
+    return;
+  hixl__req_release(req);
+}
+
+hixl_status_t hixl_req_test(hixl_req_t *req)
+{
+  if (req == NULL)
+    return hixl__err(HIXL_ERR_INVALID, "hixl_req_test: NULL request");
+  int st = atomic_load_explicit(&req->status, memory_order_acquire);
+  if (st == HIXL_INPROGRESS) {
+    hixl_progress(req->ctx);
+    st = atomic_load_explicit(&req->status, memory_order_acquire);
+  }
+  if (st < 0)
+    return hixl__err(st, "operation to peer %s failed: %s", req->peer ? req->peer->name : "?",
+                     hixl_strerror(st));
+  return st;
+}
+
+hixl_status_t hixl_req_wait(hixl_req_t *req, int timeout_ms)
+{
+  if (req == NULL)
+    return hixl__err(HIXL_ERR_INVALID, "hixl_req_wait: NULL request");
+  int64_t deadline = hixl__deadline(timeout_ms);
+  unsigned it = 0;
+  for (;;) {
+    hixl_status_t st = hixl_req_test(req);
+    if (st != HIXL_INPROGRESS)
+      return st;
+    if (hixl__expired(deadline) || timeout_ms == 0)
+      return hixl__err(HIXL_ERR_TIMEOUT, "hixl_req_wait: not complete after %d ms", timeout_ms);
+    hixl__backoff(&it);
+  }
+}
+
+/* Wait until everything issued to p before now completed.  Completions of
+ * one peer arrive in issue order, so a count suffices. */
+static hixl_status_t fence_peer(hixl_peer_t *p, int64_t deadline, bool report_loss_once)
+{
+  uint64_t target = atomic_load(&p->issued);
+  unsigned it = 0;
+  for (;;) {
+    int state = atomic_load(&p->state);
+    if (state != HIXL_PEER_UP) {
+      if (!atomic_load(&p->used))
+        return HIXL_OK;
+      if (report_loss_once) {
+        uint64_t issued = atomic_load(&p->issued) + 1; /* +1: nonzero once reported */
+        if (p->fence_acked == issued)
+          return HIXL_OK;
+        p->fence_acked = issued;
+      }
+      return hixl__err(HIXL_ERR_PEER_LOST, "hixl_fence: peer %s is %s; cannot confirm delivery",
+                       p->name, state == HIXL_PEER_CLOSED ? "disconnected" : "lost");
+    }
+    if (atomic_load_explicit(&p->completed, memory_order_acquire) >= target)
+      return HIXL_OK;
+    if (hixl__expired(deadline))
+      return hixl__err(HIXL_ERR_TIMEOUT, "hixl_fence: %llu operations to %s still in flight",
+                       (unsigned long long)(target - atomic_load(&p->completed)), p->name);
+    hixl_progress(p->ctx);
+    hixl__backoff(&it);
+  }
+}
+
+hixl_status_t hixl_fence(hixl_ctx_t *ctx, hixl_peer_t *peer, int timeout_ms)
+{
+  if (ctx == NULL)
+    return hixl__err(HIXL_ERR_INVALID, "hixl_fence: NULL ctx");
+  /* shm and self stores are complete when the call returns; the fence keeps
+   * them ordered before whatever the caller does next. */
+  atomic_thread_fence(memory_order_seq_cst);
+  int64_t deadline = hixl__deadline(timeout_ms);
+  if (peer) {
+    if (peer->magic != HIXL_MAGIC_PEER || peer->ctx != ctx)
+      return hixl__err(HIXL_ERR_INVALID, "hixl_fence: peer is invalid or not of this context");
+    return fence_peer(peer, deadline, false);
+  }
+  /* All peers: snapshot under the lock, wait outside it (peers are never
+   * freed before the context). */
+  hixl_status_t first = HIXL_OK;
+  pthread_mutex_lock(&ctx->lock);
+  size_t n = 0;
+  for (hixl_peer_t *p = ctx->peers; p; p = p->next)
+    n++;
+  hixl_peer_t **snap = n ? malloc(n * sizeof(*snap)) : NULL;
+  size_t k = 0;
+  for (hixl_peer_t *p = ctx->peers; p && snap; p = p->next)
+    if (p->ops && !p->unix_pending)
+      snap[k++] = p;
+  pthread_mutex_unlock(&ctx->lock);
+  if (n && snap == NULL)
+    return hixl__err(HIXL_ERR_NOMEM, "hixl_fence: no memory");
+  for (size_t i = 0; i < k; i++) {
+    hixl_status_t st = fence_peer(snap[i], deadline, true);
+    if (st != HIXL_OK && first == HIXL_OK)
+      first = st;
+  }
+  free(snap);
+  return first;
+}
+
+int hixl_progress(hixl_ctx_t *ctx)
+{
+  if (ctx == NULL)
+    return hixl__err(HIXL_ERR_INVALID, "hixl_progress: NULL ctx");
+  int n = 0;
+  for (size_t i = 0; i < hixl__n_transports; i++) {
+    int r = hixl__transports[i]->progress(ctx);
+    if (r < 0)
+      return r;
+    n += r;
+  }
+  return n;
+}
+
+void hixl__pool_destroy(hixl_ctx_t *ctx)
+{
+  uint32_t n = atomic_load(&ctx->pool_nchunks);
+  for (uint32_t i = 0; i < n; i++)
+    free(ctx->pool_chunks[i]);
+}

@@ -1,0 +1,80 @@
+/* SPDX-License-Identifier: MIT */
+/* The transports built into this library, in default preference order, and
+ * the ops a peer gets once it is disconnected. */
+#define _GNU_SOURCE
+#include "hixl_int.h"
+
+const hixl_transport_ops_t *const hixl__transports[] = {
+    &hixl__self_ops,
+    &hixl__shm_ops,
+};
+const size_t hixl__n_transports = sizeof(hixl__transports) / sizeof(hixl__transports[0]);
+
+static bool closed_usable(hixl_ctx_t *ctx, const hixl_msg_t *m)
+{
+  (void)ctx;
+  (void)m;
+  return false;
+}
+static hixl_status_t closed_connect(hixl_peer_t *p, const hixl_msg_t *m, int64_t d)
+{
+  (void)m;
+  (void)d;
+  return hixl__err(HIXL_ERR_PEER_LOST, "peer %s is disconnected", p->name);
+}
+static void closed_peer_close(hixl_peer_t *p) { (void)p; }
+static hixl_status_t closed_rmr_attach(hixl_rmr_t *r, int64_t d)
+{
+  (void)d;
+  return hixl__err(HIXL_ERR_PEER_LOST, "peer %s is disconnected", r->peer->name);
+}
+static void closed_rmr_detach(hixl_rmr_t *r) { (void)r; }
+static bool closed_rmr_live(const hixl_rmr_t *r)
+{
+  (void)r;
+  return false;
+}
+static hixl_status_t closed_put(hixl_peer_t *p, const void *s, size_t l, hixl_rmr_t *r,
+                                uint64_t o)
+{
+  (void)s, (void)l, (void)r, (void)o;
+  return hixl__err(HIXL_ERR_PEER_LOST, "peer %s is disconnected", p->name);
+}
+static hixl_status_t closed_get(hixl_peer_t *p, void *d, size_t l, hixl_rmr_t *r, uint64_t o)
+{
+  (void)d, (void)l, (void)r, (void)o;
+  return hixl__err(HIXL_ERR_PEER_LOST, "peer %s is disconnected", p->name);
+}
+static hixl_status_t closed_notify(hixl_peer_t *p, uint32_t imm, uint64_t len)
+{
+  (void)imm, (void)len;
+  return hixl__err(HIXL_ERR_PEER_LOST, "peer %s is disconnected", p->name);
+}
+static hixl_status_t closed_atomic(hixl_peer_t *p, hixl_rmr_t *r, uint64_t o, int op, uint64_t a,
+                                   uint64_t b, hixl_req_t *req)
+{
+  (void)r, (void)o, (void)op, (void)a, (void)b, (void)req;
+  return hixl__err(HIXL_ERR_PEER_LOST, "peer %s is disconnected", p->name);
+}
+static int closed_progress(hixl_ctx_t *ctx)
+{
+  (void)ctx;
+  return 0;
+}
+
+const hixl_transport_ops_t hixl__closed_ops = {
+    .size = sizeof(hixl_transport_ops_t),
+    .name = "closed",
+    .id = -1,
+    .usable = closed_usable,
+    .connect = closed_connect,
+    .peer_close = closed_peer_close,
+    .rmr_attach = closed_rmr_attach,
+    .rmr_detach = closed_rmr_detach,
+    .rmr_live = closed_rmr_live,
+    .put = closed_put,
+    .get = closed_get,
+    .notify = closed_notify,
+    .atomic = closed_atomic,
+    .progress = closed_progress,
+};

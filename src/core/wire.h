@@ -1,0 +1,89 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The control protocol: length-prefixed, versioned messages on one stream
+ * socket per peer.  Every message is a 24-byte header followed by a payload
+ * whose fields are fixed by its type (a schema, below).  Parsing is strict:
+ * wrong magic or version, unknown type, a length over HIXL_WIRE_MAX, a short
+ * field, a string with a NUL or over its limit, or trailing bytes reject the
+ * whole message.  All integers are little-endian on the wire.
+ *
+ * This file is pure (no sockets, no context) so that it is unit-tested and
+ * fuzzed on its own (tests/unit/test_wire.c, tests/fuzz/fuzz_wire.c).
+ */
+#ifndef HIXL_WIRE_H
+#define HIXL_WIRE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define HIXL_WIRE_MAGIC 0x4c584948u /* "HIXL" */
+#define HIXL_WIRE_VERSION 1
+#define HIXL_WIRE_HDR 24
+#define HIXL_WIRE_MAX 4096 /* payload bytes; every message is far smaller */
+#define HIXL_WIRE_STR 256  /* string field capacity, NUL included */
+#define HIXL_WIRE_BLOB 128 /* byte field capacity */
+
+enum hixl_msg_type {
+  HIXL_MSG_HELLO = 1,      /* initiator -> target over TCP */
+  HIXL_MSG_HELLO_ACK,      /* status, chosen transport, target identity */
+  HIXL_MSG_SHM_BIND,       /* initiator -> target over unix: cookie + 2 fds */
+  HIXL_MSG_SHM_BIND_ACK,   /* status + 2 fds */
+  HIXL_MSG_LOOKUP,         /* name */
+  HIXL_MSG_LOOKUP_REPLY,   /* status, rkey blob */
+  HIXL_MSG_FD_REQ,         /* slot, rkey: give me the memfd of a region */
+  HIXL_MSG_FD_REPLY,       /* status (+ 1 fd) */
+  HIXL_MSG_ATOMIC,         /* slot, rkey, off, op, a, b */
+  HIXL_MSG_ATOMIC_REPLY,   /* status, old */
+  HIXL_MSG_HEARTBEAT,      /* empty */
+  HIXL_MSG_BYE,            /* empty: orderly disconnect */
+  HIXL_MSG_WORLD_BARRIER,  /* world id, epoch */
+  HIXL_MSG_WORLD_XCHG,     /* world id, epoch, blob */
+  HIXL_MSG_TYPE_MAX
+};
+
+/* A decoded message.  Fields a type does not use are zero. */
+typedef struct hixl_msg {
+  uint16_t type;
+  uint16_t nfds; /* fds passed along (unix sockets only) */
+  uint64_t seq;  /* calls: chosen by the caller, echoed by the reply */
+  int32_t status;
+  uint32_t u32[3];
+  uint64_t u64[5];
+  uint8_t host_id[32];
+  char str[2][HIXL_WIRE_STR];
+  uint8_t blob[HIXL_WIRE_BLOB];
+  uint32_t blob_len;
+} hixl_msg_t;
+
+/* Field meaning per type (see wire.c for the schema):
+ * HELLO:       u32[0] flags, u64[0] ctx_id, host_id, u32[1] pid, u64[1] tag,
+ *              str[0] transports (preference), str[1] auth token
+ * HELLO_ACK:   status, u32[0] transport id, u64[0] ctx_id, host_id,
+ *              u32[1] pid, u64[1] cookie, str[0] unix name, str[1] message
+ * SHM_BIND:    u64[0] cookie, u64[1] ctx_id         (+2 fds: table, inbox)
+ * SHM_BIND_ACK: status                              (+2 fds: table, inbox)
+ * LOOKUP:      str[0] name
+ * LOOKUP_REPLY: status, blob
+ * FD_REQ:      u32[0] slot, u64[0] rkey
+ * FD_REPLY:    status, u64[0] offset of the region in the memfd (+1 fd)
+ * ATOMIC:      u32[0] slot, u32[1] op, u64[0] rkey, u64[1] off, u64[2] a, u64[3] b
+ * ATOMIC_REPLY: status, u64[0] old
+ * WORLD_BARRIER: u64[0] world id, u64[1] epoch
+ * WORLD_XCHG:  u64[0] world id, u64[1] epoch, blob
+ */
+
+/* Encode m into buf (capacity cap).  Returns bytes written or 0 if it does
+ * not fit or m->type is unknown. */
+size_t hixl_wire_encode(const hixl_msg_t *m, uint8_t *buf, size_t cap);
+
+enum { HIXL_WIRE_OK = 0, HIXL_WIRE_SHORT = 1, HIXL_WIRE_BAD = -1 };
+/* Look at the first n bytes of a stream.  SHORT: need more bytes (*need_p
+ * says how many in all); BAD: reject; OK: a whole message of *need_p bytes is
+ * there. */
+int hixl_wire_frame(const uint8_t *buf, size_t n, size_t *need_p);
+/* Decode exactly one whole message (as framed above).  Returns OK or BAD. */
+int hixl_wire_decode(const uint8_t *buf, size_t n, hixl_msg_t *m);
+const char *hixl_wire_type_name(unsigned type);
+
+#endif

@@ -1,0 +1,424 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * hixl_world: a fixed group of ranks, set up the way torchrun does it.
+ *
+ * Rendezvous: rank 0 listens on the rendezvous address; every other rank
+ * connects (retrying until rank 0 is up), sends "HIXLW 1 <rank> <size>
+ * <ctx address>\n"; once all have joined, rank 0 answers each with
+ * "HIXLW 1 <world id> <size>\n" and one address per rank.  Then rank i
+ * connects to every rank j < i with a tag (world id, i) in its HELLO, and
+ * waits for the tagged inbound connections of the ranks above it: one
+ * connection per pair.  Barrier and exchange travel as control messages,
+ * so they never mix with the user's notifications.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <inttypes.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "hixl_int.h"
+
+struct hixl_world {
+  hixl_ctx_t *ctx;
+  int rank, size;
+  uint32_t id;
+  hixl_peer_t **peers;
+  uint64_t barrier_epoch;
+  uint64_t xchg_epoch;
+};
+
+#define LINE_MAX_ 256
+
+static int ms_left(int64_t deadline)
+{
+  if (deadline == INT64_MAX)
+    return -1;
+  int64_t ms = (deadline - hixl__now_ns()) / 1000000;
+  return ms < 0 ? 0 : (int)ms;
+}
+
+/* Read one '\n'-terminated line (strictly bounded). */
+static hixl_status_t read_line(int fd, char *buf, size_t cap, int64_t deadline)
+{
+  size_t n = 0;
+  for (;;) {
+    struct pollfd pfd = {fd, POLLIN, 0};
+    int pr = poll(&pfd, 1, ms_left(deadline));
+    if (pr == 0)
+      return hixl__err(HIXL_ERR_TIMEOUT, "hixl_world_create: rendezvous timed out");
+    if (pr < 0 && errno == EINTR)
+      continue;
+    char c;
+    ssize_t r = read(fd, &c, 1);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      return hixl__err(HIXL_ERR_PEER_LOST, "hixl_world_create: rendezvous connection closed");
+    if (c == '\n') {
+      buf[n] = 0;
+      return HIXL_OK;
+    }
+    if (n + 1 >= cap || c == 0)
+      return hixl__err(HIXL_ERR_TRANSPORT, "hixl_world_create: malformed rendezvous line");
+    buf[n++] = c;
+  }
+}
+
+static hixl_status_t write_all(int fd, const char *s)
+{
+  size_t len = strlen(s), off = 0;
+  while (off < len) {
+    ssize_t n = send(fd, s + off, len - off, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      return hixl__err(HIXL_ERR_PEER_LOST, "hixl_world_create: rendezvous write failed: %s",
+                       strerror(errno));
+    off += (size_t)n;
+  }
+  return HIXL_OK;
+}
+
+static bool addr_ok(const char *a)
+{
+  size_t n = strlen(a);
+  if (n == 0 || n >= 128)
+    return false;
+  for (size_t i = 0; i < n; i++)
+    if (a[i] <= ' ' || a[i] > '~')
+      return false;
+  return true;
+}
+
+static hixl_status_t rendezvous_server(hixl_world_t *w, const char *host, const char *port,
+                                       char (*addrs)[128], int64_t deadline)
+{
+  struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM,
+                           .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+  struct addrinfo *res;
+  (void)host; /* rank 0 listens on every address: MASTER_ADDR is one of ours */
+  if (getaddrinfo(NULL, port, &hints, &res) != 0)
+    return hixl__err(HIXL_ERR_INVALID, "hixl_world_create: bad rendezvous port %s", port);
+  int lfd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (lfd < 0 || bind(lfd, res->ai_addr, res->ai_addrlen) != 0 || listen(lfd, 1024) != 0) {
+    int e = errno;
+    freeaddrinfo(res);
+    if (lfd >= 0)
+      close(lfd);
+    return hixl__err(HIXL_ERR_TRANSPORT, "hixl_world_create: cannot listen on rendezvous port "
+                     "%s: %s", port, strerror(e));
+  }
+  freeaddrinfo(res);
+  int *fds = calloc((size_t)w->size, sizeof(int));
+  hixl_status_t st = fds ? HIXL_OK : HIXL_ERR_NOMEM;
+  snprintf(addrs[0], 128, "%s", hixl_ctx_address(w->ctx));
+  int joined = 1;
+  while (st == HIXL_OK && joined < w->size) {
+    struct pollfd pfd = {lfd, POLLIN, 0};
+    int pr = poll(&pfd, 1, ms_left(deadline));
+    if (pr == 0) {
+      st = hixl__err(HIXL_ERR_TIMEOUT, "hixl_world_create: only %d of %d ranks joined", joined,
+                     w->size);
+      break;
+    }
+    if (pr < 0)
+      continue;
+    int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0)
+      continue;
+    char line[LINE_MAX_], addr[LINE_MAX_];
+    int r, s, ver;
+    if (read_line(fd, line, sizeof(line), deadline) != HIXL_OK ||
+        sscanf(line, "HIXLW %d %d %d %255s", &ver, &r, &s, addr) != 4 || ver != 1 ||
+        s != w->size || r <= 0 || r >= w->size || fds[r] || !addr_ok(addr)) {
+      hixl_warn("world rendezvous: rejected a join (\"%.60s\")", line);
+      close(fd);
+      continue;
+    }
+    fds[r] = fd;
+    snprintf(addrs[r], 128, "%s", addr);
+    joined++;
+  }
+  if (st == HIXL_OK) {
+    char head[64];
+    snprintf(head, sizeof(head), "HIXLW 1 %08" PRIx32 " %d\n", w->id, w->size);
+    for (int r = 1; r < w->size && st == HIXL_OK; r++) {
+      st = write_all(fds[r], head);
+      for (int k = 0; k < w->size && st == HIXL_OK; k++) {
+        char l[140];
+        snprintf(l, sizeof(l), "%s\n", addrs[k]);
+        st = write_all(fds[r], l);
+      }
+    }
+  }
+  for (int r = 1; fds && r < w->size; r++)
+    if (fds[r])
+      close(fds[r]);
+  free(fds);
+  close(lfd);
+  return st;
+}
+
+static hixl_status_t rendezvous_client(hixl_world_t *w, const char *host, const char *port,
+                                       char (*addrs)[128], int64_t deadline)
+{
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                           .ai_flags = AI_NUMERICSERV};
+  int fd = -1;
+  /* Rank 0 may not be listening yet: retry until the deadline. */
+  while (fd < 0) {
+    struct addrinfo *res;
+    if (getaddrinfo(host, port, &hints, &res) != 0)
+      return hixl__err(HIXL_ERR_INVALID, "hixl_world_create: cannot resolve %s", host);
+    for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
+      fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd >= 0 && connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+        close(fd);
+        fd = -1;
+      }
+    }
+    freeaddrinfo(res);
+    if (fd < 0) {
+      if (hixl__expired(deadline))
+        return hixl__err(HIXL_ERR_TIMEOUT, "hixl_world_create: rank 0 not reachable at %s:%s",
+                         host, port);
+      usleep(20000);
+    }
+  }
+  char line[LINE_MAX_];
+  snprintf(line, sizeof(line), "HIXLW 1 %d %d %s\n", w->rank, w->size, hixl_ctx_address(w->ctx));
+  hixl_status_t st = write_all(fd, line);
+  int ver, size;
+  unsigned id;
+  if (st == HIXL_OK && (st = read_line(fd, line, sizeof(line), deadline)) == HIXL_OK &&
+      (sscanf(line, "HIXLW %d %x %d", &ver, &id, &size) != 3 || ver != 1 || size != w->size))
+    st = hixl__err(HIXL_ERR_TRANSPORT, "hixl_world_create: bad rendezvous reply");
+  for (int k = 0; k < w->size && st == HIXL_OK; k++) {
+    st = read_line(fd, line, sizeof(line), deadline);
+    if (st == HIXL_OK && !addr_ok(line))
+      st = hixl__err(HIXL_ERR_TRANSPORT, "hixl_world_create: bad address in rendezvous reply");
+    if (st == HIXL_OK)
+      snprintf(addrs[k], 128, "%s", line);
+  }
+  if (st == HIXL_OK)
+    w->id = id;
+  close(fd);
+  return st;
+}
+
+static uint64_t tag_of(uint32_t id, int rank) { return (uint64_t)id << 32 | (uint32_t)(rank + 1); }
+
+hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char *rendezvous,
+                                hixl_world_t **world_p)
+{
+  if (ctx == NULL || world_p == NULL)
+    return hixl__err(HIXL_ERR_INVALID, "hixl_world_create: NULL %s", ctx ? "world_p" : "ctx");
+  long v;
+  if (rank < 0) {
+    if (hixl__parse_int(getenv("RANK"), 0, 1 << 20, &v) != 0)
+      return hixl__err(HIXL_ERR_INVALID, "hixl_world_create: rank < 0 and RANK is not set");
+    rank = (int)v;
+  }
+  if (size < 0) {
+    if (hixl__parse_int(getenv("WORLD_SIZE"), 1, 1 << 20, &v) != 0)
+      return hixl__err(HIXL_ERR_INVALID, "hixl_world_create: size < 0 and WORLD_SIZE is not set");
+    size = (int)v;
+  }
+  if (size < 1 || rank >= size)
+    return hixl__err(HIXL_ERR_INVALID, "hixl_world_create: rank %d not in [0, %d)", rank, size);
+  char rdv[256];
+  if (rendezvous == NULL) {
+    const char *a = getenv("MASTER_ADDR"), *p = getenv("MASTER_PORT");
+    if (a == NULL || p == NULL)
+      return hixl__err(HIXL_ERR_INVALID,
+                       "hixl_world_create: no rendezvous and MASTER_ADDR/MASTER_PORT not set");
+    snprintf(rdv, sizeof(rdv), strchr(a, ':') ? "[%s]:%s" : "%s:%s", a, p);
+  } else {
+    snprintf(rdv, sizeof(rdv), "%s", rendezvous);
+  }
+  char host[128], port[16];
+  hixl_status_t st = hixl__parse_hostport(rdv, host, sizeof(host), port, sizeof(port));
+  if (st != HIXL_OK)
+    return st;
+  hixl_world_t *w = calloc(1, sizeof(*w));
+  char(*addrs)[128] = calloc((size_t)size, 128);
+  if (w == NULL || addrs == NULL || (w->peers = calloc((size_t)size, sizeof(*w->peers))) == NULL) {
+    free(w);
+    free(addrs);
+    return hixl__err(HIXL_ERR_NOMEM, "hixl_world_create: no memory");
+  }
+  w->ctx = ctx;
+  w->rank = rank;
+  w->size = size;
+  int64_t deadline = hixl__deadline(hixl__ctx_timeout(ctx));
+  if (size > 1) {
+    if (rank == 0) {
+      w->id = (uint32_t)hixl__random64();
+      st = rendezvous_server(w, host, port, addrs, deadline);
+    } else {
+      st = rendezvous_client(w, host, port, addrs, deadline);
+    }
+  }
+  if (st == HIXL_OK && (w->peers[rank] = hixl__self_peer(ctx)) == NULL)
+    st = hixl__err(HIXL_ERR_NOMEM, "hixl_world_create: no memory for a self peer");
+  for (int j = 0; j < rank && st == HIXL_OK; j++)
+    st = hixl__connect_tagged(ctx, addrs[j], ms_left(deadline), tag_of(w->id, rank), &w->peers[j]);
+  if (st == HIXL_OK && rank + 1 < size) {
+    pthread_mutex_lock(&ctx->lock);
+    for (int j = rank + 1; j < size && st == HIXL_OK;) {
+      hixl_peer_t *p;
+      for (p = ctx->peers; p; p = p->next)
+        if (p->inbound && p->tag == tag_of(w->id, j) && atomic_load(&p->state) == HIXL_PEER_UP)
+          break;
+      if (p) {
+        w->peers[j++] = p;
+        continue;
+      }
+      if (hixl__expired(deadline)) {
+        st = hixl__err(HIXL_ERR_TIMEOUT, "hixl_world_create: rank %d did not connect", j);
+        break;
+      }
+      struct timespec ts;
+      clock_gettime(CLOCK_MONOTONIC, &ts);
+      ts.tv_nsec += 20000000;
+      if (ts.tv_nsec >= 1000000000) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000;
+      }
+      pthread_cond_timedwait(&ctx->cond, &ctx->lock, &ts);
+    }
+    pthread_mutex_unlock(&ctx->lock);
+  }
+  free(addrs);
+  if (st != HIXL_OK) {
+    hixl_world_destroy(w);
+    return st;
+  }
+  *world_p = w;
+  return HIXL_OK;
+}
+
+hixl_peer_t *hixl_world_peer(hixl_world_t *w, int rank)
+{
+  if (w == NULL || rank < 0 || rank >= w->size)
+    return NULL;
+  return w->peers[rank];
+}
+
+int hixl_world_rank(const hixl_world_t *w) { return w ? w->rank : -1; }
+int hixl_world_size(const hixl_world_t *w) { return w ? w->size : -1; }
+
+/* Send (type, epoch, blob) to every other rank. */
+static hixl_status_t broadcast(hixl_world_t *w, uint16_t type, uint64_t epoch, const void *blob,
+                               uint32_t blob_len)
+{
+  for (int j = 0; j < w->size; j++) {
+    if (j == w->rank)
+      continue;
+    hixl_msg_t m = {.type = type};
+    m.u64[0] = w->id;
+    m.u64[1] = epoch;
+    if (blob_len)
+      memcpy(m.blob, blob, blob_len);
+    m.blob_len = blob_len;
+    hixl_status_t st = hixl__send(w->peers[j], &m, NULL, 0);
+    if (st != HIXL_OK)
+      return st;
+  }
+  return HIXL_OK;
+}
+
+/* Wait until every other rank's epoch field reached epoch. */
+static hixl_status_t wait_all(hixl_world_t *w, bool xchg, uint64_t epoch)
+{
+  hixl_ctx_t *ctx = w->ctx;
+  hixl_status_t st = HIXL_OK;
+  pthread_mutex_lock(&ctx->lock);
+  for (int j = 0; j < w->size && st == HIXL_OK;) {
+    hixl_peer_t *p = w->peers[j];
+    if (j == w->rank || (xchg ? p->xchg_epoch : p->barrier_epoch) >= epoch) {
+      j++;
+      continue;
+    }
+    if (atomic_load(&p->state) != HIXL_PEER_UP) {
+      st = hixl__err(HIXL_ERR_PEER_LOST, "hixl_world: rank %d (%s) is lost", j, p->name);
+      break;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_nsec += 20000000;
+    if (ts.tv_nsec >= 1000000000) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000;
+    }
+    pthread_cond_timedwait(&ctx->cond, &ctx->lock, &ts);
+  }
+  pthread_mutex_unlock(&ctx->lock);
+  return st;
+}
+
+hixl_status_t hixl_world_barrier(hixl_world_t *w)
+{
+  if (w == NULL)
+    return hixl__err(HIXL_ERR_INVALID, "hixl_world_barrier: NULL world");
+  uint64_t epoch = ++w->barrier_epoch;
+  hixl_status_t st = broadcast(w, HIXL_MSG_WORLD_BARRIER, epoch, NULL, 0);
+  return st != HIXL_OK ? st : wait_all(w, false, epoch);
+}
+
+hixl_status_t hixl_world_exchange(hixl_world_t *w, hixl_mr_t *mr, hixl_rmr_t **rmrs)
+{
+  if (w == NULL || mr == NULL || rmrs == NULL)
+    return hixl__err(HIXL_ERR_INVALID, "hixl_world_exchange: NULL %s",
+                     w == NULL ? "world" : mr == NULL ? "mr" : "rmrs");
+  uint8_t blob[HIXL_RKEY_MAX];
+  size_t len = sizeof(blob);
+  hixl_status_t st = hixl_mr_pack(mr, blob, &len);
+  if (st != HIXL_OK)
+    return st;
+  uint64_t epoch = ++w->xchg_epoch;
+  if ((st = broadcast(w, HIXL_MSG_WORLD_XCHG, epoch, blob, (uint32_t)len)) != HIXL_OK ||
+      (st = wait_all(w, true, epoch)) != HIXL_OK)
+    return st;
+  int j;
+  for (j = 0; j < w->size && st == HIXL_OK; j++) {
+    uint8_t theirs[HIXL_RKEY_MAX];
+    uint32_t tlen = (uint32_t)len;
+    if (j == w->rank) {
+      memcpy(theirs, blob, len);
+    } else {
+      pthread_mutex_lock(&w->ctx->lock);
+      tlen = w->peers[j]->xchg_len;
+      memcpy(theirs, w->peers[j]->xchg_blob, tlen);
+      pthread_mutex_unlock(&w->ctx->lock);
+    }
+    st = hixl_rmr_unpack(w->peers[j], theirs, tlen, &rmrs[j]);
+  }
+  if (st != HIXL_OK) {
+    for (int k = 0; k < j - 1; k++)
+      hixl_rmr_release(rmrs[k]);
+    return st;
+  }
+  /* Nobody may send the next exchange before everyone read this one. */
+  return hixl_world_barrier(w);
+}
+
+void hixl_world_destroy(hixl_world_t *w)
+{
+  if (w == NULL)
+    return;
+  for (int j = 0; j < w->size; j++)
+    if (w->peers[j])
+      hixl_disconnect(w->peers[j]);
+  free(w->peers);
+  free(w);
+}

@@ -1,0 +1,133 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The self transport: a peer that is our own context.  Remote memory is our
+ * memory, so put/get are copies and atomics are CPU atomics; notifications go
+ * through a local ring that hixl_notif_poll drains like any inbox.
+ */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/hixl_int.h"
+
+#define SELF_RING_CAP 65536
+
+hixl_status_t hixl__self_init(hixl_peer_t *peer)
+{
+  peer->inbox = aligned_alloc(HIXL_CACHELINE, hixl_ring_bytes(SELF_RING_CAP));
+  if (peer->inbox == NULL)
+    return HIXL_ERR_NOMEM;
+  hixl_ring_init(peer->inbox, SELF_RING_CAP);
+  return HIXL_OK;
+}
+
+static bool self_usable(hixl_ctx_t *ctx, const hixl_msg_t *m)
+{
+  (void)ctx;
+  (void)m;
+  return false; /* chosen by context id in the handshake, never negotiated */
+}
+
+static hixl_status_t self_connect(hixl_peer_t *p, const hixl_msg_t *m, int64_t d)
+{
+  (void)m;
+  (void)d;
+  return hixl__err(HIXL_ERR_UNSUPPORTED, "self peers are not connected over a socket (%s)",
+                   p->name);
+}
+
+static void self_peer_close(hixl_peer_t *p)
+{
+  free(p->inbox);
+  p->inbox = NULL;
+}
+
+static hixl_status_t self_rmr_attach(hixl_rmr_t *r, int64_t deadline)
+{
+  (void)deadline;
+  hixl_ctx_t *ctx = r->peer->ctx;
+  if (hixl__reg_check(ctx->reg_table, r->slot, r->rkey, r->base, r->len, r->access, r->flags) !=
+      HIXL_OK)
+    return hixl__err(HIXL_ERR_NOT_REGISTERED,
+                     "hixl_rmr_unpack: no live region matches the blob (forged or stale key)");
+  r->map = (uint8_t *)(uintptr_t)r->base;
+  return HIXL_OK;
+}
+
+static void self_rmr_detach(hixl_rmr_t *r) { r->map = NULL; }
+
+static bool self_rmr_live(const hixl_rmr_t *r)
+{
+  hixl_reg_slot_t *s = &r->peer->ctx->reg_table[r->slot];
+  return atomic_load_explicit(&s->rkey, memory_order_acquire) == r->rkey;
+}
+
+static bool overlap(const void *a, const void *b, size_t len)
+{
+  uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+  return x < y + len && y < x + len;
+}
+
+static hixl_status_t self_put(hixl_peer_t *p, const void *src, size_t len, hixl_rmr_t *r,
+                              uint64_t off)
+{
+  (void)p;
+  uint8_t *dst = r->map + off;
+  if (overlap(dst, src, len))
+    memmove(dst, src, len);
+  else
+    hixl__copy(dst, src, len);
+  return HIXL_OK;
+}
+
+static hixl_status_t self_get(hixl_peer_t *p, void *dst, size_t len, hixl_rmr_t *r, uint64_t off)
+{
+  (void)p;
+  const uint8_t *src = r->map + off;
+  if (overlap(dst, src, len))
+    memmove(dst, src, len);
+  else
+    hixl__copy(dst, src, len);
+  return HIXL_OK;
+}
+
+static hixl_status_t self_notify(hixl_peer_t *p, uint32_t imm, uint64_t len)
+{
+  /* Only this process drains the ring: waiting here could wait forever. */
+  if (!hixl_ring_push(p->inbox, imm, len))
+    return hixl__err(HIXL_ERR_AGAIN,
+                     "self notification ring full (%d entries): poll notifications first",
+                     SELF_RING_CAP);
+  return HIXL_OK;
+}
+
+static hixl_status_t self_atomic(hixl_peer_t *p, hixl_rmr_t *r, uint64_t off, int op, uint64_t a,
+                                 uint64_t b, hixl_req_t *req)
+{
+  (void)p;
+  hixl__req_complete(req, HIXL_OK, hixl__amo_local((uint64_t *)(void *)(r->map + off), op, a, b));
+  return HIXL_OK;
+}
+
+static int self_progress(hixl_ctx_t *ctx)
+{
+  (void)ctx;
+  return 0; /* everything completes inline */
+}
+
+const hixl_transport_ops_t hixl__self_ops = {
+    .size = sizeof(hixl_transport_ops_t),
+    .name = "self",
+    .id = HIXL_TP_SELF,
+    .usable = self_usable,
+    .connect = self_connect,
+    .peer_close = self_peer_close,
+    .rmr_attach = self_rmr_attach,
+    .rmr_detach = self_rmr_detach,
+    .rmr_live = self_rmr_live,
+    .put = self_put,
+    .get = self_get,
+    .notify = self_notify,
+    .atomic = self_atomic,
+    .progress = self_progress,
+};

@@ -1,0 +1,378 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The shm transport: processes on the same host (same kernel boot and
+ * network namespace).
+ *
+ * Binding (after the TCP HELLO picked shm): the initiator connects to the
+ * target's abstract unix socket and sends SHM_BIND with two fds, its region
+ * table and its notification inbox; the target answers SHM_BIND_ACK with its
+ * own two.  From then on the unix socket is the control connection (it can
+ * carry fds) and the TCP one is closed.
+ *
+ * Data path:
+ *  - regions backed by a memfd (hixl_mem_alloc, or registered inside it) are
+ *    mapped into the initiator once, at rmr unpack (FD_REQ passes the fd),
+ *    with PROT_WRITE only if the region grants WRITE or ATOMIC: a put or get
+ *    is one copy, an atomic one CPU instruction, no syscall;
+ *  - other regions are reached with process_vm_writev/readv (CMA); atomics
+ *    on them are executed by the owner's control thread (ATOMIC message);
+ *  - every operation first checks the owner's region table (mapped
+ *    read-only) so a deregistered region is refused without a syscall;
+ *  - notifications are pushed into the owner's inbox ring (ring.h) after
+ *    the data, with release ordering, so the owner sees data before the
+ *    notification.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "../core/hixl_int.h"
+
+#define SHM_RING_CAP 16384u
+
+typedef struct shm_peer {
+  const hixl_reg_slot_t *table; /* theirs, read-only */
+  hixl_ring_t *outbox;          /* their inbox: we produce */
+  hixl_ring_t *inbox;           /* ours: they produce, we consume */
+} shm_peer_t;
+
+static size_t table_bytes(void) { return HIXL_REG_SLOTS * sizeof(hixl_reg_slot_t); }
+
+static bool shm_usable(hixl_ctx_t *ctx, const hixl_msg_t *hello)
+{
+  return memcmp(ctx->host_id, hello->host_id, sizeof(ctx->host_id)) == 0;
+}
+
+static void shm_free(shm_peer_t *sp)
+{
+  if (sp == NULL)
+    return;
+  if (sp->table)
+    munmap((void *)sp->table, table_bytes());
+  if (sp->outbox)
+    munmap(sp->outbox, hixl_ring_bytes(SHM_RING_CAP));
+  if (sp->inbox)
+    munmap(sp->inbox, hixl_ring_bytes(SHM_RING_CAP));
+  free(sp);
+}
+
+static hixl_status_t make_inbox(shm_peer_t *sp, int *fd_p)
+{
+  size_t bytes = hixl_ring_bytes(SHM_RING_CAP);
+  int fd = hixl__memfd("hixl-inbox", bytes);
+  if (fd < 0)
+    return hixl__err(HIXL_ERR_NOMEM, "shm: notification ring: %s", strerror(errno));
+  void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    int e = errno;
+    close(fd);
+    return hixl__err(HIXL_ERR_NOMEM, "shm: notification ring: %s", strerror(e));
+  }
+  sp->inbox = p;
+  hixl_ring_init(sp->inbox, SHM_RING_CAP);
+  *fd_p = fd;
+  return HIXL_OK;
+}
+
+static void *map_fd(int fd, size_t bytes, int prot)
+{
+  struct stat st;
+  if (fstat(fd, &st) != 0 || (size_t)st.st_size < bytes)
+    return NULL;
+  void *p = mmap(NULL, bytes, prot, MAP_SHARED, fd, 0);
+  return p == MAP_FAILED ? NULL : p;
+}
+
+/* Map the peer's table and inbox (fds[0], fds[1]); the fds are closed. */
+static hixl_status_t map_theirs(shm_peer_t *sp, const int *fds, const char *who)
+{
+  sp->table = map_fd(fds[0], table_bytes(), PROT_READ);
+  sp->outbox = map_fd(fds[1], hixl_ring_bytes(SHM_RING_CAP), PROT_READ | PROT_WRITE);
+  close(fds[0]);
+  close(fds[1]);
+  if (sp->table == NULL || sp->outbox == NULL || !hixl_ring_valid(sp->outbox, SHM_RING_CAP))
+    return hixl__err(HIXL_ERR_TRANSPORT, "shm: cannot map the segments of %s", who);
+  return HIXL_OK;
+}
+
+static hixl_status_t shm_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64_t deadline)
+{
+  hixl_ctx_t *ctx = peer->ctx;
+  shm_peer_t *sp = calloc(1, sizeof(*sp));
+  if (sp == NULL)
+    return hixl__err(HIXL_ERR_NOMEM, "shm: no memory");
+  int inbox_fd = -1, ufd = -1, tcp_fd = peer->fd;
+  hixl_status_t st = make_inbox(sp, &inbox_fd);
+  if (st != HIXL_OK)
+    goto fail;
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  size_t nlen = strnlen(ack->str[0], sizeof(sa.sun_path) - 2);
+  memcpy(sa.sun_path + 1, ack->str[0], nlen);
+  ufd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (ufd < 0 ||
+      connect(ufd, (struct sockaddr *)&sa,
+              (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + nlen)) != 0) {
+    st = hixl__err(HIXL_ERR_TRANSPORT, "shm: cannot reach %s over its unix socket: %s",
+                   peer->name, strerror(errno));
+    goto fail;
+  }
+  struct timeval tv = {ctx->cfg.timeout_ms / 1000, (ctx->cfg.timeout_ms % 1000) * 1000};
+  setsockopt(ufd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  hixl_msg_t bind = {.type = HIXL_MSG_SHM_BIND};
+  bind.u64[0] = ack->u64[1];
+  bind.u64[1] = ctx->id;
+  int fds[2] = {ctx->reg_fd, inbox_fd};
+  peer->fd = ufd;
+  st = hixl__send(peer, &bind, fds, 2);
+  hixl_msg_t reply;
+  int got[2];
+  if (st == HIXL_OK)
+    st = hixl__recv_sync(ufd, &reply, got, 2, deadline, peer->name);
+  if (st != HIXL_OK)
+    goto fail;
+  if (reply.type != HIXL_MSG_SHM_BIND_ACK || reply.status != HIXL_OK || reply.nfds != 2) {
+    for (int i = 0; i < reply.nfds; i++)
+      close(got[i]);
+    st = hixl__err(HIXL_ERR_TRANSPORT, "shm: %s refused the bind (%s)", peer->name,
+                   hixl_strerror(reply.status));
+    goto fail;
+  }
+  if ((st = map_theirs(sp, got, peer->name)) != HIXL_OK)
+    goto fail;
+  close(inbox_fd);
+  close(tcp_fd);
+  peer->tp = sp;
+  peer->inbox = sp->inbox;
+  return HIXL_OK;
+fail:
+  peer->fd = tcp_fd;
+  if (ufd >= 0)
+    close(ufd);
+  if (inbox_fd >= 0)
+    close(inbox_fd);
+  shm_free(sp);
+  return st;
+}
+
+hixl_status_t hixl__shm_accept(hixl_peer_t *peer, const int *fds, int nfds, int *out_fds,
+                               int *n_out)
+{
+  shm_peer_t *sp = calloc(1, sizeof(*sp));
+  if (sp == NULL || nfds != 2) {
+    for (int i = 0; i < nfds; i++)
+      close(fds[i]);
+    free(sp);
+    return HIXL_ERR_NOMEM;
+  }
+  int inbox_fd = -1;
+  hixl_status_t st = map_theirs(sp, fds, peer->name);
+  if (st == HIXL_OK)
+    st = make_inbox(sp, &inbox_fd);
+  int table_fd = st == HIXL_OK ? fcntl(peer->ctx->reg_fd, F_DUPFD_CLOEXEC, 0) : -1;
+  if (st != HIXL_OK || table_fd < 0) {
+    if (inbox_fd >= 0)
+      close(inbox_fd);
+    shm_free(sp);
+    return st != HIXL_OK ? st : HIXL_ERR_NOMEM;
+  }
+  out_fds[0] = table_fd;
+  out_fds[1] = inbox_fd;
+  *n_out = 2;
+  peer->tp = sp;
+  peer->inbox = sp->inbox;
+  return HIXL_OK;
+}
+
+static void shm_peer_close(hixl_peer_t *peer)
+{
+  shm_free(peer->tp);
+  peer->tp = NULL;
+  peer->inbox = NULL;
+}
+
+static hixl_status_t shm_rmr_attach(hixl_rmr_t *r, int64_t deadline)
+{
+  hixl_peer_t *peer = r->peer;
+  shm_peer_t *sp = peer->tp;
+  if (hixl__reg_check(sp->table, r->slot, r->rkey, r->base, r->len, r->access, r->flags) !=
+      HIXL_OK)
+    return hixl__err(HIXL_ERR_NOT_REGISTERED,
+                     "hixl_rmr_unpack: peer %s has no live region matching the blob (forged or "
+                     "stale key)",
+                     peer->name);
+  if (!(r->flags & HIXL_REGF_MEMFD))
+    return HIXL_OK; /* reached with CMA */
+  hixl_msg_t m = {.type = HIXL_MSG_FD_REQ}, reply;
+  m.u32[0] = r->slot;
+  m.u64[0] = r->rkey;
+  int fd = -1;
+  hixl_status_t st = hixl__call(peer, &m, HIXL_MSG_FD_REPLY, &reply, &fd, deadline);
+  if (st != HIXL_OK)
+    return st == HIXL_ERR_NOT_REGISTERED
+               ? hixl__err(st, "hixl_rmr_unpack: peer %s no longer has the region", peer->name)
+               : st;
+  if (fd < 0)
+    return hixl__err(HIXL_ERR_TRANSPORT, "shm: peer %s sent no fd for the region", peer->name);
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  uint64_t off = reply.u64[0];
+  uint64_t map_off = off & ~(uint64_t)(page - 1);
+  size_t delta = (size_t)(off - map_off);
+  size_t map_len = (delta + r->len + page - 1) & ~(page - 1);
+  int prot = PROT_READ | (r->access & (HIXL_ACCESS_WRITE | HIXL_ACCESS_ATOMIC) ? PROT_WRITE : 0);
+  struct stat sst;
+  void *p = MAP_FAILED;
+  if (fstat(fd, &sst) == 0 && (uint64_t)sst.st_size >= map_off + map_len)
+    p = mmap(NULL, map_len, prot, MAP_SHARED, fd, (off_t)map_off);
+  int e = errno;
+  close(fd);
+  if (p == MAP_FAILED)
+    return hixl__err(HIXL_ERR_TRANSPORT, "shm: cannot map a region of peer %s: %s", peer->name,
+                     strerror(e));
+  r->map_base = p;
+  r->map_len = map_len;
+  r->map = (uint8_t *)p + delta;
+  return HIXL_OK;
+}
+
+static void shm_rmr_detach(hixl_rmr_t *r)
+{
+  if (r->map_base)
+    munmap(r->map_base, r->map_len);
+  r->map_base = NULL;
+  r->map = NULL;
+}
+
+static bool shm_rmr_live(const hixl_rmr_t *r)
+{
+  const shm_peer_t *sp = r->peer->tp;
+  return atomic_load_explicit(&((hixl_reg_slot_t *)&sp->table[r->slot])->rkey,
+                              memory_order_acquire) == r->rkey;
+}
+
+static hixl_status_t cma_error(hixl_peer_t *peer, const char *call, int e)
+{
+  if (e == ESRCH)
+    return hixl__err(HIXL_ERR_PEER_LOST, "shm: peer %s (pid %d) is gone", peer->name,
+                     (int)peer->remote_pid);
+  return hixl__err(e == EPERM ? HIXL_ERR_ACCESS : HIXL_ERR_TRANSPORT,
+                   "shm: %s into peer %s (pid %d) failed: %s%s", call, peer->name,
+                   (int)peer->remote_pid, strerror(e),
+                   e == EPERM ? " (ptrace permission; use hixl_mem_alloc memory)" : "");
+}
+
+/* Cross-memory attach: loop over partial transfers. */
+static hixl_status_t cma(hixl_peer_t *peer, bool write, void *local, uint64_t remote, size_t len)
+{
+  while (len > 0) {
+    struct iovec l = {local, len}, r = {(void *)(uintptr_t)remote, len};
+    ssize_t n = write ? process_vm_writev(peer->remote_pid, &l, 1, &r, 1, 0)
+                      : process_vm_readv(peer->remote_pid, &l, 1, &r, 1, 0);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      return cma_error(peer, write ? "process_vm_writev" : "process_vm_readv",
+                       n < 0 ? errno : EFAULT);
+    local = (uint8_t *)local + n;
+    remote += (uint64_t)n;
+    len -= (size_t)n;
+  }
+  return HIXL_OK;
+}
+
+static HIXL_HOT hixl_status_t shm_put(hixl_peer_t *peer, const void *src, size_t len,
+                                      hixl_rmr_t *r, uint64_t off)
+{
+  if (hixl_likely(r->map != NULL)) {
+    hixl__copy(r->map + off, src, len);
+    return HIXL_OK;
+  }
+  return cma(peer, true, (void *)(uintptr_t)src, r->base + off, len);
+}
+
+static HIXL_HOT hixl_status_t shm_get(hixl_peer_t *peer, void *dst, size_t len, hixl_rmr_t *r,
+                                      uint64_t off)
+{
+  if (hixl_likely(r->map != NULL)) {
+    hixl__copy(dst, r->map + off, len);
+    return HIXL_OK;
+  }
+  return cma(peer, false, dst, r->base + off, len);
+}
+
+static hixl_status_t shm_notify(hixl_peer_t *peer, uint32_t imm, uint64_t len)
+{
+  shm_peer_t *sp = peer->tp;
+  uint64_t pos;
+  if (hixl_likely(hixl_ring_claim(sp->outbox, &pos))) {
+    hixl_ring_publish(sp->outbox, pos, imm, len);
+    return HIXL_OK;
+  }
+  /* Full: the target drains it when it polls.  Wait, bounded. */
+  int64_t deadline = hixl__deadline(hixl__ctx_timeout(peer->ctx));
+  unsigned it = 0;
+  while (!hixl_ring_claim(sp->outbox, &pos)) {
+    if (atomic_load(&peer->state) != HIXL_PEER_UP)
+      return hixl__err(HIXL_ERR_PEER_LOST, "shm: peer %s lost while its notification ring was "
+                       "full", peer->name);
+    if (hixl__expired(deadline))
+      return hixl__err(HIXL_ERR_AGAIN,
+                       "shm: notification ring of peer %s full (%u entries) for %d ms: it does "
+                       "not poll notifications",
+                       peer->name, SHM_RING_CAP, hixl__ctx_timeout(peer->ctx));
+    hixl__backoff(&it);
+  }
+  hixl_ring_publish(sp->outbox, pos, imm, len);
+  return HIXL_OK;
+}
+
+static hixl_status_t shm_atomic(hixl_peer_t *peer, hixl_rmr_t *r, uint64_t off, int op,
+                                uint64_t a, uint64_t b, hixl_req_t *req)
+{
+  if (hixl_likely(r->map != NULL)) {
+    hixl__req_complete(req, HIXL_OK,
+                       hixl__amo_local((uint64_t *)(void *)(r->map + off), op, a, b));
+    return HIXL_OK;
+  }
+  /* Not mapped: the owner's control thread executes it on its memory, so
+   * it is atomic with respect to the owner and every other peer. */
+  hixl_msg_t m = {.type = HIXL_MSG_ATOMIC};
+  m.u32[0] = r->slot;
+  m.u32[1] = (uint32_t)op;
+  m.u64[0] = r->rkey;
+  m.u64[1] = off;
+  m.u64[2] = a;
+  m.u64[3] = b;
+  return hixl__call_async(peer, &m, HIXL_MSG_ATOMIC_REPLY, req);
+}
+
+static int shm_progress(hixl_ctx_t *ctx)
+{
+  (void)ctx;
+  return 0; /* data moves inline; async atomics complete on the control thread */
+}
+
+const hixl_transport_ops_t hixl__shm_ops = {
+    .size = sizeof(hixl_transport_ops_t),
+    .name = "shm",
+    .id = HIXL_TP_SHM,
+    .usable = shm_usable,
+    .connect = shm_connect,
+    .peer_close = shm_peer_close,
+    .rmr_attach = shm_rmr_attach,
+    .rmr_detach = shm_rmr_detach,
+    .rmr_live = shm_rmr_live,
+    .put = shm_put,
+    .get = shm_get,
+    .notify = shm_notify,
+    .atomic = shm_atomic,
+    .progress = shm_progress,
+};
