@@ -40,6 +40,12 @@
 extern "C" {
 #endif
 
+/* The library is built with hidden visibility; everything declared here is
+ * its exported API (and src/hixl.map versions it). */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 #define HIXL_VERSION_MAJOR 1
 #define HIXL_VERSION_MINOR 0
 #define HIXL_VERSION_PATCH 0
@@ -286,6 +292,10 @@ hixl_status_t hixl_world_barrier(hixl_world_t *w);
  * Release each with hixl_rmr_release. */
 hixl_status_t hixl_world_exchange(hixl_world_t *w, hixl_mr_t *mr, hixl_rmr_t **rmrs);
 void hixl_world_destroy(hixl_world_t *w);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 }
