@@ -397,9 +397,9 @@ static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t 
     if (p->unix_pending && m->type == HIXL_MSG_SHM_BIND && m->nfds == 2) {
       hixl_peer_t *bound = handle_bind_locked(p, m, fds, 2, out, out_fds, n_out);
       if (bound) {
+        /* UP only once the ACK is on the wire (peer_readable): nothing of
+         * ours may reach the initiator before it. */
         *reply_to = bound;
-        atomic_store(&bound->state, HIXL_PEER_UP);
-        pthread_cond_broadcast(&ctx->cond);
       } else {
         hixl_warn("unix connection with an unknown or failed SHM_BIND: dropping it");
         for (int i = 0; i < m->nfds; i++)
@@ -409,9 +409,6 @@ static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t 
     }
     if (!p->unix_pending && m->type == HIXL_MSG_HELLO && m->nfds == 0) {
       handle_hello_locked(p, m, out);
-      /* Transports set up at ACK time go UP now; shm waits for SHM_BIND. */
-      if (out->status == HIXL_OK && p->ops && p->ops != &hixl__shm_ops)
-        atomic_store(&p->state, HIXL_PEER_UP);
       if (out->status != HIXL_OK)
         p->unix_pending = true; /* drop quietly after the ack */
       return;
@@ -544,10 +541,21 @@ static void peer_readable(hixl_ctx_t *ctx, hixl_peer_t *p)
       if (out.type != 0) {
         out.seq = m.seq;
         pthread_mutex_unlock(&ctx->lock);
-        hixl__send(reply_to, &out, out_fds, n_out);
+        hixl_status_t sst = hixl__send(reply_to, &out, out_fds, n_out);
         for (int i = 0; i < n_out; i++)
           close(out_fds[i]);
         pthread_mutex_lock(&ctx->lock);
+        /* A handshake that completed with this ACK: the peer is usable now
+         * (shm after SHM_BIND; a transport that needs no bind after HELLO). */
+        bool done = (out.type == HIXL_MSG_SHM_BIND_ACK ||
+                     (out.type == HIXL_MSG_HELLO_ACK && reply_to->ops &&
+                      reply_to->ops != &hixl__shm_ops && !reply_to->unix_pending)) &&
+                    out.status == HIXL_OK;
+        if (done && sst == HIXL_OK &&
+            atomic_load(&reply_to->state) == HIXL_PEER_CONNECTING) {
+          atomic_store(&reply_to->state, HIXL_PEER_UP);
+          pthread_cond_broadcast(&ctx->cond);
+        }
       }
       if (reply_to != p || atomic_load(&p->state) >= HIXL_PEER_LOST) {
         /* p's socket moved to the peer it bound, or p failed. */
@@ -1042,6 +1050,8 @@ hixl_status_t hixl_disconnect(hixl_peer_t *peer)
    * use after disconnect is reported as PEER_LOST, not a crash.  It is freed
    * with the context. */
   if (peer->ops) {
+    for (hixl_rmr_t *r = peer->rmrs; r; r = r->next)
+      peer->ops->rmr_detach(r);
     peer->ops->peer_close(peer);
     peer->ops = &hixl__closed_ops;
   }

@@ -341,6 +341,10 @@ void hixl__mrs_destroy(hixl_ctx_t *ctx);
  * issue); NO_DEVICE with a message until then. */
 hixl_status_t hixl__dev_check(int device_id);
 
+/* notif.c: push a notification into a peer's ring, waiting (bounded by the
+ * context timeout) while it is full. */
+hixl_status_t hixl__notify_push(hixl_peer_t *peer, hixl_ring_t *ring, uint32_t imm, uint64_t len);
+
 /* util.c */
 hixl_status_t hixl__host_id(uint8_t out[32]);
 uint64_t hixl__random64(void);

@@ -8,6 +8,34 @@
 #define _GNU_SOURCE
 #include "hixl_int.h"
 
+hixl_status_t hixl__notify_push(hixl_peer_t *peer, hixl_ring_t *ring, uint32_t imm, uint64_t len)
+{
+  uint64_t pos;
+  if (hixl_likely(hixl_ring_claim(ring, &pos))) {
+    hixl_ring_publish(ring, pos, imm, len);
+    return HIXL_OK;
+  }
+  /* Full: the target drains it when it polls.  Wait, bounded, so a target
+   * that never polls costs the initiator timeout_ms and an AGAIN, never a
+   * lost or reordered notification. */
+  int timeout = hixl__ctx_timeout(peer->ctx);
+  int64_t deadline = hixl__deadline(timeout);
+  unsigned it = 0;
+  while (!hixl_ring_claim(ring, &pos)) {
+    if (atomic_load(&peer->state) != HIXL_PEER_UP)
+      return hixl__err(HIXL_ERR_PEER_LOST,
+                       "notify: peer %s lost while its notification ring was full", peer->name);
+    if (hixl__expired(deadline))
+      return hixl__err(HIXL_ERR_AGAIN,
+                       "notify: notification ring of peer %s full (%llu entries) for %d ms: "
+                       "the target does not poll notifications",
+                       peer->name, (unsigned long long)ring->cap, timeout);
+    hixl__backoff(&it);
+  }
+  hixl_ring_publish(ring, pos, imm, len);
+  return HIXL_OK;
+}
+
 int hixl_notif_poll(hixl_ctx_t *ctx, hixl_notif_t *out, int max)
 {
   if (ctx == NULL || out == NULL || max < 0)

@@ -93,12 +93,9 @@ static hixl_status_t self_get(hixl_peer_t *p, void *dst, size_t len, hixl_rmr_t 
 
 static hixl_status_t self_notify(hixl_peer_t *p, uint32_t imm, uint64_t len)
 {
-  /* Only this process drains the ring: waiting here could wait forever. */
-  if (!hixl_ring_push(p->inbox, imm, len))
-    return hixl__err(HIXL_ERR_AGAIN,
-                     "self notification ring full (%d entries): poll notifications first",
-                     SELF_RING_CAP);
-  return HIXL_OK;
+  /* Another thread of ours may be polling; if none is, this costs the
+   * context timeout and returns AGAIN. */
+  return hixl__notify_push(p, p->inbox, imm, len);
 }
 
 static hixl_status_t self_atomic(hixl_peer_t *p, hixl_rmr_t *r, uint64_t off, int op, uint64_t a,

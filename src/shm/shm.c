@@ -260,9 +260,15 @@ static bool shm_rmr_live(const hixl_rmr_t *r)
 
 static hixl_status_t cma_error(hixl_peer_t *peer, const char *call, int e)
 {
-  if (e == ESRCH)
+  if (e == ESRCH) {
+    /* The process is gone: say so for every later call too, without
+     * waiting for the control thread to see the socket close. */
+    pthread_mutex_lock(&peer->ctx->lock);
+    hixl__peer_fail_locked(peer, HIXL_PEER_LOST, "process gone");
+    pthread_mutex_unlock(&peer->ctx->lock);
     return hixl__err(HIXL_ERR_PEER_LOST, "shm: peer %s (pid %d) is gone", peer->name,
                      (int)peer->remote_pid);
+  }
   return hixl__err(e == EPERM ? HIXL_ERR_ACCESS : HIXL_ERR_TRANSPORT,
                    "shm: %s into peer %s (pid %d) failed: %s%s", call, peer->name,
                    (int)peer->remote_pid, strerror(e),
@@ -310,28 +316,7 @@ static HIXL_HOT hixl_status_t shm_get(hixl_peer_t *peer, void *dst, size_t len, 
 
 static hixl_status_t shm_notify(hixl_peer_t *peer, uint32_t imm, uint64_t len)
 {
-  shm_peer_t *sp = peer->tp;
-  uint64_t pos;
-  if (hixl_likely(hixl_ring_claim(sp->outbox, &pos))) {
-    hixl_ring_publish(sp->outbox, pos, imm, len);
-    return HIXL_OK;
-  }
-  /* Full: the target drains it when it polls.  Wait, bounded. */
-  int64_t deadline = hixl__deadline(hixl__ctx_timeout(peer->ctx));
-  unsigned it = 0;
-  while (!hixl_ring_claim(sp->outbox, &pos)) {
-    if (atomic_load(&peer->state) != HIXL_PEER_UP)
-      return hixl__err(HIXL_ERR_PEER_LOST, "shm: peer %s lost while its notification ring was "
-                       "full", peer->name);
-    if (hixl__expired(deadline))
-      return hixl__err(HIXL_ERR_AGAIN,
-                       "shm: notification ring of peer %s full (%u entries) for %d ms: it does "
-                       "not poll notifications",
-                       peer->name, SHM_RING_CAP, hixl__ctx_timeout(peer->ctx));
-    hixl__backoff(&it);
-  }
-  hixl_ring_publish(sp->outbox, pos, imm, len);
-  return HIXL_OK;
+  return hixl__notify_push(peer, ((shm_peer_t *)peer->tp)->outbox, imm, len);
 }
 
 static hixl_status_t shm_atomic(hixl_peer_t *peer, hixl_rmr_t *r, uint64_t off, int op,

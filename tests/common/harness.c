@@ -1,0 +1,451 @@
+/* SPDX-License-Identifier: MIT */
+#define _GNU_SOURCE
+#include "harness.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+const char *g_transport = "shm";
+
+void die(const char *fmt, ...)
+{
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "[pid %d] FAIL: ", (int)getpid());
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\n");
+  va_end(ap);
+  fflush(stderr);
+  _exit(1);
+}
+
+hixl_ctx_t *test_ctx(int timeout_ms, const char *token)
+{
+  hixl_config_t cfg;
+  hixl_config_init(&cfg);
+  cfg.listen = "127.0.0.1:0";
+  if (timeout_ms > 0)
+    cfg.timeout_ms = timeout_ms;
+  cfg.auth_token = token;
+  hixl_ctx_t *ctx;
+  EXPECT_OK(hixl_ctx_create(&cfg, &ctx));
+  return ctx;
+}
+
+/* ------------------------------------------------------------ data */
+
+void fill_pattern(void *buf, size_t len, uint64_t seed)
+{
+  uint64_t x = seed * 0x9e3779b97f4a7c15ull + 0x1234567;
+  uint8_t *p = buf;
+  size_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    memcpy(p + i, &x, 8);
+  }
+  for (; i < len; i++) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    p[i] = (uint8_t)x;
+  }
+}
+
+uint64_t hash_bytes(const void *buf, size_t len)
+{
+  const uint8_t *p = buf;
+  uint64_t h = 0xcbf29ce484222325ull ^ len;
+  size_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    uint64_t w;
+    memcpy(&w, p + i, 8);
+    h = (h ^ w) * 0x100000001b3ull;
+    h ^= h >> 29;
+  }
+  for (; i < len; i++)
+    h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
+/* ------------------------------------------------------------ target */
+
+typedef struct region {
+  const char *name;
+  size_t len;
+  unsigned access;
+  bool alloc;    /* hixl_mem_alloc (memfd); else malloc + hixl_mr_reg (CMA) */
+  size_t misalign; /* malloc regions: base offset from 64-byte alignment */
+  uint64_t seed; /* 0: zero-filled */
+  void *addr, *to_free;
+  hixl_mr_t *mr;
+} region_t;
+
+#define RWA (HIXL_ACCESS_READ | HIXL_ACCESS_WRITE | HIXL_ACCESS_ATOMIC)
+static region_t proto_regions[] = {
+    {"alloc", BIG_LEN, RWA, true, 0, 1},
+    {"reg", BIG_LEN, RWA, false, 3, 2},
+    {"ro", SMALL_LEN, HIXL_ACCESS_READ, true, 0, 3},
+    {"wo", SMALL_LEN, HIXL_ACCESS_WRITE, true, 0, 4},
+    {"ctr", CTR_LEN, RWA, true, 0, 0},
+    {"ctr_reg", CTR_LEN, RWA, false, 0, 0},
+    {"tmp", CTR_LEN, RWA, true, 0, 5},
+    {"reg_ro", SMALL_LEN, HIXL_ACCESS_READ, false, 5, 6},
+};
+#define NREG (sizeof(proto_regions) / sizeof(proto_regions[0]))
+
+typedef struct target_state {
+  hixl_ctx_t *ctx;
+  region_t regions[NREG];
+  FILE *in, *out;
+} target_state_t;
+
+static region_t *find_region(target_state_t *ts, const char *name)
+{
+  for (size_t i = 0; i < NREG; i++)
+    if (strcmp(ts->regions[i].name, name) == 0 && ts->regions[i].mr)
+      return &ts->regions[i];
+  return NULL;
+}
+
+static void target_setup(target_state_t *ts)
+{
+  memcpy(ts->regions, proto_regions, sizeof(proto_regions));
+  for (size_t i = 0; i < NREG; i++) {
+    region_t *r = &ts->regions[i];
+    if (r->alloc) {
+      EXPECT_OK(hixl_mem_alloc(ts->ctx, r->len, HIXL_MEM_HOST, r->access, &r->addr, &r->mr));
+    } else {
+      if (posix_memalign(&r->to_free, 64, r->len + 64) != 0)
+        die("no memory for region %s", r->name);
+      r->addr = (uint8_t *)r->to_free + r->misalign;
+      EXPECT_OK(hixl_mr_reg(ts->ctx, r->addr, r->len, r->access, &r->mr));
+    }
+    if (r->seed)
+      fill_pattern(r->addr, r->len, r->seed);
+    else
+      memset(r->addr, 0, r->len);
+    char name[64];
+    /* Self targets share the test's context: keep their names apart from
+     * anything a test publishes itself. */
+    snprintf(name, sizeof(name), "%s", r->name);
+    EXPECT_OK(hixl_mr_publish(r->mr, name));
+  }
+}
+
+static void target_teardown(target_state_t *ts)
+{
+  for (size_t i = 0; i < NREG; i++) {
+    region_t *r = &ts->regions[i];
+    if (r->mr)
+      hixl_mr_dereg(r->mr);
+    free(r->to_free);
+  }
+}
+
+/* Collect count notifications from one peer: imm 0..count-1 in order, each
+ * with len imm % 61, each after its data (the first 8 bytes at its slot
+ * carry imm when len >= 8).  Slots repeat every 131072 notifications, more
+ * than any ring holds, so a producer can never be a whole period ahead. */
+static void check_notifs(target_state_t *ts, unsigned long count, char *resp, size_t cap)
+{
+  region_t *r = find_region(ts, "alloc");
+  hixl_peer_t *from = NULL;
+  for (unsigned long i = 0; i < count; i++) {
+    hixl_notif_t n;
+    hixl_status_t st = hixl_notif_wait(ts->ctx, &n, 30000);
+    if (st != HIXL_OK) {
+      snprintf(resp, cap, "bad: notification %lu of %lu: %s", i, count, hixl_strerror(st));
+      return;
+    }
+    if (from == NULL)
+      from = n.peer;
+    if (n.peer != from || n.imm != (uint32_t)i || n.len != i % 61) {
+      snprintf(resp, cap, "bad: notification %lu: imm %u len %zu peer %s", i, n.imm, n.len,
+               n.peer == from ? "same" : "other");
+      return;
+    }
+    if (n.len >= 8) {
+      uint64_t v;
+      memcpy(&v, (uint8_t *)r->addr + (i % 131072) * 64, 8);
+      if (v != i) {
+        snprintf(resp, cap, "bad: data of notification %lu not visible (%llu)", i,
+                 (unsigned long long)v);
+        return;
+      }
+    }
+  }
+  /* Exactly once: nothing more may arrive. */
+  hixl_notif_t extra;
+  if (hixl_notif_poll(ts->ctx, &extra, 1) != 0) {
+    snprintf(resp, cap, "bad: an extra notification imm %u", extra.imm);
+    return;
+  }
+  snprintf(resp, cap, "ok %lu", count);
+}
+
+static void target_serve(target_state_t *ts)
+{
+  char line[256];
+  while (fgets(line, sizeof(line), ts->in)) {
+    char cmd[32] = "", name[32] = "";
+    unsigned long long a = 0, b = 0;
+    char resp[256] = "bad: unknown command";
+    int n = sscanf(line, "%31s %31s %llu %llu", cmd, name, &a, &b);
+    region_t *r = n >= 2 ? find_region(ts, name) : NULL;
+    if (strcmp(cmd, "quit") == 0) {
+      fprintf(ts->out, "ok\n");
+      fflush(ts->out);
+      return;
+    } else if (strcmp(cmd, "hash") == 0 && r && n == 4 && a + b <= r->len) {
+      snprintf(resp, sizeof(resp), "ok %016llx",
+               (unsigned long long)hash_bytes((uint8_t *)r->addr + a, b));
+    } else if (strcmp(cmd, "fill") == 0 && r && n == 3) {
+      fill_pattern(r->addr, r->len, a);
+      snprintf(resp, sizeof(resp), "ok");
+    } else if (strcmp(cmd, "zero") == 0 && r && n == 2) {
+      memset(r->addr, 0, r->len);
+      snprintf(resp, sizeof(resp), "ok");
+    } else if (strcmp(cmd, "read64") == 0 && r && n == 3 && a + 8 <= r->len) {
+      uint64_t v;
+      memcpy(&v, (uint8_t *)r->addr + a, 8);
+      snprintf(resp, sizeof(resp), "ok %llu", (unsigned long long)v);
+    } else if (strcmp(cmd, "dereg") == 0 && r && n == 2) {
+      hixl_status_t st = hixl_mr_dereg(r->mr);
+      r->mr = NULL;
+      snprintf(resp, sizeof(resp), st == HIXL_OK ? "ok" : "bad: %s", hixl_last_error());
+    } else if (strcmp(cmd, "notif") == 0 && sscanf(line, "%31s %llu", cmd, &a) == 2) {
+      check_notifs(ts, (unsigned long)a, resp, sizeof(resp));
+    } else if (strcmp(cmd, "notif1") == 0 && r && n == 4 && a + b <= r->len) {
+      /* One notification, then at once the target's view of a range. */
+      hixl_notif_t nf;
+      hixl_status_t st = hixl_notif_wait(ts->ctx, &nf, 30000);
+      if (st == HIXL_OK)
+        snprintf(resp, sizeof(resp), "ok %u %zu %016llx", nf.imm, nf.len,
+                 (unsigned long long)hash_bytes((uint8_t *)r->addr + a, b));
+      else
+        snprintf(resp, sizeof(resp), "bad: %s", hixl_strerror(st));
+    } else if (strcmp(cmd, "ping") == 0) {
+      snprintf(resp, sizeof(resp), "ok");
+    }
+    fprintf(ts->out, "%s\n", resp);
+    fflush(ts->out);
+  }
+}
+
+static void *target_thread(void *arg)
+{
+  target_state_t *ts = arg;
+  target_serve(ts);
+  target_teardown(ts);
+  fclose(ts->in);
+  fclose(ts->out);
+  free(ts);
+  return NULL;
+}
+
+void target_start(target_t *t, hixl_ctx_t *ctx, const char *token, int timeout_ms)
+{
+  memset(t, 0, sizeof(*t));
+  t->transport = g_transport;
+  signal(SIGPIPE, SIG_IGN); /* a dead target must fail a test, not kill it */
+  int cmd[2], resp[2];
+  if (pipe2(cmd, O_CLOEXEC) != 0 || pipe2(resp, O_CLOEXEC) != 0)
+    die("pipe: %s", strerror(errno));
+  t->cmd_fd = cmd[1];
+  t->resp_fd = resp[0];
+  target_state_t *ts = calloc(1, sizeof(*ts));
+  if (strcmp(g_transport, "self") == 0) {
+    ts->ctx = ctx;
+    target_setup(ts);
+    snprintf(t->addr, sizeof(t->addr), "%s", hixl_ctx_address(ctx));
+    ts->in = fdopen(cmd[0], "r");
+    ts->out = fdopen(resp[1], "w");
+    pthread_t th;
+    if (pthread_create(&th, NULL, target_thread, ts) != 0)
+      die("pthread_create");
+    t->thread = (void *)(uintptr_t)th;
+    t->ctx = ctx;
+    return;
+  }
+  pid_t pid = fork();
+  if (pid < 0)
+    die("fork: %s", strerror(errno));
+  if (pid == 0) {
+    close(cmd[1]);
+    close(resp[0]);
+    ts->ctx = test_ctx(timeout_ms, token);
+    target_setup(ts);
+    ts->in = fdopen(cmd[0], "r");
+    ts->out = fdopen(resp[1], "w");
+    fprintf(ts->out, "%s\n", hixl_ctx_address(ts->ctx));
+    fflush(ts->out);
+    target_serve(ts);
+    target_teardown(ts);
+    hixl_ctx_destroy(ts->ctx);
+    _exit(0);
+  }
+  free(ts);
+  close(cmd[0]);
+  close(resp[1]);
+  t->pid = pid;
+  if (!target_reply(t, t->addr, sizeof(t->addr)))
+    die("target did not start");
+}
+
+void target_send(target_t *t, const char *fmt, ...)
+{
+  char buf[256];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(buf, sizeof(buf) - 1, fmt, ap);
+  va_end(ap);
+  buf[n++] = '\n';
+  if (write(t->cmd_fd, buf, (size_t)n) != n)
+    die("target command: %s", strerror(errno));
+}
+
+bool target_reply(target_t *t, char *resp, size_t cap)
+{
+  size_t n = 0;
+  for (;;) {
+    char c;
+    ssize_t r = read(t->resp_fd, &c, 1);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      die("target closed its pipe");
+    if (c == '\n')
+      break;
+    if (n + 1 < cap)
+      resp[n++] = c;
+  }
+  resp[n] = 0;
+  /* The first reply of a forked target is its address. */
+  return strncmp(resp, "ok", 2) == 0 || strchr(resp, ':') != NULL;
+}
+
+bool target_cmd(target_t *t, char *resp, size_t cap, const char *fmt, ...)
+{
+  char buf[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof(buf), fmt, ap);
+  va_end(ap);
+  target_send(t, "%s", buf);
+  char local[256];
+  if (resp == NULL) {
+    resp = local;
+    cap = sizeof(local);
+  }
+  return target_reply(t, resp, cap) && strncmp(resp, "ok", 2) == 0;
+}
+
+uint64_t target_hash(target_t *t, const char *region, uint64_t off, uint64_t len)
+{
+  char resp[128];
+  if (!target_cmd(t, resp, sizeof(resp), "hash %s %llu %llu", region, (unsigned long long)off,
+                  (unsigned long long)len))
+    die("hash %s: %s", region, resp);
+  return strtoull(resp + 3, NULL, 16);
+}
+
+void target_stop(target_t *t)
+{
+  if (t->cmd_fd < 0)
+    return;
+  int status;
+  bool dead = t->pid > 0 && waitpid(t->pid, &status, WNOHANG) == t->pid;
+  if (!dead) {
+    target_send(t, "quit");
+    char resp[64];
+    target_reply(t, resp, sizeof(resp));
+  }
+  close(t->cmd_fd);
+  close(t->resp_fd);
+  t->cmd_fd = t->resp_fd = -1;
+  if (t->pid > 0 && !dead)
+    waitpid(t->pid, &status, 0);
+  else if (t->thread)
+    pthread_join((pthread_t)(uintptr_t)t->thread, NULL);
+}
+
+hixl_peer_t *connect_to(hixl_ctx_t *ctx, const target_t *t)
+{
+  hixl_peer_t *peer;
+  EXPECT_OK(hixl_connect(ctx, t->addr, 10000, &peer));
+  const char *tp = hixl_peer_transport(peer);
+  if (strcmp(tp, g_transport) != 0)
+    die("connected over %s, expected %s", tp, g_transport);
+  return peer;
+}
+
+hixl_rmr_t *lookup(hixl_peer_t *peer, const char *name)
+{
+  hixl_rmr_t *rmr;
+  EXPECT_OK(hixl_rmr_lookup(peer, name, 10000, &rmr));
+  return rmr;
+}
+
+/* ------------------------------------------------------------ workers */
+
+int run_children(int n, int (*fn)(void *arg, int index), void *arg)
+{
+  pid_t pids[64];
+  for (int i = 0; i < n; i++) {
+    pids[i] = fork();
+    if (pids[i] < 0)
+      die("fork: %s", strerror(errno));
+    if (pids[i] == 0)
+      _exit(fn(arg, i));
+  }
+  int failed = 0;
+  for (int i = 0; i < n; i++) {
+    int status;
+    if (waitpid(pids[i], &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+      failed++;
+  }
+  return failed;
+}
+
+struct thr {
+  int (*fn)(void *, int);
+  void *arg;
+  int index, rc;
+};
+static void *thr_main(void *p)
+{
+  struct thr *t = p;
+  t->rc = t->fn(t->arg, t->index);
+  return NULL;
+}
+
+int run_threads(int n, int (*fn)(void *arg, int index), void *arg)
+{
+  pthread_t th[64];
+  struct thr t[64];
+  for (int i = 0; i < n; i++) {
+    t[i] = (struct thr){fn, arg, i, 0};
+    pthread_create(&th[i], NULL, thr_main, &t[i]);
+  }
+  int failed = 0;
+  for (int i = 0; i < n; i++) {
+    pthread_join(th[i], NULL);
+    failed += t[i].rc != 0;
+  }
+  return failed;
+}
+
+int run_workers(int n, int (*fn)(void *arg, int index), void *arg)
+{
+  return strcmp(g_transport, "self") == 0 ? run_threads(n, fn, arg) : run_children(n, fn, arg);
+}

@@ -1,0 +1,86 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Test harness shared by the conformance suite, the bad-input matrix and the
+ * peer-death test.  Written once, run per transport:
+ *
+ *  - "self": the target runs in a thread of the test process, on the same
+ *    context, so every peer the test makes to it is a self peer;
+ *  - "shm":  the target is a forked process with its own context.
+ *
+ * The target creates a fixed set of regions (below), publishes them by name,
+ * and then serves line commands on a pipe (hash a range, refill, collect and
+ * check notifications, deregister...): it never calls a hixl data operation,
+ * which is the point.  Checking the target's own view of its memory (not
+ * only a get back) is what makes put/get tests non-circular.
+ */
+#ifndef HIXL_TEST_HARNESS_H
+#define HIXL_TEST_HARNESS_H
+
+#include <hixl.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+/* Regions every target has. */
+#define BIG_LEN ((size_t)72 << 20) /* alloc / reg: room for 64 MiB at odd offsets */
+#define SMALL_LEN ((size_t)1 << 20)
+#define CTR_LEN 4096
+
+typedef struct target {
+  const char *transport;
+  char addr[128];
+  pid_t pid;         /* shm: the target process */
+  int cmd_fd, resp_fd;
+  void *thread;      /* self: the target thread */
+  hixl_ctx_t *ctx;   /* self: the shared context */
+} target_t;
+
+extern const char *g_transport; /* "self" or "shm" */
+
+/* Die with a message (tests use cmocka in the parent; helpers and children
+ * report through exit codes). */
+void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+
+/* Context for the test side.  timeout_ms 0: the default. */
+hixl_ctx_t *test_ctx(int timeout_ms, const char *token);
+
+/* Start a target.  For self, ctx is the test's context (the target shares
+ * it); for shm, ctx is ignored.  token: auth token for the target, or NULL. */
+void target_start(target_t *t, hixl_ctx_t *ctx, const char *token, int timeout_ms);
+/* Send a command, read the one-line reply into resp; returns true if the
+ * reply starts with "ok". */
+bool target_cmd(target_t *t, char *resp, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Send without waiting (pair with target_reply). */
+void target_send(target_t *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+bool target_reply(target_t *t, char *resp, size_t cap);
+uint64_t target_hash(target_t *t, const char *region, uint64_t off, uint64_t len);
+void target_stop(target_t *t);
+
+/* Connect to the target and look up a region (dies on failure). */
+hixl_peer_t *connect_to(hixl_ctx_t *ctx, const target_t *t);
+hixl_rmr_t *lookup(hixl_peer_t *peer, const char *name);
+
+/* Deterministic data and a fast hash (the target uses the same). */
+void fill_pattern(void *buf, size_t len, uint64_t seed);
+uint64_t hash_bytes(const void *buf, size_t len);
+
+/* Child processes for multi-process cases: run fn(arg, index) in n forked
+ * children; returns the number that did not exit 0. */
+int run_children(int n, int (*fn)(void *arg, int index), void *arg);
+/* Same as threads (for self, where a peer must be in-process). */
+int run_threads(int n, int (*fn)(void *arg, int index), void *arg);
+/* Processes for shm, threads for self. */
+int run_workers(int n, int (*fn)(void *arg, int index), void *arg);
+
+#define EXPECT_ST(expected, call)                                                               \
+  do {                                                                                          \
+    hixl_status_t st__ = (call);                                                                \
+    if (st__ != (expected))                                                                     \
+      die("%s:%d: %s returned %s, expected %s (%s)", __FILE__, __LINE__, #call,                 \
+          hixl_strerror(st__), hixl_strerror(expected), hixl_last_error());                     \
+  } while (0)
+#define EXPECT_OK(call) EXPECT_ST(HIXL_OK, call)
+
+#endif

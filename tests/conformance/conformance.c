@@ -1,0 +1,492 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The conformance suite, written once and run per transport:
+ *     conformance <transport> <case>
+ * Meson runs every (transport, case) pair as its own test, in its own
+ * processes, with a timeout (tests/meson.build).
+ */
+#define _GNU_SOURCE
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static bool is_self(void) { return strcmp(g_transport, "self") == 0; }
+
+static void *xmalloc(size_t n)
+{
+  void *p = malloc(n);
+  if (p == NULL)
+    die("out of memory (%zu)", n);
+  return p;
+}
+
+/* ----------------------------------------------------------- put / get */
+
+static void put_get_region(hixl_ctx_t *ctx, target_t *t, hixl_peer_t *peer, const char *name,
+                           uint64_t initial_seed)
+{
+  hixl_rmr_t *rmr = lookup(peer, name);
+  /* First an independent check of get: the target's initial pattern. */
+  size_t probe = 1 << 20;
+  uint8_t *want = xmalloc(probe), *got = xmalloc(probe + 3);
+  fill_pattern(want, probe, initial_seed);
+  hixl_req_t *req;
+  EXPECT_OK(hixl_get(peer, got + 3, probe, rmr, 0, 0, &req));
+  EXPECT_OK(hixl_req_wait(req, 10000));
+  hixl_req_free(req);
+  assert_memory_equal(want, got + 3, probe);
+  free(want);
+  free(got);
+
+  static const size_t sizes[] = {1, 7, 8, 63, 64, 65, 4095, 4096, 65537, (1 << 20) + 3,
+                                 (16 << 20) + 1, 64 << 20};
+  for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+    size_t len = sizes[i];
+    uint64_t off = 1 + 2 * (i * 4099 % 4096); /* odd */
+    uint8_t *src = xmalloc(len + 64), *dst = xmalloc(len + 64);
+    uint8_t *s = src + 5, *d = dst + 11; /* unaligned local buffers */
+    fill_pattern(s, len, 1000 + i);
+    unsigned flags = i % 3 == 0 ? HIXL_OP_ORDERED : 0;
+    EXPECT_OK(hixl_put(peer, s, len, rmr, off, flags, &req));
+    EXPECT_OK(hixl_req_wait(req, 30000));
+    hixl_req_free(req);
+    /* The target's own view of its memory. */
+    assert_int_equal(target_hash(t, name, off, len), hash_bytes(s, len));
+    EXPECT_OK(hixl_get(peer, d, len, rmr, off, 0, NULL));
+    EXPECT_OK(hixl_fence(ctx, peer, 30000));
+    if (memcmp(s, d, len) != 0)
+      fail_msg("%s: get after put of %zu bytes at %llu differs", name, len,
+               (unsigned long long)off);
+    free(src);
+    free(dst);
+  }
+  hixl_rmr_release(rmr);
+}
+
+static void test_put_get(void **state)
+{
+  (void)state;
+  hixl_ctx_t *ctx = test_ctx(0, NULL);
+  target_t t;
+  target_start(&t, ctx, NULL, 0);
+  hixl_peer_t *peer = connect_to(ctx, &t);
+  put_get_region(ctx, &t, peer, "alloc", 1); /* mapped memfd */
+  put_get_region(ctx, &t, peer, "reg", 2);   /* any memory: CMA on shm */
+  hixl_disconnect(peer);
+  target_stop(&t);
+  hixl_ctx_destroy(ctx);
+}
+
+/* ------------------------------------------------------------- batches */
+
+static void batch_region(target_t *t, hixl_peer_t *peer, const char *name, uint64_t seed)
+{
+  enum { N = 1000, SPAN = 16 << 20 };
+  hixl_rmr_t *rmr = lookup(peer, name);
+  assert_true(target_cmd(t, NULL, 0, "fill %s %llu", name, (unsigned long long)seed));
+  uint8_t *image = xmalloc(SPAN); /* what the span must hold afterwards */
+  fill_pattern(image, SPAN, seed);
+  uint8_t *local = xmalloc(SPAN + 4096);
+  fill_pattern(local, SPAN + 4096, seed + 77);
+  hixl_xfer_t x[N];
+  uint64_t total = 0;
+  for (int i = 0; i < N; i++) {
+    /* Scattered, unaligned, disjoint: block i lives in [i*16K, i*16K+16K). */
+    size_t len = 1 + (size_t)(i * 7919) % 12000;
+    uint64_t off = (uint64_t)i * 16384 + (uint64_t)(i * 31) % 4000;
+    uint8_t *src = local + ((size_t)(N - 1 - i) * 16384 + 17 + i % 13); /* reversed order */
+    x[i] = (hixl_xfer_t){src, rmr, off, len};
+    memcpy(image + off, src, len);
+    total += len;
+  }
+  uint32_t imm = 4242;
+  hixl_req_t *req;
+  target_send(t, "notif1 %s 0 %d", name, SPAN);
+  EXPECT_OK(hixl_put_batch(peer, x, N, &imm, 0, &req));
+  EXPECT_OK(hixl_req_wait(req, 30000));
+  hixl_req_free(req);
+  /* The target hashed the span the moment the notification arrived: the
+   * whole batch must have been visible by then. */
+  char resp[128], want[128];
+  assert_true(target_reply(t, resp, sizeof(resp)));
+  snprintf(want, sizeof(want), "ok %u %llu %016llx", imm, (unsigned long long)total,
+           (unsigned long long)hash_bytes(image, SPAN));
+  assert_string_equal(resp, want);
+
+  /* get_batch back into fresh buffers. */
+  uint8_t *back = xmalloc(SPAN + 4096);
+  memset(back, 0, SPAN + 4096);
+  hixl_xfer_t g[N];
+  for (int i = 0; i < N; i++)
+    g[i] = (hixl_xfer_t){back + ((uint8_t *)x[i].local - local), rmr, x[i].off, x[i].len};
+  EXPECT_OK(hixl_get_batch(peer, g, N, 0, &req));
+  EXPECT_OK(hixl_req_wait(req, 30000));
+  hixl_req_free(req);
+  for (int i = 0; i < N; i++)
+    if (memcmp(g[i].local, x[i].local, x[i].len) != 0)
+      fail_msg("%s: get_batch element %d differs", name, i);
+  free(back);
+  free(local);
+  free(image);
+  hixl_rmr_release(rmr);
+}
+
+static void test_batch(void **state)
+{
+  (void)state;
+  hixl_ctx_t *ctx = test_ctx(0, NULL);
+  target_t t;
+  target_start(&t, ctx, NULL, 0);
+  hixl_peer_t *peer = connect_to(ctx, &t);
+  batch_region(&t, peer, "alloc", 11);
+  batch_region(&t, peer, "reg", 12);
+  hixl_disconnect(peer);
+  target_stop(&t);
+  hixl_ctx_destroy(ctx);
+}
+
+/* ------------------------------------------------------- notifications */
+
+static void test_notif_order(void **state)
+{
+  (void)state;
+  enum { COUNT = 100000 };
+  hixl_ctx_t *ctx = test_ctx(0, NULL);
+  target_t t;
+  target_start(&t, ctx, NULL, 0);
+  hixl_peer_t *peer = connect_to(ctx, &t);
+  hixl_rmr_t *rmr = lookup(peer, "alloc");
+  target_send(&t, "notif %d", COUNT); /* the target collects concurrently */
+  uint8_t buf[64];
+  for (uint64_t i = 0; i < COUNT; i++) {
+    size_t len = i % 61;
+    memcpy(buf, &i, 8);
+    hixl_status_t st = len == 0 ? hixl_notify(peer, (uint32_t)i, 0, NULL)
+                                : hixl_put_imm(peer, buf, len, rmr, (i % 131072) * 64,
+                                               (uint32_t)i, 0, NULL);
+    if (st != HIXL_OK) {
+      char why[512];
+      snprintf(why, sizeof(why), "%s", hixl_last_error());
+      char resp[256] = "";
+      target_reply(&t, resp, sizeof(resp)); /* what the target saw */
+      fail_msg("notification %llu: %s (%s); target: %s", (unsigned long long)i,
+               hixl_strerror(st), why, resp);
+    }
+  }
+  char resp[256];
+  if (!target_reply(&t, resp, sizeof(resp)) || strcmp(resp, "ok 100000") != 0)
+    fail_msg("target: %s", resp);
+  hixl_rmr_release(rmr);
+  hixl_disconnect(peer);
+  target_stop(&t);
+  hixl_ctx_destroy(ctx);
+}
+
+/* ------------------------------------------------------------- atomics */
+
+struct amo_args {
+  target_t *t;
+  hixl_ctx_t *shared; /* self: the one context */
+  const char *region;
+  int iters;
+};
+
+static hixl_ctx_t *worker_ctx(struct amo_args *a)
+{
+  return a->shared ? a->shared : test_ctx(0, NULL);
+}
+
+static int faa_worker(void *arg, int index)
+{
+  struct amo_args *a = arg;
+  hixl_ctx_t *ctx = worker_ctx(a);
+  hixl_peer_t *peer = connect_to(ctx, a->t);
+  hixl_rmr_t *rmr = lookup(peer, a->region);
+  uint64_t prev = 0;
+  for (int i = 0; i < a->iters; i++) {
+    uint64_t old = UINT64_MAX;
+    if (i % 1000 == 0) { /* sometimes with a request, checking the old value */
+      hixl_req_t *req;
+      EXPECT_OK(hixl_atomic_faa(peer, rmr, 0, 1, &old, 0, &req));
+      EXPECT_OK(hixl_req_wait(req, 10000));
+      hixl_req_free(req);
+      if (old == UINT64_MAX || (i > 0 && old < prev))
+        die("worker %d: fetch-and-add returned %llu after %llu", index,
+            (unsigned long long)old, (unsigned long long)prev);
+      prev = old;
+    } else {
+      EXPECT_OK(hixl_atomic_faa(peer, rmr, 0, 1, NULL, 0, NULL));
+    }
+  }
+  EXPECT_OK(hixl_fence(ctx, peer, 30000));
+  hixl_rmr_release(rmr);
+  hixl_disconnect(peer);
+  if (!a->shared)
+    hixl_ctx_destroy(ctx);
+  return 0;
+}
+
+static void faa_region(hixl_ctx_t *ctx, target_t *t, const char *region, int iters)
+{
+  struct amo_args a = {t, is_self() ? ctx : NULL, region, iters};
+  assert_true(target_cmd(t, NULL, 0, "zero %s", region));
+  assert_int_equal(run_workers(4, faa_worker, &a), 0);
+  char resp[64], want[64];
+  assert_true(target_cmd(t, resp, sizeof(resp), "read64 %s 0", region));
+  snprintf(want, sizeof(want), "ok %d", 4 * iters);
+  assert_string_equal(resp, want);
+}
+
+static void test_faa(void **state)
+{
+  (void)state;
+  hixl_ctx_t *ctx = test_ctx(0, NULL);
+  target_t t;
+  target_start(&t, ctx, NULL, 0);
+  faa_region(ctx, &t, "ctr", 100000);    /* CPU atomics on a shared mapping */
+  faa_region(ctx, &t, "ctr_reg", 10000); /* executed by the owner (shm) */
+  target_stop(&t);
+  hixl_ctx_destroy(ctx);
+}
+
+/* CAS spin lock at offset 0 protecting a plain counter at offset 8, moved
+ * with get and put: the lock is what keeps increments from being lost. */
+static int cas_worker(void *arg, int index)
+{
+  struct amo_args *a = arg;
+  hixl_ctx_t *ctx = worker_ctx(a);
+  hixl_peer_t *peer = connect_to(ctx, a->t);
+  hixl_rmr_t *rmr = lookup(peer, a->region);
+  uint64_t me = (uint64_t)index + 1;
+  for (int i = 0; i < a->iters; i++) {
+    uint64_t old;
+    hixl_req_t *req;
+    do {
+      EXPECT_OK(hixl_atomic_cas(peer, rmr, 0, 0, me, &old, 0, &req));
+      EXPECT_OK(hixl_req_wait(req, 10000));
+      hixl_req_free(req);
+    } while (old != 0);
+    uint64_t v;
+    EXPECT_OK(hixl_get(peer, &v, 8, rmr, 8, 0, &req));
+    EXPECT_OK(hixl_req_wait(req, 10000));
+    hixl_req_free(req);
+    v++;
+    EXPECT_OK(hixl_put(peer, &v, 8, rmr, 8, 0, NULL));
+    EXPECT_OK(hixl_atomic_cas(peer, rmr, 0, me, 0, &old, HIXL_OP_ORDERED, &req));
+    EXPECT_OK(hixl_req_wait(req, 10000));
+    hixl_req_free(req);
+    if (old != me)
+      die("worker %d: lock held by %llu while we owned it", index, (unsigned long long)old);
+  }
+  hixl_rmr_release(rmr);
+  hixl_disconnect(peer);
+  if (!a->shared)
+    hixl_ctx_destroy(ctx);
+  return 0;
+}
+
+static void cas_region(hixl_ctx_t *ctx, target_t *t, const char *region, int iters)
+{
+  struct amo_args a = {t, is_self() ? ctx : NULL, region, iters};
+  assert_true(target_cmd(t, NULL, 0, "zero %s", region));
+  assert_int_equal(run_workers(4, cas_worker, &a), 0);
+  char resp[64], want[64];
+  assert_true(target_cmd(t, resp, sizeof(resp), "read64 %s 8", region));
+  snprintf(want, sizeof(want), "ok %d", 4 * iters);
+  assert_string_equal(resp, want);
+  assert_true(target_cmd(t, resp, sizeof(resp), "read64 %s 0", region));
+  assert_string_equal(resp, "ok 0");
+}
+
+static void test_cas_lock(void **state)
+{
+  (void)state;
+  hixl_ctx_t *ctx = test_ctx(0, NULL);
+  target_t t;
+  target_start(&t, ctx, NULL, 0);
+  cas_region(ctx, &t, "ctr", 2000);
+  cas_region(ctx, &t, "ctr_reg", 300);
+  target_stop(&t);
+  hixl_ctx_destroy(ctx);
+}
+
+/* --------------------------------------------------------------- fence */
+
+static void test_fence(void **state)
+{
+  (void)state;
+  hixl_ctx_t *ctx = test_ctx(0, NULL);
+  target_t t;
+  target_start(&t, ctx, NULL, 0);
+  hixl_peer_t *peer = connect_to(ctx, &t);
+  hixl_rmr_t *ctr = lookup(peer, "ctr_reg"), *big = lookup(peer, "reg");
+  assert_true(target_cmd(&t, NULL, 0, "zero ctr_reg"));
+  /* Without requests, only the fence says these have executed; on shm they
+   * complete asynchronously (the owner runs them). */
+  for (int i = 0; i < 2000; i++)
+    EXPECT_OK(hixl_atomic_faa(peer, ctr, 16, 3, NULL, 0, NULL));
+  size_t len = 8 << 20;
+  uint8_t *buf = xmalloc(len);
+  fill_pattern(buf, len, 99);
+  EXPECT_OK(hixl_put(peer, buf, len, big, 1, 0, NULL));
+  EXPECT_OK(hixl_fence(ctx, peer, 30000));
+  char resp[64];
+  assert_true(target_cmd(&t, resp, sizeof(resp), "read64 ctr_reg 16"));
+  assert_string_equal(resp, "ok 6000");
+  assert_int_equal(target_hash(&t, "reg", 1, len), hash_bytes(buf, len));
+  /* A fence over all peers, and one with nothing outstanding, succeed. */
+  EXPECT_OK(hixl_atomic_faa(peer, ctr, 16, 1, NULL, 0, NULL));
+  EXPECT_OK(hixl_fence(ctx, NULL, 30000));
+  assert_true(target_cmd(&t, resp, sizeof(resp), "read64 ctr_reg 16"));
+  assert_string_equal(resp, "ok 6001");
+  EXPECT_OK(hixl_fence(ctx, peer, 0));
+  free(buf);
+  hixl_rmr_release(ctr);
+  hixl_rmr_release(big);
+  hixl_disconnect(peer);
+  target_stop(&t);
+  hixl_ctx_destroy(ctx);
+}
+
+/* ------------------------------------------------------ connect churn */
+
+static void test_connect_churn(void **state)
+{
+  (void)state;
+  enum { ROUNDS = 200, BLK = 4096 };
+  hixl_ctx_t *ctx = test_ctx(0, NULL);
+  target_t t;
+  target_start(&t, ctx, NULL, 0);
+  uint8_t *image = xmalloc((size_t)ROUNDS * BLK);
+  for (int i = 0; i < ROUNDS; i++) {
+    hixl_peer_t *peer = connect_to(ctx, &t);
+    hixl_rmr_t *rmr = lookup(peer, i % 2 ? "alloc" : "reg");
+    uint8_t *blk = image + (size_t)i * BLK, back[BLK];
+    fill_pattern(blk, BLK, 5000 + (uint64_t)i);
+    EXPECT_OK(hixl_put(peer, blk, BLK, rmr, (uint64_t)i * BLK, 0, NULL));
+    EXPECT_OK(hixl_get(peer, back, BLK, rmr, (uint64_t)i * BLK, 0, NULL));
+    EXPECT_OK(hixl_fence(ctx, peer, 10000));
+    assert_memory_equal(blk, back, BLK);
+    uint64_t old;
+    EXPECT_OK(hixl_atomic_faa(peer, lookup(peer, "ctr"), 0, 1, &old, 0, NULL));
+    if (i % 3 == 0)
+      hixl_rmr_release(rmr); /* else disconnect cleans it up */
+    EXPECT_OK(hixl_disconnect(peer));
+  }
+  /* Everything landed, in both regions, and the target still serves. */
+  for (int i = 0; i < ROUNDS; i++)
+    assert_int_equal(target_hash(&t, i % 2 ? "alloc" : "reg", (uint64_t)i * BLK, BLK),
+                     hash_bytes(image + (size_t)i * BLK, BLK));
+  char resp[64];
+  assert_true(target_cmd(&t, resp, sizeof(resp), "read64 ctr 0"));
+  assert_string_equal(resp, "ok 200");
+  free(image);
+  target_stop(&t);
+  hixl_ctx_destroy(ctx);
+}
+
+/* ---------------------------------------------------------------- world */
+
+static int free_port(void)
+{
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t sl = sizeof(sa);
+  if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
+      getsockname(fd, (struct sockaddr *)&sa, &sl) != 0)
+    die("no free port");
+  close(fd);
+  return ntohs(sa.sin_port);
+}
+
+static int world_rank(void *arg, int rank)
+{
+  int port = *(int *)arg;
+  enum { SIZE = 4 };
+  char v[16];
+  /* torchrun's environment. */
+  snprintf(v, sizeof(v), "%d", rank);
+  setenv("RANK", v, 1);
+  setenv("WORLD_SIZE", "4", 1);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  snprintf(v, sizeof(v), "%d", port);
+  setenv("MASTER_PORT", v, 1);
+  hixl_ctx_t *ctx = test_ctx(0, NULL);
+  hixl_world_t *w;
+  EXPECT_OK(hixl_world_create(ctx, -1, -1, NULL, &w));
+  if (hixl_world_rank(w) != rank || hixl_world_size(w) != SIZE)
+    die("rank %d: world says rank %d size %d", rank, hixl_world_rank(w), hixl_world_size(w));
+  if (strcmp(hixl_peer_transport(hixl_world_peer(w, rank)), "self") != 0)
+    die("rank %d: own peer is not self", rank);
+  uint64_t *mem;
+  hixl_mr_t *mr;
+  EXPECT_OK(hixl_mem_alloc(ctx, 4096, HIXL_MEM_HOST,
+                           HIXL_ACCESS_READ | HIXL_ACCESS_WRITE | HIXL_ACCESS_ATOMIC,
+                           (void **)&mem, &mr));
+  hixl_rmr_t *rmrs[SIZE];
+  EXPECT_OK(hixl_world_exchange(w, mr, rmrs));
+  for (int r = 0; r < SIZE; r++) {
+    uint64_t val = 100 + (uint64_t)rank;
+    EXPECT_OK(hixl_put(hixl_world_peer(w, r), &val, 8, rmrs[r], (uint64_t)rank * 8, 0, NULL));
+    EXPECT_OK(hixl_atomic_faa(hixl_world_peer(w, 0), rmrs[0], 64, (uint64_t)rank + 1, NULL, 0,
+                              NULL));
+  }
+  EXPECT_OK(hixl_fence(ctx, NULL, 10000));
+  EXPECT_OK(hixl_world_barrier(w));
+  for (int r = 0; r < SIZE; r++)
+    if (mem[r] != 100 + (uint64_t)r)
+      die("rank %d: slot %d holds %llu", rank, r, (unsigned long long)mem[r]);
+  if (rank == 0 && mem[8] != 4 * (1 + 2 + 3 + 4))
+    die("rank 0: counter %llu", (unsigned long long)mem[8]);
+  /* A second exchange must not mix with the first. */
+  hixl_rmr_t *again[SIZE];
+  EXPECT_OK(hixl_world_exchange(w, mr, again));
+  EXPECT_OK(hixl_world_barrier(w));
+  for (int r = 0; r < SIZE; r++) {
+    hixl_rmr_release(rmrs[r]);
+    hixl_rmr_release(again[r]);
+  }
+  hixl_world_destroy(w);
+  hixl_mr_dereg(mr);
+  hixl_ctx_destroy(ctx);
+  return 0;
+}
+
+static void test_world(void **state)
+{
+  (void)state;
+  int port = free_port();
+  assert_int_equal(run_children(4, world_rank, &port), 0);
+}
+
+/* ----------------------------------------------------------------- main */
+
+int main(int argc, char **argv)
+{
+  if (argc != 3) {
+    fprintf(stderr, "usage: %s self|shm CASE\n", argv[0]);
+    return 2;
+  }
+  g_transport = argv[1];
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_put_get),     cmocka_unit_test(test_batch),
+      cmocka_unit_test(test_notif_order), cmocka_unit_test(test_faa),
+      cmocka_unit_test(test_cas_lock),    cmocka_unit_test(test_fence),
+      cmocka_unit_test(test_connect_churn), cmocka_unit_test(test_world),
+  };
+  char filter[64];
+  snprintf(filter, sizeof(filter), "test_%s", argv[2]);
+  cmocka_set_test_filter(filter);
+  return cmocka_run_group_tests_name(argv[1], tests, NULL, NULL);
+}

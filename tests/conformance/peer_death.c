@@ -1,0 +1,188 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Peer death on shm: a target killed (or frozen) during a stream of
+ * operations is reported as HIXL_ERR_PEER_LOST within the configured
+ * timeout, nothing hangs, and the context keeps serving other peers.
+ */
+#define _GNU_SOURCE
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define TIMEOUT_MS 2000
+/* Scheduling slack on a loaded 2-core CI machine: a correctness bound (the
+ * peer must be noticed, not hang), not a performance assertion. */
+#define SLACK_MS 3000
+
+static double now_ms(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* The context still serves a fresh peer after losing one. */
+static void still_serves(hixl_ctx_t *ctx)
+{
+  target_t t2;
+  target_start(&t2, ctx, NULL, TIMEOUT_MS);
+  hixl_peer_t *p = connect_to(ctx, &t2);
+  hixl_rmr_t *r = lookup(p, "alloc");
+  uint8_t out[4096], in[4096];
+  fill_pattern(out, sizeof(out), 7);
+  EXPECT_OK(hixl_put(p, out, sizeof(out), r, 64, 0, NULL));
+  EXPECT_OK(hixl_get(p, in, sizeof(in), r, 64, 0, NULL));
+  EXPECT_OK(hixl_fence(ctx, p, TIMEOUT_MS));
+  assert_memory_equal(out, in, sizeof(in));
+  hixl_rmr_release(r);
+  hixl_disconnect(p);
+  target_stop(&t2);
+}
+
+/* Stream puts; signal the target after a while; return ms from the signal
+ * to the first PEER_LOST. */
+static double stream_until_lost(hixl_peer_t *peer, hixl_rmr_t *rmr, target_t *t, int sig)
+{
+  static uint8_t buf[4096];
+  double t_sig = 0;
+  for (long i = 0;; i++) {
+    if (i == 2000) {
+      kill(t->pid, sig);
+      t_sig = now_ms();
+    }
+    hixl_status_t st = hixl_put(peer, buf, sizeof(buf), rmr, (uint64_t)(i % 1000) * 4096, 0, NULL);
+    if (st == HIXL_ERR_PEER_LOST)
+      return now_ms() - t_sig;
+    if (st != HIXL_OK)
+      fail_msg("put %ld: %s (%s)", i, hixl_strerror(st), hixl_last_error());
+    if (t_sig > 0 && now_ms() - t_sig > TIMEOUT_MS + SLACK_MS)
+      fail_msg("peer not reported lost %d ms after signal %d", TIMEOUT_MS + SLACK_MS, sig);
+    if (t_sig > 0)
+      usleep(100);
+  }
+}
+
+static void kill_during_puts(const char *region)
+{
+  hixl_ctx_t *ctx = test_ctx(TIMEOUT_MS, NULL);
+  target_t t;
+  target_start(&t, ctx, NULL, TIMEOUT_MS);
+  hixl_peer_t *peer = connect_to(ctx, &t);
+  hixl_rmr_t *rmr = lookup(peer, region);
+  double ms = stream_until_lost(peer, rmr, &t, SIGKILL);
+  printf("# %s: PEER_LOST %.1f ms after kill -9\n", region, ms);
+  /* Everything after that fails the same way, promptly. */
+  uint64_t v = 0;
+  hixl_status_t gst = hixl_get(peer, &v, 8, rmr, 0, 0, NULL);
+  if (gst != HIXL_ERR_PEER_LOST)
+    fail_msg("get after loss: %s (%s)", hixl_strerror(gst), hixl_last_error());
+  assert_int_equal(hixl_notify(peer, 1, 0, NULL), HIXL_ERR_PEER_LOST);
+  assert_int_equal(hixl_fence(ctx, peer, TIMEOUT_MS), HIXL_ERR_PEER_LOST);
+  assert_int_equal(hixl_fence(ctx, NULL, TIMEOUT_MS), HIXL_ERR_PEER_LOST);
+  hixl_rmr_t *r2;
+  assert_int_equal(hixl_rmr_lookup(peer, "alloc", 100, &r2), HIXL_ERR_PEER_LOST);
+  still_serves(ctx);
+  hixl_rmr_release(rmr);
+  hixl_disconnect(peer);
+  target_stop(&t);
+  hixl_ctx_destroy(ctx);
+}
+
+static void test_kill_mapped(void **state)
+{
+  (void)state;
+  kill_during_puts("alloc"); /* memfd mapping: noticed by the control socket */
+}
+
+static void test_kill_cma(void **state)
+{
+  (void)state;
+  kill_during_puts("reg"); /* process_vm_writev: ESRCH */
+}
+
+static void test_frozen_peer_heartbeat(void **state)
+{
+  (void)state;
+  hixl_ctx_t *ctx = test_ctx(TIMEOUT_MS, NULL);
+  target_t t;
+  target_start(&t, ctx, NULL, TIMEOUT_MS);
+  hixl_peer_t *peer = connect_to(ctx, &t);
+  hixl_rmr_t *rmr = lookup(peer, "alloc");
+  /* SIGSTOP: the socket stays open, only missing heartbeats tell. */
+  double ms = stream_until_lost(peer, rmr, &t, SIGSTOP);
+  printf("# frozen peer: PEER_LOST %.1f ms after SIGSTOP (timeout %d ms)\n", ms, TIMEOUT_MS);
+  assert_non_null(strstr(hixl_last_error(), "lost"));
+  kill(t.pid, SIGKILL);
+  still_serves(ctx);
+  hixl_rmr_release(rmr);
+  hixl_disconnect(peer);
+  target_stop(&t);
+  hixl_ctx_destroy(ctx);
+}
+
+static void test_inflight_requests(void **state)
+{
+  (void)state;
+  enum { N = 2000 };
+  hixl_ctx_t *ctx = test_ctx(TIMEOUT_MS, NULL);
+  target_t t;
+  target_start(&t, ctx, NULL, TIMEOUT_MS);
+  hixl_peer_t *peer = connect_to(ctx, &t);
+  /* Atomics on a CMA region are executed by the owner: they are truly in
+   * flight when it dies. */
+  hixl_rmr_t *rmr = lookup(peer, "ctr_reg");
+  static hixl_req_t *reqs[N];
+  static uint64_t olds[N];
+  int issued = 0;
+  for (; issued < N; issued++) {
+    if (issued == N / 2)
+      kill(t.pid, SIGKILL);
+    hixl_status_t st = hixl_atomic_faa(peer, rmr, 0, 1, &olds[issued], 0, &reqs[issued]);
+    if (st == HIXL_ERR_PEER_LOST)
+      break;
+    assert_int_equal(st, HIXL_OK);
+  }
+  double t0 = now_ms();
+  int ok = 0, lost = 0;
+  for (int i = 0; i < issued; i++) {
+    hixl_status_t st = hixl_req_wait(reqs[i], TIMEOUT_MS + SLACK_MS);
+    if (st == HIXL_OK)
+      ok++;
+    else if (st == HIXL_ERR_PEER_LOST)
+      lost++;
+    else
+      fail_msg("request %d ended with %s", i, hixl_strerror(st));
+    hixl_req_free(reqs[i]);
+  }
+  printf("# %d atomics issued: %d completed, %d failed PEER_LOST, all within %.1f ms\n", issued,
+         ok, lost, now_ms() - t0);
+  assert_true(lost > 0 || issued < N);
+  still_serves(ctx);
+  hixl_rmr_release(rmr);
+  hixl_disconnect(peer);
+  target_stop(&t);
+  hixl_ctx_destroy(ctx);
+}
+
+int main(void)
+{
+  g_transport = "shm";
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_kill_mapped),
+      cmocka_unit_test(test_kill_cma),
+      cmocka_unit_test(test_frozen_peer_heartbeat),
+      cmocka_unit_test(test_inflight_requests),
+  };
+  return cmocka_run_group_tests_name("peer_death", tests, NULL, NULL);
+}

@@ -1,0 +1,9 @@
+/* hixl.h must compile alone, as strict C11, and its symbols must link. */
+#include <hixl.h>
+
+int main(void)
+{
+  hixl_config_t cfg;
+  hixl_config_init(&cfg);
+  return hixl_strerror(HIXL_ERR_ACCESS)[0] == 'H' ? 0 : 1;
+}

@@ -1,0 +1,306 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * hixl-perf: latency and bandwidth of hixl operations, with the single-thread
+ * memcpy limit measured in the same run beside every figure.
+ *
+ *   hixl-perf [-t put|get|faa|cas] [-s SIZE | -a] [-n ITERS] [-m alloc|reg]
+ *             [--transport shm|self] [--json FILE] [--quick]
+ *
+ * By default it forks a target process on this host (shm).  The target
+ * registers a 64 MiB region and then does nothing: every operation is
+ * one-sided.  Latency is one operation including its completion, measured
+ * per operation (p50/p99); bandwidth is back-to-back operations of one size.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <getopt.h>
+#include <hixl.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define REGION_LEN ((size_t)64 << 20)
+
+static double now_s(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void die(const char *what, hixl_status_t st)
+{
+  fprintf(stderr, "hixl-perf: %s: %s (%s)\n", what, hixl_strerror(st), hixl_last_error());
+  exit(1);
+}
+#define CK(call)                                                                                \
+  do {                                                                                          \
+    hixl_status_t s_ = (call);                                                                  \
+    if (s_ != HIXL_OK)                                                                          \
+      die(#call, s_);                                                                           \
+  } while (0)
+
+/* The target: a region, published, then idle until told to stop. */
+static int run_target(const char *mem, int out_fd, int in_fd, hixl_ctx_t *shared)
+{
+  hixl_ctx_t *ctx = shared;
+  if (ctx == NULL)
+    CK(hixl_ctx_create(NULL, &ctx));
+  hixl_mr_t *mr;
+  void *addr = NULL, *to_free = NULL;
+  unsigned acc = HIXL_ACCESS_READ | HIXL_ACCESS_WRITE | HIXL_ACCESS_ATOMIC;
+  if (strcmp(mem, "reg") == 0) {
+    if (posix_memalign(&to_free, 4096, REGION_LEN) != 0)
+      return 1;
+    addr = to_free;
+    memset(addr, 0, REGION_LEN);
+    CK(hixl_mr_reg(ctx, addr, REGION_LEN, acc, &mr));
+  } else {
+    CK(hixl_mem_alloc(ctx, REGION_LEN, HIXL_MEM_HOST, acc, &addr, &mr));
+  }
+  CK(hixl_mr_publish(mr, "perf"));
+  if (shared)
+    return 0; /* same context: nothing to wait for */
+  dprintf(out_fd, "%s\n", hixl_ctx_address(ctx));
+  char c;
+  while (read(in_fd, &c, 1) < 0 && errno == EINTR)
+    ;
+  hixl_mr_dereg(mr);
+  free(to_free);
+  hixl_ctx_destroy(ctx);
+  return 0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+typedef struct result {
+  size_t size;
+  long iters;
+  double p50_us, p99_us, gbps, mops, memcpy_gbps;
+} result_t;
+
+static hixl_status_t one_op(const char *test, hixl_peer_t *peer, hixl_rmr_t *rmr, void *buf,
+                            size_t size, uint64_t off)
+{
+  uint64_t old;
+  if (strcmp(test, "put") == 0)
+    return hixl_put(peer, buf, size, rmr, off, 0, NULL);
+  if (strcmp(test, "get") == 0)
+    return hixl_get(peer, buf, size, rmr, off, 0, NULL);
+  if (strcmp(test, "faa") == 0)
+    return hixl_atomic_faa(peer, rmr, off & ~7ull, 1, &old, 0, NULL);
+  return hixl_atomic_cas(peer, rmr, off & ~7ull, 0, 1, &old, 0, NULL);
+}
+
+static double memcpy_gbps(size_t size, long iters, void *a, void *b)
+{
+  memcpy(a, b, size); /* warm */
+  double t0 = now_s();
+  for (long i = 0; i < iters; i++) {
+    memcpy(a, b, size);
+    __asm__ volatile("" ::: "memory");
+  }
+  return (double)size * (double)iters / (now_s() - t0) / 1e9;
+}
+
+static result_t measure(const char *test, hixl_ctx_t *ctx, hixl_peer_t *peer, hixl_rmr_t *rmr,
+                        size_t size, long iters, void *buf, void *buf2)
+{
+  result_t r = {.size = size, .iters = iters};
+  bool atomic = strcmp(test, "faa") == 0 || strcmp(test, "cas") == 0;
+  /* Latency: each op timed alone, with its completion (a fence for ops
+   * without a request; on shm the op itself completes). */
+  long lat_n = iters < 2000 ? iters : 2000;
+  double *lat = malloc(sizeof(double) * (size_t)lat_n);
+  for (long i = 0; i < 10; i++)
+    one_op(test, peer, rmr, buf, size, 0);
+  CK(hixl_fence(ctx, peer, -1));
+  for (long i = 0; i < lat_n; i++) {
+    double t0 = now_s();
+    hixl_status_t st = one_op(test, peer, rmr, buf, size, 0);
+    if (atomic)
+      st = st ? st : hixl_fence(ctx, peer, -1);
+    lat[i] = (now_s() - t0) * 1e6;
+    if (st != HIXL_OK)
+      die(test, st);
+  }
+  qsort(lat, (size_t)lat_n, sizeof(double), cmp_double);
+  r.p50_us = lat[lat_n / 2];
+  r.p99_us = lat[(lat_n * 99) / 100];
+  free(lat);
+  /* Bandwidth / rate: back to back, one fence at the end. */
+  double t0 = now_s();
+  for (long i = 0; i < iters; i++) {
+    hixl_status_t st = one_op(test, peer, rmr, buf, size, 0);
+    if (st != HIXL_OK)
+      die(test, st);
+  }
+  CK(hixl_fence(ctx, peer, -1));
+  double dt = now_s() - t0;
+  r.gbps = atomic ? 8.0 * (double)iters / dt / 1e9 : (double)size * (double)iters / dt / 1e9;
+  r.mops = (double)iters / dt / 1e6;
+  r.memcpy_gbps = memcpy_gbps(size, iters, buf2, buf);
+  return r;
+}
+
+static long iters_for(size_t size, bool quick)
+{
+  /* About 256 MiB moved per size (less when quick), at least 20 ops. */
+  long n = (long)(((size_t)(quick ? 16 : 256) << 20) / (size ? size : 1));
+  long max = quick ? 2000 : 200000;
+  return n < 20 ? 20 : n > max ? max : n;
+}
+
+static void usage(void)
+{
+  fprintf(stderr,
+          "usage: hixl-perf [-t put|get|faa|cas] [-s SIZE | -a] [-n ITERS] [-m alloc|reg]\n"
+          "                 [--transport shm|self] [--json FILE] [--quick]\n"
+          "  -a          sweep sizes 8 B .. 64 MiB (default)\n"
+          "  -m alloc    target memory from hixl_mem_alloc (mapped: one memcpy per put)\n"
+          "  -m reg      target memory from malloc + hixl_mr_reg (CMA on shm)\n"
+          "  --quick     few iterations; checks that numbers are sane (for the test suite)\n");
+  exit(2);
+}
+
+int main(int argc, char **argv)
+{
+  const char *test = "put", *mem = "alloc", *transport = "shm", *json = NULL;
+  size_t one_size = 0;
+  long iters = 0;
+  bool quick = false;
+  static const struct option opts[] = {{"transport", required_argument, 0, 'T'},
+                                       {"json", required_argument, 0, 'j'},
+                                       {"quick", no_argument, 0, 'q'},
+                                       {"help", no_argument, 0, 'h'},
+                                       {0, 0, 0, 0}};
+  int c;
+  while ((c = getopt_long(argc, argv, "t:s:an:m:h", opts, NULL)) != -1) {
+    switch (c) {
+    case 't': test = optarg; break;
+    case 's': one_size = strtoull(optarg, NULL, 0); break;
+    case 'a': one_size = 0; break;
+    case 'n': iters = atol(optarg); break;
+    case 'm': mem = optarg; break;
+    case 'T': transport = optarg; break;
+    case 'j': json = optarg; break;
+    case 'q': quick = true; break;
+    default: usage();
+    }
+  }
+  if (strcmp(test, "put") && strcmp(test, "get") && strcmp(test, "faa") && strcmp(test, "cas"))
+    usage();
+  if (one_size > REGION_LEN || (strcmp(mem, "alloc") && strcmp(mem, "reg")))
+    usage();
+
+  hixl_ctx_t *ctx;
+  CK(hixl_ctx_create(NULL, &ctx));
+  char addr[128] = {0};
+  pid_t pid = -1;
+  int to_target[2] = {-1, -1};
+  if (strcmp(transport, "self") == 0) {
+    run_target(mem, -1, -1, ctx);
+    snprintf(addr, sizeof(addr), "%s", hixl_ctx_address(ctx));
+  } else {
+    int from_target[2];
+    if (pipe(from_target) || pipe(to_target))
+      return 1;
+    pid = fork();
+    if (pid == 0) {
+      close(from_target[0]);
+      close(to_target[1]);
+      _exit(run_target(mem, from_target[1], to_target[0], NULL));
+    }
+    close(from_target[1]);
+    close(to_target[0]);
+    ssize_t n = read(from_target[0], addr, sizeof(addr) - 1);
+    if (n <= 0)
+      return 1;
+    addr[strcspn(addr, "\n")] = 0;
+    close(from_target[0]);
+  }
+  hixl_peer_t *peer;
+  hixl_rmr_t *rmr;
+  CK(hixl_connect(ctx, addr, 10000, &peer));
+  CK(hixl_rmr_lookup(peer, "perf", 10000, &rmr));
+
+  void *buf, *buf2;
+  if (posix_memalign(&buf, 4096, REGION_LEN) || posix_memalign(&buf2, 4096, REGION_LEN))
+    return 1;
+  memset(buf, 1, REGION_LEN);
+  memset(buf2, 2, REGION_LEN);
+
+  size_t sizes[32];
+  int nsizes = 0;
+  bool atomic = strcmp(test, "faa") == 0 || strcmp(test, "cas") == 0;
+  if (atomic)
+    sizes[nsizes++] = 8;
+  else if (one_size)
+    sizes[nsizes++] = one_size;
+  else if (quick)
+    for (size_t s = 8; s <= (1u << 20); s *= 128)
+      sizes[nsizes++] = s;
+  else
+    for (size_t s = 8; s <= REGION_LEN; s *= 4)
+      sizes[nsizes++] = s;
+
+  printf("# hixl-perf %s over %s (peer memory: %s), memcpy measured in the same run\n", test,
+         hixl_peer_transport(peer), mem);
+  printf("%10s %8s %10s %10s %10s %10s %12s %8s\n", "size", "iters", "p50(us)", "p99(us)",
+         "GB/s", "Mops/s", "memcpy GB/s", "ratio");
+  FILE *jf = json ? fopen(json, "w") : NULL;
+  if (jf)
+    fprintf(jf, "{\"test\":\"%s\",\"transport\":\"%s\",\"mem\":\"%s\",\"results\":[", test,
+            hixl_peer_transport(peer), mem);
+  bool sane = true;
+  for (int i = 0; i < nsizes; i++) {
+    long n = iters ? iters : iters_for(sizes[i], quick);
+    result_t r = measure(test, ctx, peer, rmr, sizes[i], n, buf, buf2);
+    printf("%10zu %8ld %10.3f %10.3f %10.3f %10.3f %12.3f %8.2f\n", r.size, r.iters, r.p50_us,
+           r.p99_us, r.gbps, r.mops, r.memcpy_gbps, r.gbps / r.memcpy_gbps);
+    if (jf)
+      fprintf(jf,
+              "%s{\"size\":%zu,\"iters\":%ld,\"p50_us\":%.4f,\"p99_us\":%.4f,\"gbps\":%.4f,"
+              "\"mops\":%.4f,\"memcpy_gbps\":%.4f}",
+              i ? "," : "", r.size, r.iters, r.p50_us, r.p99_us, r.gbps, r.mops, r.memcpy_gbps);
+    sane = sane && isfinite(r.gbps) && r.gbps > 0 && r.p50_us > 0 && r.p99_us >= r.p50_us;
+  }
+  if (jf) {
+    fprintf(jf, "]}\n");
+    fclose(jf);
+  }
+  /* The data really moved: write a pattern, read it back. */
+  if (!atomic) {
+    size_t n = 1 << 20;
+    for (size_t k = 0; k < n; k++)
+      ((unsigned char *)buf)[k] = (unsigned char)(k * 7 + 3);
+    CK(hixl_put(peer, buf, n, rmr, 4096, 0, NULL));
+    CK(hixl_get(peer, buf2, n, rmr, 4096, 0, NULL));
+    CK(hixl_fence(ctx, peer, -1));
+    if (memcmp(buf, buf2, n) != 0) {
+      fprintf(stderr, "hixl-perf: data check failed\n");
+      sane = false;
+    }
+  }
+  hixl_rmr_release(rmr);
+  hixl_disconnect(peer);
+  if (pid > 0) {
+    close(to_target[1]);
+    waitpid(pid, NULL, 0);
+  }
+  hixl_ctx_destroy(ctx);
+  free(buf);
+  free(buf2);
+  if (!sane)
+    fprintf(stderr, "hixl-perf: insane result\n");
+  return sane ? 0 : 1;
+}
