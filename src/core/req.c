@@ -144,9 +144,11 @@ static hixl_status_t fence_peer(hixl_peer_t *p, int64_t deadline, bool report_lo
   for (;;) {
     int state = atomic_load(&p->state);
     if (state != HIXL_PEER_UP) {
-      if (!atomic_load(&p->used))
-        return HIXL_OK;
+      /* fence(NULL) does not fail for peers it never used, and reports
+       * each loss once; a fence on that very peer always says it is gone. */
       if (report_loss_once) {
+        if (!atomic_load(&p->used))
+          return HIXL_OK;
         uint64_t issued = atomic_load(&p->issued) + 1; /* +1: nonzero once reported */
         if (p->fence_acked == issued)
           return HIXL_OK;

@@ -206,7 +206,7 @@ static void test_forged_fields(void **state)
   forged[3].slot = (forged[3].slot + 1); /* another slot, same key */
   for (int i = 0; i < 4; i++) {
     hixl_rkey_encode(&forged[i], blob);
-    assert_int_equal(hixl_rmr_unpack(f->peer, blob, sizeof(blob), &r), HIXL_ERR_NOT_REGISTERED);
+    assert_int_equal(hixl_rmr_unpack(f->peer, blob, HIXL_RKEY_BLOB_LEN, &r), HIXL_ERR_NOT_REGISTERED);
   }
   /* More rights than granted ("ro" is READ only). */
   len = sizeof(blob);
@@ -214,11 +214,11 @@ static void test_forged_fields(void **state)
   assert_int_equal(hixl_rkey_decode(blob, len, &k), 0);
   k.access = HIXL_ACCESS_READ | HIXL_ACCESS_WRITE;
   hixl_rkey_encode(&k, blob);
-  assert_int_equal(hixl_rmr_unpack(f->peer, blob, sizeof(blob), &r), HIXL_ERR_NOT_REGISTERED);
+  assert_int_equal(hixl_rmr_unpack(f->peer, blob, HIXL_RKEY_BLOB_LEN, &r), HIXL_ERR_NOT_REGISTERED);
   /* The genuine blob still works. */
   k.access = HIXL_ACCESS_READ;
   hixl_rkey_encode(&k, blob);
-  EXPECT_OK(hixl_rmr_unpack(f->peer, blob, sizeof(blob), &r));
+  EXPECT_OK(hixl_rmr_unpack(f->peer, blob, HIXL_RKEY_BLOB_LEN, &r));
   hixl_rmr_release(r);
 }
 
