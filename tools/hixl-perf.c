@@ -202,12 +202,12 @@ int main(int argc, char **argv)
   if (one_size > REGION_LEN || (strcmp(mem, "alloc") && strcmp(mem, "reg")))
     usage();
 
-  hixl_ctx_t *ctx;
-  CK(hixl_ctx_create(NULL, &ctx));
+  hixl_ctx_t *ctx = NULL;
   char addr[128] = {0};
   pid_t pid = -1;
   int to_target[2] = {-1, -1};
   if (strcmp(transport, "self") == 0) {
+    CK(hixl_ctx_create(NULL, &ctx));
     run_target(mem, -1, -1, ctx);
     snprintf(addr, sizeof(addr), "%s", hixl_ctx_address(ctx));
   } else {
@@ -227,6 +227,8 @@ int main(int argc, char **argv)
       return 1;
     addr[strcspn(addr, "\n")] = 0;
     close(from_target[0]);
+    /* Our context only now: fork before any hixl thread exists. */
+    CK(hixl_ctx_create(NULL, &ctx));
   }
   hixl_peer_t *peer;
   hixl_rmr_t *rmr;

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -277,22 +278,24 @@ void target_start(target_t *t, hixl_ctx_t *ctx, const char *token, int timeout_m
     t->ctx = ctx;
     return;
   }
+  /* A forked target execs a fresh image of this program: forking a process
+   * whose threads may hold allocator locks (ASan's do) and then calling
+   * malloc in the child can deadlock.  exec is the only safe thing. */
+  char a_cmd[16], a_resp[16], a_to[16];
+  snprintf(a_cmd, sizeof(a_cmd), "%d", cmd[0]);
+  snprintf(a_resp, sizeof(a_resp), "%d", resp[1]);
+  snprintf(a_to, sizeof(a_to), "%d", timeout_ms);
+  char *args[] = {"hixl-test-target", "--hixl-target", a_cmd, a_resp, a_to,
+                  (char *)(token ? token : "-"), NULL};
   pid_t pid = fork();
   if (pid < 0)
     die("fork: %s", strerror(errno));
   if (pid == 0) {
-    close(cmd[1]);
-    close(resp[0]);
-    ts->ctx = test_ctx(timeout_ms, token);
-    target_setup(ts);
-    ts->in = fdopen(cmd[0], "r");
-    ts->out = fdopen(resp[1], "w");
-    fprintf(ts->out, "%s\n", hixl_ctx_address(ts->ctx));
-    fflush(ts->out);
-    target_serve(ts);
-    target_teardown(ts);
-    hixl_ctx_destroy(ts->ctx);
-    _exit(0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a failed test */
+    fcntl(cmd[0], F_SETFD, 0);
+    fcntl(resp[1], F_SETFD, 0);
+    execv("/proc/self/exe", args);
+    _exit(127);
   }
   free(ts);
   close(cmd[0]);
@@ -300,6 +303,26 @@ void target_start(target_t *t, hixl_ctx_t *ctx, const char *token, int timeout_m
   t->pid = pid;
   if (!target_reply(t, t->addr, sizeof(t->addr)))
     die("target did not start");
+}
+
+void harness_init(int argc, char **argv)
+{
+  if (argc != 6 || strcmp(argv[1], "--hixl-target") != 0)
+    return;
+  /* The exec'd target process (see target_start). */
+  target_state_t *ts = calloc(1, sizeof(*ts));
+  ts->ctx = test_ctx(atoi(argv[4]), strcmp(argv[5], "-") ? argv[5] : NULL);
+  target_setup(ts);
+  ts->in = fdopen(atoi(argv[2]), "r");
+  ts->out = fdopen(atoi(argv[3]), "w");
+  if (ts->in == NULL || ts->out == NULL)
+    die("target: bad pipe fds");
+  fprintf(ts->out, "%s\n", hixl_ctx_address(ts->ctx));
+  fflush(ts->out);
+  target_serve(ts);
+  target_teardown(ts);
+  hixl_ctx_destroy(ts->ctx);
+  exit(0);
 }
 
 void target_send(target_t *t, const char *fmt, ...)
@@ -405,8 +428,10 @@ int run_children(int n, int (*fn)(void *arg, int index), void *arg)
     pids[i] = fork();
     if (pids[i] < 0)
       die("fork: %s", strerror(errno));
-    if (pids[i] == 0)
+    if (pids[i] == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
       _exit(fn(arg, i));
+    }
   }
   int failed = 0;
   for (int i = 0; i < n; i++) {

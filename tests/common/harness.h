@@ -45,6 +45,9 @@ void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 /* Context for the test side.  timeout_ms 0: the default. */
 hixl_ctx_t *test_ctx(int timeout_ms, const char *token);
 
+/* Call first in main(): in an exec'd target process it serves and exits. */
+void harness_init(int argc, char **argv);
+
 /* Start a target.  For self, ctx is the test's context (the target shares
  * it); for shm, ctx is ignored.  token: auth token for the target, or NULL. */
 void target_start(target_t *t, hixl_ctx_t *ctx, const char *token, int timeout_ms);
@@ -67,7 +70,8 @@ void fill_pattern(void *buf, size_t len, uint64_t seed);
 uint64_t hash_bytes(const void *buf, size_t len);
 
 /* Child processes for multi-process cases: run fn(arg, index) in n forked
- * children; returns the number that did not exit 0. */
+ * children; returns the number that did not exit 0.  Fork only from a
+ * process without hixl threads (no context yet): see target_start. */
 int run_children(int n, int (*fn)(void *arg, int index), void *arg);
 /* Same as threads (for self, where a peer must be in-process). */
 int run_threads(int n, int (*fn)(void *arg, int index), void *arg);

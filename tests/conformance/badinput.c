@@ -421,6 +421,7 @@ static void test_garbage_on_control_port(void **state)
 
 int main(int argc, char **argv)
 {
+  harness_init(argc, argv);
   if (argc != 2) {
     fprintf(stderr, "usage: %s self|shm\n", argv[0]);
     return 2;

@@ -251,13 +251,15 @@ static void faa_region(hixl_ctx_t *ctx, target_t *t, const char *region, int ite
 static void test_faa(void **state)
 {
   (void)state;
-  hixl_ctx_t *ctx = test_ctx(0, NULL);
+  /* shm: the workers are forked, so this process must have no context
+   * (no threads) when they are; the target is exec'd. */
+  hixl_ctx_t *ctx = is_self() ? test_ctx(0, NULL) : NULL;
   target_t t;
   target_start(&t, ctx, NULL, 0);
   faa_region(ctx, &t, "ctr", 100000);    /* CPU atomics on a shared mapping */
   faa_region(ctx, &t, "ctr_reg", 10000); /* executed by the owner (shm) */
   target_stop(&t);
-  hixl_ctx_destroy(ctx);
+  hixl_ctx_destroy(ctx); /* NULL is a no-op */
 }
 
 /* CAS spin lock at offset 0 protecting a plain counter at offset 8, moved
@@ -312,13 +314,15 @@ static void cas_region(hixl_ctx_t *ctx, target_t *t, const char *region, int ite
 static void test_cas_lock(void **state)
 {
   (void)state;
-  hixl_ctx_t *ctx = test_ctx(0, NULL);
+  /* shm: the workers are forked, so this process must have no context
+   * (no threads) when they are; the target is exec'd. */
+  hixl_ctx_t *ctx = is_self() ? test_ctx(0, NULL) : NULL;
   target_t t;
   target_start(&t, ctx, NULL, 0);
   cas_region(ctx, &t, "ctr", 2000);
   cas_region(ctx, &t, "ctr_reg", 300);
   target_stop(&t);
-  hixl_ctx_destroy(ctx);
+  hixl_ctx_destroy(ctx); /* NULL is a no-op */
 }
 
 /* --------------------------------------------------------------- fence */
@@ -474,6 +478,7 @@ static void test_world(void **state)
 
 int main(int argc, char **argv)
 {
+  harness_init(argc, argv);
   if (argc != 3) {
     fprintf(stderr, "usage: %s self|shm CASE\n", argv[0]);
     return 2;

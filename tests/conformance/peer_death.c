@@ -175,8 +175,9 @@ static void test_inflight_requests(void **state)
   hixl_ctx_destroy(ctx);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+  harness_init(argc, argv);
   g_transport = "shm";
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_kill_mapped),

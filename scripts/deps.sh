@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Install what hixl needs to build and test, from Debian's archive, if missing.
+set -euo pipefail
+pkgs=(meson ninja-build gcc g++ pkg-config libcmocka-dev python3 clang)
+# libclang-rt provides libFuzzer and the sanitizer runtimes for clang.
+if apt-cache show libclang-rt-14-dev >/dev/null 2>&1; then pkgs+=(libclang-rt-14-dev); fi
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO=sudo
+echo "installing: ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq || true
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# One command on a fresh Debian machine: install what is missing, build, and
+# run the whole test suite:
+#   1. gcc, warnings as errors: unit, conformance (self, shm), bad input,
+#      peer death, header, tools, examples;
+#   2. the same suite under ASan + UBSan;
+#   3. clang, warnings as errors, the suite again;
+#   4. install into a staging prefix and build out-of-tree programs with
+#      pkg-config against it;
+#   5. a short libFuzzer run of every parser of peer bytes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/deps.sh
+out=${HIXL_TEST_BUILD:-build-test}
+step() { printf '\n=== %s\n' "$*"; }
+
+step "gcc build + suite"
+meson setup --wipe "$out/gcc" -Dwerror=true >/dev/null
+ninja -C "$out/gcc" >/dev/null
+meson test -C "$out/gcc" --print-errorlogs --num-processes 2
+
+step "ASan + UBSan suite"
+meson setup --wipe "$out/asan" -Dwerror=true -Db_sanitize=address,undefined -Db_lundef=false \
+  >/dev/null
+ninja -C "$out/asan" >/dev/null
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  meson test -C "$out/asan" --print-errorlogs --num-processes 2 --timeout-multiplier 3
+
+step "clang build + suite"
+CC=clang CXX=clang++ meson setup --wipe "$out/clang" -Dwerror=true -Dfuzz=true >/dev/null
+ninja -C "$out/clang" >/dev/null
+meson test -C "$out/clang" --print-errorlogs --num-processes 2
+
+step "install + pkg-config consumer"
+tests/install/check.sh "$out/gcc"
+
+step "fuzz (30 s per parser)"
+for f in wire rkey; do
+  corpus=$(mktemp -d)
+  "$out/clang/tests/fuzz_$f" -max_total_time=30 -print_final_stats=0 "$corpus" 2>&1 | tail -n 2
+  rm -rf "$corpus"
+done
+echo
+echo "all tests passed"
