@@ -38,6 +38,7 @@
 #include "../core/hixl_int.h"
 
 #define SHM_RING_CAP 16384u
+#define SHM_MAX_INFLIGHT 1024 /* atomics executed by the owner, per peer */
 
 typedef struct shm_peer {
   const hixl_reg_slot_t *table; /* theirs, read-only */
@@ -328,7 +329,18 @@ static hixl_status_t shm_atomic(hixl_peer_t *peer, hixl_rmr_t *r, uint64_t off, 
     return HIXL_OK;
   }
   /* Not mapped: the owner's control thread executes it on its memory, so
-   * it is atomic with respect to the owner and every other peer. */
+   * it is atomic with respect to the owner and every other peer.  Bound the
+   * work in flight so that neither side's socket buffer fills up. */
+  unsigned it = 0;
+  int64_t deadline = hixl__deadline(hixl__ctx_timeout(peer->ctx));
+  while (atomic_load(&peer->issued) - atomic_load(&peer->completed) >= SHM_MAX_INFLIGHT) {
+    if (atomic_load(&peer->state) != HIXL_PEER_UP)
+      return hixl__err(HIXL_ERR_PEER_LOST, "shm: peer %s lost", peer->name);
+    if (hixl__expired(deadline))
+      return hixl__err(HIXL_ERR_AGAIN, "shm: %d atomics to %s in flight for %d ms",
+                       SHM_MAX_INFLIGHT, peer->name, hixl__ctx_timeout(peer->ctx));
+    hixl__backoff(&it);
+  }
   hixl_msg_t m = {.type = HIXL_MSG_ATOMIC};
   m.u32[0] = r->slot;
   m.u32[1] = (uint32_t)op;
