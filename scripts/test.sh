@@ -15,19 +15,19 @@ out=${HIXL_TEST_BUILD:-build-test}
 step() { printf '\n=== %s\n' "$*"; }
 
 step "gcc build + suite"
-meson setup --wipe "$out/gcc" -Dwerror=true >/dev/null
+rm -rf "$out/gcc" && meson setup "$out/gcc" -Dwerror=true >/dev/null
 ninja -C "$out/gcc" >/dev/null
 meson test -C "$out/gcc" --print-errorlogs --num-processes 2
 
 step "ASan + UBSan suite"
-meson setup --wipe "$out/asan" -Dwerror=true -Db_sanitize=address,undefined -Db_lundef=false \
+rm -rf "$out/asan" && meson setup "$out/asan" -Dwerror=true -Db_sanitize=address,undefined -Db_lundef=false \
   >/dev/null
 ninja -C "$out/asan" >/dev/null
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   meson test -C "$out/asan" --print-errorlogs --num-processes 2 --timeout-multiplier 3
 
 step "clang build + suite"
-CC=clang CXX=clang++ meson setup --wipe "$out/clang" -Dwerror=true -Dfuzz=true >/dev/null
+CC=clang CXX=clang++ rm -rf "$out/clang" && meson setup "$out/clang" -Dwerror=true -Dfuzz=true >/dev/null
 ninja -C "$out/clang" >/dev/null
 meson test -C "$out/clang" --print-errorlogs --num-processes 2
 
