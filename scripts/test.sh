@@ -27,7 +27,7 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print
   meson test -C "$out/asan" --print-errorlogs --num-processes 2 --timeout-multiplier 3
 
 step "clang build + suite"
-CC=clang CXX=clang++ rm -rf "$out/clang" && meson setup "$out/clang" -Dwerror=true -Dfuzz=true >/dev/null
+rm -rf "$out/clang" && CC=clang CXX=clang++ meson setup "$out/clang" -Dwerror=true -Dfuzz=true >/dev/null
 ninja -C "$out/clang" >/dev/null
 meson test -C "$out/clang" --print-errorlogs --num-processes 2
 
