@@ -34,6 +34,9 @@
 #include "hixl_int.h"
 
 #define RX_CAP (HIXL_WIRE_HDR + HIXL_WIRE_MAX)
+/* How long a lost peer keeps its mappings: far longer than any copy that
+ * started before the loss was seen. */
+#define RELEASE_GRACE_NS(ctx) ((int64_t)(ctx)->cfg.timeout_ms * 2000000 + 1000000000LL)
 
 int hixl__ctx_timeout(const hixl_ctx_t *ctx) { return ctx->cfg.timeout_ms; }
 
@@ -79,6 +82,7 @@ void hixl__peer_fail_locked(hixl_peer_t *p, int state, const char *why)
   if (old == HIXL_PEER_LOST || old == HIXL_PEER_CLOSED)
     return;
   atomic_store(&p->state, state);
+  p->lost_ns = hixl__now_ns();
   if (!p->unix_pending && old == HIXL_PEER_UP)
     hixl_info("peer %s %s: %s", p->name, state == HIXL_PEER_LOST ? "lost" : "closed", why);
   hixl_pending_t *pd = p->pending;
@@ -633,6 +637,21 @@ static void housekeeping_locked(hixl_ctx_t *ctx, int64_t now)
       p->fd = -1;
       pthread_mutex_unlock(&p->send_lock);
       pthread_cond_broadcast(&ctx->cond);
+    }
+    /* A lost peer's mappings are released after a grace period, when no
+     * operation that passed its state check before the loss can still be
+     * copying into them, and once its notifications were taken.  The handle
+     * itself stays (its ops say PEER_LOST) until the context goes. */
+    if (st >= HIXL_PEER_LOST && p->ops && p->ops != &hixl__closed_ops && !p->unix_pending &&
+        now - p->lost_ns > RELEASE_GRACE_NS(ctx) &&
+        (p->inbox == NULL || !hixl_ring_maybe_nonempty(p->inbox))) {
+      for (hixl_rmr_t *r = p->rmrs; r; r = r->next)
+        p->ops->rmr_detach(r);
+      p->ops->peer_close(p);
+      p->ops = &hixl__closed_ops;
+      free(p->rx);
+      p->rx = NULL;
+      p->rx_len = 0;
     }
     if (st >= HIXL_PEER_LOST && p->inbound && (p->unix_pending || p->ops == NULL)) {
       /* Never visible to the user: free now. */

@@ -224,6 +224,7 @@ struct hixl_peer {
   int rx_fds[8];    /* fds received, in order, not yet claimed */
   int n_rx_fds;
   int64_t last_rx_ns, last_tx_ns;
+  int64_t lost_ns; /* when it was lost or closed (0: not) */
   uint64_t barrier_epoch; /* world: highest barrier epoch received from them */
   uint64_t xchg_epoch;    /* world: epoch of the blob in xchg_blob */
   uint8_t xchg_blob[HIXL_RKEY_MAX];

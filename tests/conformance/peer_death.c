@@ -105,6 +105,47 @@ static void test_kill_mapped(void **state)
   kill_during_puts("alloc"); /* memfd mapping: noticed by the control socket */
 }
 
+/* How many of this process's mappings are hixl shared segments of a kind. */
+static int count_maps(const char *what)
+{
+  FILE *f = fopen("/proc/self/maps", "r");
+  char line[512];
+  int n = 0;
+  while (f && fgets(line, sizeof(line), f))
+    n += strstr(line, what) != NULL;
+  if (f)
+    fclose(f);
+  return n;
+}
+
+static void test_lost_peer_released(void **state)
+{
+  (void)state;
+  /* A lost peer's mappings (its notification rings, its region table, its
+   * regions) are released after the grace period even if the application
+   * never disconnects it; the handle keeps answering PEER_LOST. */
+  hixl_ctx_t *ctx = test_ctx(TIMEOUT_MS, NULL);
+  target_t t;
+  target_start(&t, ctx, NULL, TIMEOUT_MS);
+  hixl_peer_t *peer = connect_to(ctx, &t);
+  hixl_rmr_t *rmr = lookup(peer, "alloc");
+  int rings = count_maps("hixl-inbox"), mem = count_maps("hixl-mem");
+  assert_int_equal(rings, 2); /* ours for them, theirs for us */
+  assert_true(mem >= 1);
+  kill(t.pid, SIGKILL);
+  double t0 = now_ms();
+  while (count_maps("hixl-inbox") > 0 && now_ms() - t0 < 2.0 * TIMEOUT_MS + 1000 + SLACK_MS)
+    usleep(50000);
+  assert_int_equal(count_maps("hixl-inbox"), 0);
+  assert_int_equal(count_maps("hixl-mem"), mem - 1);
+  uint8_t b[8] = {0};
+  assert_int_equal(hixl_put(peer, b, 8, rmr, 0, 0, NULL), HIXL_ERR_PEER_LOST);
+  hixl_rmr_release(rmr);
+  hixl_disconnect(peer);
+  target_stop(&t);
+  hixl_ctx_destroy(ctx);
+}
+
 static void test_kill_cma(void **state)
 {
   (void)state;
@@ -181,6 +222,7 @@ int main(int argc, char **argv)
   g_transport = "shm";
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_kill_mapped),
+      cmocka_unit_test(test_lost_peer_released),
       cmocka_unit_test(test_kill_cma),
       cmocka_unit_test(test_frozen_peer_heartbeat),
       cmocka_unit_test(test_inflight_requests),
