@@ -350,8 +350,7 @@ hixl_status_t hixl__notify_push(hixl_peer_t *peer, hixl_ring_t *ring, uint32_t i
 hixl_status_t hixl__host_id(uint8_t out[32]);
 uint64_t hixl__random64(void);
 int hixl__memfd(const char *name, size_t len);
-/* Copy that avoids glibc's slow path for (dst - src) % 64 in {8, 16} and
- * streams very large copies; used for every data move. */
+/* The one data mover of self and shm (see util.c). */
 void hixl__copy(void *dst, const void *src, size_t len);
 
 #endif /* HIXL_INT_H */
