@@ -37,7 +37,9 @@ tests/install/check.sh "$out/gcc"
 step "fuzz (30 s per parser)"
 for f in wire rkey; do
   corpus=$(mktemp -d)
-  "$out/clang/tests/fuzz_$f" -max_total_time=30 -print_final_stats=0 "$corpus" 2>&1 | tail -n 2
+  "$out/clang/tests/fuzz_$f" -max_total_time=30 "$corpus" "tests/fuzz/seeds_$f" 2>&1 |
+    grep -E "DONE|ERROR|SUMMARY|crash" | tail -n 3
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "fuzz_$f failed"; exit 1; }
   rm -rf "$corpus"
 done
 echo
