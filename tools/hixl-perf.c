@@ -91,7 +91,9 @@ typedef struct result {
 static hixl_status_t one_op(const char *test, hixl_peer_t *peer, hixl_rmr_t *rmr, void *buf,
                             size_t size, uint64_t off)
 {
-  uint64_t old;
+  /* Written when the atomic completes, which may be after we return (atomics
+   * the owner executes): it must outlive the call. */
+  static uint64_t old;
   if (strcmp(test, "put") == 0)
     return hixl_put(peer, buf, size, rmr, off, 0, NULL);
   if (strcmp(test, "get") == 0)

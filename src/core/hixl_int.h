@@ -153,10 +153,12 @@ typedef struct hixl_transport_ops {
   hixl_status_t (*get)(hixl_peer_t *peer, void *dst, size_t len, hixl_rmr_t *rmr, uint64_t off);
   /* Deliver one notification {imm, len} after everything before it. */
   hixl_status_t (*notify)(hixl_peer_t *peer, uint32_t imm, uint64_t len);
-  /* Completes req (hixl__req_complete) now and returns OK, or later and
-   * returns INPROGRESS; on an error return req is untouched. */
+  /* With req NULL: execute now and return OK with *old_p set, or return
+   * INPROGRESS having done nothing (it needs a request).  With req: execute
+   * now (OK, *old_p set, req untouched) or later (INPROGRESS; completes req
+   * with hixl__req_complete).  Errors leave req untouched. */
   hixl_status_t (*atomic)(hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t off, int op, uint64_t a,
-                          uint64_t b, hixl_req_t *req);
+                          uint64_t b, uint64_t *old_p, hixl_req_t *req);
   /* Poll this transport's completion sources; returns completions or < 0. */
   int (*progress)(hixl_ctx_t *ctx);
 } hixl_transport_ops_t;

@@ -166,19 +166,34 @@ static hixl_status_t atomic_common(const char *fn, hixl_peer_t *peer, hixl_rmr_t
   if (hixl_unlikely(st != HIXL_OK))
     return st;
   PRE(fn, peer, flags);
-  /* The transport completes the request itself, now (CPU atomic on a
-   * mapping) or later (executed by the owner's control thread). */
+  /* First without a request: a transport that can execute it now (a CPU
+   * atomic on a mapping) does, and no request is taken from the pool. */
+  uint64_t old = 0;
+  st = peer->ops->atomic(peer, rmr, off, op, a, b, &old, NULL);
+  if (hixl_likely(st == HIXL_OK)) {
+    if (old_p)
+      *old_p = old;
+    return done_sync(peer, HIXL_OK, req_p);
+  }
+  if (st < 0)
+    return st;
+  /* INPROGRESS: it will complete later (executed by the owner), so it
+   * needs a request, internal when the caller passed req_p NULL. */
   hixl_req_t *req = hixl__req_get(peer->ctx, peer);
   if (hixl_unlikely(req == NULL))
     return hixl__err(HIXL_ERR_NOMEM, "no memory for a request");
   req->old_p = old_p;
-  st = peer->ops->atomic(peer, rmr, off, op, a, b, req);
+  st = peer->ops->atomic(peer, rmr, off, op, a, b, &old, req);
   if (hixl_unlikely(st < 0)) {
     req->old_p = NULL;
     hixl__req_complete(req, st, 0);
     hixl__req_release(req);
     return st;
   }
+  if (st == HIXL_OK && old_p) /* completed now after all */
+    *old_p = old;
+  if (st == HIXL_OK)
+    hixl__req_complete(req, HIXL_OK, old);
   if (req_p)
     *req_p = req;
   else

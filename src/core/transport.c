@@ -51,9 +51,9 @@ static hixl_status_t closed_notify(hixl_peer_t *p, uint32_t imm, uint64_t len)
   return hixl__err(HIXL_ERR_PEER_LOST, "peer %s is disconnected", p->name);
 }
 static hixl_status_t closed_atomic(hixl_peer_t *p, hixl_rmr_t *r, uint64_t o, int op, uint64_t a,
-                                   uint64_t b, hixl_req_t *req)
+                                   uint64_t b, uint64_t *old_p, hixl_req_t *req)
 {
-  (void)r, (void)o, (void)op, (void)a, (void)b, (void)req;
+  (void)r, (void)o, (void)op, (void)a, (void)b, (void)old_p, (void)req;
   return hixl__err(HIXL_ERR_PEER_LOST, "peer %s is disconnected", p->name);
 }
 static int closed_progress(hixl_ctx_t *ctx)

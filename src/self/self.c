@@ -99,10 +99,11 @@ static hixl_status_t self_notify(hixl_peer_t *p, uint32_t imm, uint64_t len)
 }
 
 static hixl_status_t self_atomic(hixl_peer_t *p, hixl_rmr_t *r, uint64_t off, int op, uint64_t a,
-                                 uint64_t b, hixl_req_t *req)
+                                 uint64_t b, uint64_t *old_p, hixl_req_t *req)
 {
   (void)p;
-  hixl__req_complete(req, HIXL_OK, hixl__amo_local((uint64_t *)(void *)(r->map + off), op, a, b));
+  (void)req;
+  *old_p = hixl__amo_local((uint64_t *)(void *)(r->map + off), op, a, b);
   return HIXL_OK;
 }
 

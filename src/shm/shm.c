@@ -321,13 +321,14 @@ static hixl_status_t shm_notify(hixl_peer_t *peer, uint32_t imm, uint64_t len)
 }
 
 static hixl_status_t shm_atomic(hixl_peer_t *peer, hixl_rmr_t *r, uint64_t off, int op,
-                                uint64_t a, uint64_t b, hixl_req_t *req)
+                                uint64_t a, uint64_t b, uint64_t *old_p, hixl_req_t *req)
 {
   if (hixl_likely(r->map != NULL)) {
-    hixl__req_complete(req, HIXL_OK,
-                       hixl__amo_local((uint64_t *)(void *)(r->map + off), op, a, b));
+    *old_p = hixl__amo_local((uint64_t *)(void *)(r->map + off), op, a, b);
     return HIXL_OK;
   }
+  if (req == NULL)
+    return HIXL_INPROGRESS; /* asynchronous: the core supplies a request */
   /* Not mapped: the owner's control thread executes it on its memory, so
    * it is atomic with respect to the owner and every other peer.  Bound the
    * work in flight so that neither side's socket buffer fills up. */
