@@ -100,7 +100,8 @@ static inline hixl_status_t done_sync(hixl_peer_t *peer, hixl_status_t st, hixl_
     return st_;                                                                                 \
   if (hixl_unlikely((flags) & HIXL_OP_ORDERED) && (st_ = order_after_earlier(fn, peer)))        \
     return st_;                                                                                 \
-  atomic_store_explicit(&(peer)->used, true, memory_order_relaxed)
+  if (hixl_unlikely(!atomic_load_explicit(&(peer)->used, memory_order_relaxed)))              \
+    atomic_store_explicit(&(peer)->used, true, memory_order_relaxed)
 
 HIXL_HOT hixl_status_t hixl_put(hixl_peer_t *peer, const void *src, size_t len, hixl_rmr_t *dst,
                                 uint64_t off, unsigned flags, hixl_req_t **req_p)
