@@ -4,7 +4,7 @@
 #   1. gcc, warnings as errors: unit, conformance (self, shm), bad input,
 #      peer death, header, tools, examples;
 #   2. the same suite under ASan + UBSan;
-#   3. clang, warnings as errors, the suite again;
+#   3. clang, warnings as errors, the suite again; then under ThreadSanitizer;
 #   4. install into a staging prefix and build out-of-tree programs with
 #      pkg-config against it;
 #   5. a short libFuzzer run of every parser of peer bytes.
@@ -30,6 +30,13 @@ step "clang build + suite"
 rm -rf "$out/clang" && CC=clang CXX=clang++ meson setup "$out/clang" -Dwerror=true -Dfuzz=true >/dev/null
 ninja -C "$out/clang" >/dev/null
 meson test -C "$out/clang" --print-errorlogs --num-processes 2
+
+step "ThreadSanitizer suite (clang)"
+rm -rf "$out/tsan" && CC=clang CXX=clang++ meson setup "$out/tsan" -Db_sanitize=thread \
+  -Db_lundef=false >/dev/null
+ninja -C "$out/tsan" >/dev/null
+TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+  meson test -C "$out/tsan" --print-errorlogs --num-processes 2 --timeout-multiplier 3
 
 step "install + pkg-config consumer"
 tests/install/check.sh "$out/gcc"

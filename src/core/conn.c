@@ -58,7 +58,8 @@ static hixl_peer_t *peer_new(hixl_ctx_t *ctx, int fd, bool inbound)
   p->inbound = inbound;
   atomic_init(&p->state, HIXL_PEER_CONNECTING);
   pthread_mutex_init(&p->send_lock, NULL);
-  p->last_rx_ns = p->last_tx_ns = hixl__now_ns();
+  p->last_rx_ns = hixl__now_ns();
+  atomic_init(&p->last_tx_ns, p->last_rx_ns);
   return p;
 }
 
@@ -142,7 +143,7 @@ hixl_status_t hixl__send(hixl_peer_t *peer, hixl_msg_t *m, const int *fds, int n
     }
     off += (size_t)n;
   }
-  peer->last_tx_ns = hixl__now_ns();
+  atomic_store_explicit(&peer->last_tx_ns, hixl__now_ns(), memory_order_relaxed);
   pthread_mutex_unlock(&peer->send_lock);
   return st;
 }
@@ -622,7 +623,7 @@ static void housekeeping_locked(hixl_ctx_t *ctx, int64_t now)
         snprintf(why, sizeof(why), "no heartbeat for %d ms", ctx->cfg.timeout_ms);
         hixl__peer_fail_locked(p, HIXL_PEER_LOST, why);
         st = HIXL_PEER_LOST;
-      } else if (now - p->last_tx_ns > hb_ns) {
+      } else if (now - atomic_load_explicit(&p->last_tx_ns, memory_order_relaxed) > hb_ns) {
         hixl_msg_t hb = {.type = HIXL_MSG_HEARTBEAT};
         hixl__send(p, &hb, NULL, 0);
       }
@@ -1059,6 +1060,9 @@ hixl_status_t hixl_disconnect(hixl_peer_t *peer)
   }
   pthread_mutex_lock(&ctx->lock);
   hixl__peer_fail_locked(peer, HIXL_PEER_CLOSED, "disconnected by us");
+  /* Closed by the user, even if the peer's EOF (after our BYE) won the race
+   * and marked it lost first: later calls say "disconnected". */
+  atomic_store(&peer->state, HIXL_PEER_CLOSED);
   /* The control thread closes the socket; wait for it so that nothing
    * reads from a peer we are about to tear down. */
   while (peer->fd >= 0 && !peer->self) {

@@ -109,7 +109,8 @@ struct hixl_req {
   uint64_t *old_p;      /* atomics: where the old value goes */
   bool counted;         /* counted in peer->issued: count its completion */
   uint32_t index;       /* position in the pool */
-  uint32_t next_free;   /* pool free list link */
+  _Atomic uint32_t next_free; /* pool free list link (read racily by poppers: the
+                               * head's ABA tag makes a stale read harmless) */
 };
 
 /* Take a request from ctx's pool (no malloc unless the pool grows). */
@@ -225,7 +226,8 @@ struct hixl_peer {
   size_t rx_len, rx_cap;
   int rx_fds[8];    /* fds received, in order, not yet claimed */
   int n_rx_fds;
-  int64_t last_rx_ns, last_tx_ns;
+  int64_t last_rx_ns;
+  _Atomic int64_t last_tx_ns; /* written under send_lock, read by heartbeats */
   int64_t lost_ns; /* when it was lost or closed (0: not) */
   uint64_t barrier_epoch; /* world: highest barrier epoch received from them */
   uint64_t xchg_epoch;    /* world: epoch of the blob in xchg_blob */

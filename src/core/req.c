@@ -23,7 +23,8 @@ static void pool_push(hixl_ctx_t *ctx, hixl_req_t *req)
   uint64_t head = atomic_load_explicit(&ctx->pool_head, memory_order_relaxed);
   uint64_t next;
   do {
-    req->next_free = (uint32_t)head; /* index + 1 of the old top, 0: none */
+    /* index + 1 of the old top, 0: none */
+    atomic_store_explicit(&req->next_free, (uint32_t)head, memory_order_relaxed);
     next = ((head >> 32) + 1) << 32 | (uint64_t)(req->index + 1);
   } while (!atomic_compare_exchange_weak_explicit(&ctx->pool_head, &head, next,
                                                   memory_order_release, memory_order_relaxed));
@@ -65,7 +66,8 @@ hixl_req_t *hixl__req_get(hixl_ctx_t *ctx, hixl_peer_t *peer)
       continue;
     }
     hixl_req_t *req = req_at(ctx, top - 1);
-    uint64_t next = (head & 0xffffffff00000000ull) | req->next_free;
+    uint64_t next = (head & 0xffffffff00000000ull) |
+                    atomic_load_explicit(&req->next_free, memory_order_relaxed);
     if (atomic_compare_exchange_weak_explicit(&ctx->pool_head, &head, next, memory_order_acquire,
                                               memory_order_relaxed)) {
       atomic_store_explicit(&req->status, HIXL_INPROGRESS, memory_order_relaxed);
