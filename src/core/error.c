@@ -30,8 +30,6 @@ const char *hixl_strerror(hixl_status_t st)
 
 const char *hixl_last_error(void) { return last_error; }
 
-void hixl__clear_error(void) { last_error[0] = 0; }
-
 hixl_status_t hixl__err(hixl_status_t st, const char *fmt, ...)
 {
   va_list ap;

@@ -28,7 +28,6 @@
 /* Record a detailed message for this thread and return st (st < 0). */
 hixl_status_t hixl__err(hixl_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 2, 3), cold));
-void hixl__clear_error(void);
 
 /* -------------------------------------------------------------- time */
 
@@ -327,15 +326,15 @@ void hixl__peers_destroy(hixl_ctx_t *ctx);
 void hixl__primary_ip(char *buf, size_t cap);
 
 /* mr.c */
-hixl_mr_t *hixl__mr_by_slot(hixl_ctx_t *ctx, uint32_t slot, uint64_t rkey);
 /* Check rkey/slot against our table; base/len/access as claimed. */
 hixl_status_t hixl__reg_check(const hixl_reg_slot_t *table, uint32_t slot, uint64_t rkey,
                               uint64_t base, uint64_t len, uint32_t access, uint32_t flags);
 /* Run an atomic on our own memory (self, or a peer's ATOMIC request). */
 uint64_t hixl__amo_local(uint64_t *p, int op, uint64_t a, uint64_t b);
-hixl_status_t hixl__lookup_local(hixl_ctx_t *ctx, const char *name, uint8_t *blob,
-                                 uint32_t *len_p);
-void hixl__mr_unpublish_locked(hixl_ctx_t *ctx, hixl_mr_t *mr);
+/* The rkey blob a peer publishes under name: asked once (no waiting for
+ * it to appear); NOT_REGISTERED if it has none. */
+hixl_status_t hixl__lookup_blob(hixl_peer_t *peer, const char *name, uint8_t *blob,
+                                uint32_t *len_p, int64_t deadline);
 
 /* Retire a handle (its magic already set dead); ctx->lock held. */
 void hixl__quarantine_locked(hixl_ctx_t *ctx, void *obj);

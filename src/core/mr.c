@@ -153,7 +153,7 @@ hixl_status_t hixl_mem_alloc(hixl_ctx_t *ctx, size_t len, hixl_mem_kind_t kind, 
   return HIXL_OK;
 }
 
-void hixl__mr_unpublish_locked(hixl_ctx_t *ctx, hixl_mr_t *mr)
+static void mr_unpublish_locked(hixl_ctx_t *ctx, hixl_mr_t *mr)
 {
   for (int i = 0; i < HIXL_MAX_PUBLISHED; i++)
     if (ctx->published[i].mr == mr)
@@ -169,7 +169,7 @@ hixl_status_t hixl_mr_dereg(hixl_mr_t *mr)
                      mr == NULL ? "NULL" : "invalid or already deregistered");
   hixl_ctx_t *ctx = mr->ctx;
   pthread_mutex_lock(&ctx->lock);
-  hixl__mr_unpublish_locked(ctx, mr);
+  mr_unpublish_locked(ctx, mr);
   pthread_mutex_unlock(&ctx->lock);
 
   pthread_mutex_lock(&ctx->reg_lock);
@@ -356,12 +356,22 @@ static hixl_status_t lookup_locked(hixl_ctx_t *ctx, const char *name, uint8_t *b
   return HIXL_ERR_NOT_REGISTERED;
 }
 
-hixl_status_t hixl__lookup_local(hixl_ctx_t *ctx, const char *name, uint8_t *blob,
-                                 uint32_t *len_p)
+hixl_status_t hixl__lookup_blob(hixl_peer_t *peer, const char *name, uint8_t *blob,
+                                uint32_t *len_p, int64_t deadline)
 {
-  pthread_mutex_lock(&ctx->lock);
-  hixl_status_t st = lookup_locked(ctx, name, blob, len_p);
-  pthread_mutex_unlock(&ctx->lock);
+  if (peer->self) {
+    pthread_mutex_lock(&peer->ctx->lock);
+    hixl_status_t st = lookup_locked(peer->ctx, name, blob, len_p);
+    pthread_mutex_unlock(&peer->ctx->lock);
+    return st;
+  }
+  hixl_msg_t m = {.type = HIXL_MSG_LOOKUP}, reply;
+  snprintf(m.str[0], sizeof(m.str[0]), "%s", name);
+  hixl_status_t st = hixl__call(peer, &m, HIXL_MSG_LOOKUP_REPLY, &reply, NULL, deadline);
+  if (st == HIXL_OK) {
+    memcpy(blob, reply.blob, reply.blob_len);
+    *len_p = reply.blob_len;
+  }
   return st;
 }
 
@@ -383,18 +393,7 @@ hixl_status_t hixl_rmr_lookup(hixl_peer_t *peer, const char *name, int timeout_m
                        peer->name);
     uint8_t blob[HIXL_WIRE_BLOB];
     uint32_t blen = 0;
-    hixl_status_t st;
-    if (peer->self) {
-      st = hixl__lookup_local(peer->ctx, name, blob, &blen);
-    } else {
-      hixl_msg_t m = {.type = HIXL_MSG_LOOKUP}, reply;
-      snprintf(m.str[0], sizeof(m.str[0]), "%s", name);
-      st = hixl__call(peer, &m, HIXL_MSG_LOOKUP_REPLY, &reply, NULL, hixl__deadline(call_ms));
-      if (st == HIXL_OK) {
-        blen = reply.blob_len;
-        memcpy(blob, reply.blob, blen);
-      }
-    }
+    hixl_status_t st = hixl__lookup_blob(peer, name, blob, &blen, hixl__deadline(call_ms));
     if (st == HIXL_OK)
       return hixl_rmr_unpack(peer, blob, blen, rmr_p);
     if (st != HIXL_ERR_NOT_REGISTERED)

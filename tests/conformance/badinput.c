@@ -174,16 +174,7 @@ static void test_forged_blob(void **state)
 static hixl_status_t peer_blob(hixl_peer_t *peer, const char *name, uint8_t *blob, size_t *len_p)
 {
   uint32_t len = 0;
-  hixl_status_t st;
-  if (peer->self) {
-    st = hixl__lookup_local(peer->ctx, name, blob, &len);
-  } else {
-    hixl_msg_t m = {.type = HIXL_MSG_LOOKUP}, reply;
-    snprintf(m.str[0], sizeof(m.str[0]), "%s", name);
-    st = hixl__call(peer, &m, HIXL_MSG_LOOKUP_REPLY, &reply, NULL, hixl__deadline(5000));
-    len = reply.blob_len;
-    memcpy(blob, reply.blob, len);
-  }
+  hixl_status_t st = hixl__lookup_blob(peer, name, blob, &len, hixl__deadline(5000));
   *len_p = len;
   return st;
 }

@@ -237,15 +237,22 @@ static int faa_worker(void *arg, int index)
   return 0;
 }
 
-static void faa_region(hixl_ctx_t *ctx, target_t *t, const char *region, int iters)
+/* Zero region, run 4 workers, and check the word at off holds 4 * iters. */
+static void run_amo_workers(hixl_ctx_t *ctx, target_t *t, const char *region, int iters,
+                            int (*worker)(void *, int), int off)
 {
   struct amo_args a = {t, is_self() ? ctx : NULL, region, iters};
   assert_true(target_cmd(t, NULL, 0, "zero %s", region));
-  assert_int_equal(run_workers(4, faa_worker, &a), 0);
+  assert_int_equal(run_workers(4, worker, &a), 0);
   char resp[64], want[64];
-  assert_true(target_cmd(t, resp, sizeof(resp), "read64 %s 0", region));
+  assert_true(target_cmd(t, resp, sizeof(resp), "read64 %s %d", region, off));
   snprintf(want, sizeof(want), "ok %d", 4 * iters);
   assert_string_equal(resp, want);
+}
+
+static void faa_region(hixl_ctx_t *ctx, target_t *t, const char *region, int iters)
+{
+  run_amo_workers(ctx, t, region, iters, faa_worker, 0);
 }
 
 static void test_faa(void **state)
@@ -300,15 +307,10 @@ static int cas_worker(void *arg, int index)
 
 static void cas_region(hixl_ctx_t *ctx, target_t *t, const char *region, int iters)
 {
-  struct amo_args a = {t, is_self() ? ctx : NULL, region, iters};
-  assert_true(target_cmd(t, NULL, 0, "zero %s", region));
-  assert_int_equal(run_workers(4, cas_worker, &a), 0);
-  char resp[64], want[64];
-  assert_true(target_cmd(t, resp, sizeof(resp), "read64 %s 8", region));
-  snprintf(want, sizeof(want), "ok %d", 4 * iters);
-  assert_string_equal(resp, want);
+  run_amo_workers(ctx, t, region, iters, cas_worker, 8);
+  char resp[64];
   assert_true(target_cmd(t, resp, sizeof(resp), "read64 %s 0", region));
-  assert_string_equal(resp, "ok 0");
+  assert_string_equal(resp, "ok 0"); /* the lock is free */
 }
 
 static void test_cas_lock(void **state)
