@@ -92,8 +92,10 @@ int main(void)
   hixl_req_free(req);
   printf("[initiator] compare-and-swap 50 -> 1000: old value %" PRIu64 "%s\n", old,
          old == 50 ? " (swapped)" : "");
+  CHECK(hixl_fence(ctx, NULL, 5000)); /* everything above has landed */
+  /* The last word: the target exits once it has it, so no fence after it
+   * (a fence to a peer that has gone reports HIXL_ERR_PEER_LOST). */
   CHECK(hixl_notify(peer, 8, 0, NULL));
-  CHECK(hixl_fence(ctx, NULL, 5000));
 
   int status;
   waitpid(pid, &status, 0);

@@ -129,7 +129,8 @@ hixl_status_t hixl_connect(hixl_ctx_t *ctx, const char *addr, int timeout_ms,
  * this closes the connection and the handle stays valid (but lost) until
  * hixl_ctx_destroy.  Errors: INVALID (NULL). */
 hixl_status_t hixl_disconnect(hixl_peer_t *peer);
-/* "self", "shm", "verbs" or "fabric"; NULL for a NULL peer. */
+/* "self", "shm", "verbs" or "fabric" ("closed" after hixl_disconnect);
+ * NULL for a NULL peer. */
 const char *hixl_peer_transport(const hixl_peer_t *peer);
 
 /* ----------------------------------------------------------------- memory */
@@ -251,8 +252,9 @@ hixl_status_t hixl_req_wait(hixl_req_t *req, int timeout_ms);
  * still runs, its result is dropped.  NULL is a no-op. */
 void hixl_req_free(hixl_req_t *req);
 /* Return once every operation issued before the call to peer (NULL: to
- * every peer) has completed at its target.  Errors: TIMEOUT, PEER_LOST
- * (something issued to a lost peer did not complete). */
+ * every peer) has completed at its target.  Errors: TIMEOUT; PEER_LOST when
+ * the peer is lost or disconnected, since delivery to it cannot be confirmed
+ * (with peer NULL: for each lost peer that was used, reported once). */
 hixl_status_t hixl_fence(hixl_ctx_t *ctx, hixl_peer_t *peer /* NULL: all */, int timeout_ms);
 /* Drive completions once; returns how many were processed, or < 0 (a
  * hixl_status_t) on error.  Blocking calls drive progress themselves. */
