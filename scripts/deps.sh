@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Install what hixl needs to build and test, from Debian's archive, if missing.
 set -euo pipefail
-pkgs=(meson ninja-build gcc g++ pkg-config libcmocka-dev python3 clang)
+pkgs=(meson ninja-build gcc g++ pkg-config libcmocka-dev python3 clang
+      # Soft-RoCE in a qemu guest (tests/rxe/rxe-run) and the verbs transport:
+      qemu-system-x86 busybox-static cpio kmod xz-utils ibverbs-providers ibverbs-utils
+      rdmacm-utils perftest libibverbs-dev librdmacm-dev)
 # libclang-rt provides libFuzzer and the sanitizer runtimes for clang.
 if apt-cache show libclang-rt-14-dev >/dev/null 2>&1; then pkgs+=(libclang-rt-14-dev); fi
 missing=()
