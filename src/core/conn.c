@@ -77,15 +77,18 @@ void hixl__peer_free(hixl_peer_t *p)
   free(p);
 }
 
-void hixl__peer_fail_locked(hixl_peer_t *p, int state, const char *why)
+void hixl__peer_lost_async(hixl_peer_t *p, const char *why)
 {
-  int old = atomic_load(&p->state);
-  if (old == HIXL_PEER_LOST || old == HIXL_PEER_CLOSED)
-    return;
-  atomic_store(&p->state, state);
-  p->lost_ns = hixl__now_ns();
-  if (!p->unix_pending && old == HIXL_PEER_UP)
-    hixl_info("peer %s %s: %s", p->name, state == HIXL_PEER_LOST ? "lost" : "closed", why);
+  int up = HIXL_PEER_UP;
+  if (atomic_compare_exchange_strong(&p->state, &up, HIXL_PEER_LOST)) {
+    hixl_info("peer %s lost: %s", p->name, why);
+    hixl__wake(p->ctx); /* the control thread fails its pending calls */
+  }
+}
+
+/* Fail every control call waiting on p; ctx->lock held. */
+static void fail_pending_locked(hixl_peer_t *p)
+{
   hixl_pending_t *pd = p->pending;
   p->pending = NULL;
   while (pd) {
@@ -99,6 +102,18 @@ void hixl__peer_fail_locked(hixl_peer_t *p, int state, const char *why)
     pd = next;
   }
   pthread_cond_broadcast(&p->ctx->cond);
+}
+
+void hixl__peer_fail_locked(hixl_peer_t *p, int state, const char *why)
+{
+  int old = atomic_load(&p->state);
+  if (old == HIXL_PEER_LOST || old == HIXL_PEER_CLOSED)
+    return;
+  atomic_store(&p->state, state);
+  p->lost_ns = hixl__now_ns();
+  if (!p->unix_pending && old == HIXL_PEER_UP)
+    hixl_info("peer %s %s: %s", p->name, state == HIXL_PEER_LOST ? "lost" : "closed", why);
+  fail_pending_locked(p);
   hixl__wake(p->ctx);
 }
 
@@ -270,7 +285,9 @@ static const hixl_transport_ops_t *pick_transport_locked(hixl_ctx_t *ctx, const 
       continue;
     for (size_t t = 0; t < hixl__n_transports; t++) {
       const hixl_transport_ops_t *ops = hixl__transports[t];
-      if (ops->id == order[i] && ops->id != HIXL_TP_SELF && ops->usable(ctx, hello))
+      if (ops->id == order[i] && ops->id != HIXL_TP_SELF &&
+          (ctx->tp_ready & (1u << ops->id)) && (hello->u32[0] & (1u << ops->id)) &&
+          ops->usable(ctx, hello))
         return ops;
     }
   }
@@ -412,6 +429,14 @@ static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t 
       }
       return;
     }
+    if (!p->unix_pending && p->ops && p->ops->needs_bind && m->type == HIXL_MSG_VERBS_QP &&
+        m->nfds == 0) {
+      /* An in-band bind (verbs): the transport answers. */
+      p->ops->accept(p, m, out);
+      if (out->type == 0)
+        proto_error_locked(p, "bind refused", m->type);
+      return;
+    }
     if (!p->unix_pending && m->type == HIXL_MSG_HELLO && m->nfds == 0) {
       handle_hello_locked(p, m, out);
       if (out->status != HIXL_OK)
@@ -444,12 +469,20 @@ static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t 
   case HIXL_MSG_LOOKUP_REPLY:
   case HIXL_MSG_FD_REPLY:
   case HIXL_MSG_ATOMIC_REPLY:
+  case HIXL_MSG_VERBS_MR_REPLY:
     complete_pending_locked(p, m, fd);
     return;
   case HIXL_MSG_LOOKUP:
   case HIXL_MSG_FD_REQ:
   case HIXL_MSG_ATOMIC:
+  case HIXL_MSG_VERBS_MR:
     hixl__serve(p, m, out, out_fds, n_out);
+    return;
+  case HIXL_MSG_REGION_GONE:
+    /* Peers without the owner's shared table (verbs) learn it this way. */
+    for (hixl_rmr_t *r = p->rmrs; r; r = r->next)
+      if (r->slot == m->u32[0] && r->rkey == m->u64[0])
+        atomic_store(&r->gone, true);
     return;
   case HIXL_MSG_WORLD_BARRIER:
     if (m->u64[1] > p->barrier_epoch)
@@ -552,9 +585,9 @@ static void peer_readable(hixl_ctx_t *ctx, hixl_peer_t *p)
         pthread_mutex_lock(&ctx->lock);
         /* A handshake that completed with this ACK: the peer is usable now
          * (shm after SHM_BIND; a transport that needs no bind after HELLO). */
-        bool done = (out.type == HIXL_MSG_SHM_BIND_ACK ||
+        bool done = (out.type == HIXL_MSG_SHM_BIND_ACK || out.type == HIXL_MSG_VERBS_QP_REPLY ||
                      (out.type == HIXL_MSG_HELLO_ACK && reply_to->ops &&
-                      reply_to->ops != &hixl__shm_ops && !reply_to->unix_pending)) &&
+                      !reply_to->ops->needs_bind && !reply_to->unix_pending)) &&
                     out.status == HIXL_OK;
         if (done && sst == HIXL_OK &&
             atomic_load(&reply_to->state) == HIXL_PEER_CONNECTING) {
@@ -631,6 +664,10 @@ static void housekeeping_locked(hixl_ctx_t *ctx, int64_t now)
       hixl__peer_fail_locked(p, HIXL_PEER_LOST, "handshake timed out");
       st = HIXL_PEER_LOST;
     }
+    if (st >= HIXL_PEER_LOST && p->pending)
+      fail_pending_locked(p); /* lost asynchronously (hixl__peer_lost_async) */
+    if (st >= HIXL_PEER_LOST && p->lost_ns == 0)
+      p->lost_ns = now;
     if (st >= HIXL_PEER_LOST && p->fd >= 0) {
       epoll_ctl(ctx->epoll_fd, EPOLL_CTL_DEL, p->fd, NULL);
       pthread_mutex_lock(&p->send_lock);
@@ -686,6 +723,8 @@ static void *ctl_main(void *arg)
         uint64_t v;
         ssize_t r = read(ctx->wake_fd, &v, sizeof(v));
         (void)r;
+      } else if ((int *)ptr >= ctx->tp_fd && (int *)ptr < ctx->tp_fd + HIXL_TP_COUNT) {
+        /* handled below, with the periodic tick */
       } else {
         hixl_peer_t *p = ptr;
         /* The event may be stale: p might have been freed by the
@@ -695,6 +734,11 @@ static void *ctl_main(void *arg)
           peer_readable(ctx, p);
       }
     }
+    /* Target-side transport work (verbs receive completions): on its event
+     * and at every tick, so nothing waits longer than a tick. */
+    for (size_t t = 0; t < hixl__n_transports; t++)
+      if (ctx->tp_ready & (1u << hixl__transports[t]->id))
+        hixl__transports[t]->on_event(ctx);
     int64_t now = hixl__now_ns();
     pthread_mutex_lock(&ctx->lock);
     /* Sockets of failed peers close promptly; heartbeats at their pace. */
@@ -796,6 +840,11 @@ hixl_status_t hixl__ctl_start(hixl_ctx_t *ctx)
   epoll_ctl(ctx->epoll_fd, EPOLL_CTL_ADD, ctx->unix_fd, &ev);
   ev.data.ptr = &ctx->wake_fd;
   epoll_ctl(ctx->epoll_fd, EPOLL_CTL_ADD, ctx->wake_fd, &ev);
+  for (int i = 0; i < HIXL_TP_COUNT; i++)
+    if (ctx->tp_fd[i] >= 0) {
+      ev.data.ptr = &ctx->tp_fd[i];
+      epoll_ctl(ctx->epoll_fd, EPOLL_CTL_ADD, ctx->tp_fd[i], &ev);
+    }
   if (pthread_create(&ctx->ctl_thread, NULL, ctl_main, ctx) != 0)
     return hixl__err(HIXL_ERR_NOMEM, "cannot start the control thread");
   ctx->ctl_started = true;
@@ -951,6 +1000,7 @@ hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeou
   }
   snprintf(p->name, sizeof(p->name), "%s", addr);
   hixl_msg_t hello = {.type = HIXL_MSG_HELLO};
+  hello.u32[0] = ctx->tp_ready; /* what we can do, for the target's choice */
   hello.u64[0] = ctx->id;
   memcpy(hello.host_id, ctx->host_id, 32);
   hello.u32[1] = (uint32_t)getpid();

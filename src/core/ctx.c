@@ -73,6 +73,8 @@ hixl_status_t hixl_ctx_create(const hixl_config_t *cfg_in, hixl_ctx_t **ctx_p)
   if (ctx == NULL)
     return hixl__err(HIXL_ERR_NOMEM, "hixl_ctx_create: no memory");
   ctx->listen_fd = ctx->unix_fd = ctx->wake_fd = ctx->epoll_fd = ctx->reg_fd = -1;
+  for (int i = 0; i < HIXL_TP_COUNT; i++)
+    ctx->tp_fd[i] = -1;
   ctx->cfg = *cfg_in;
   ctx->cfg.progress_thread = cfg_in->progress_thread != 0;
   ctx->cfg_strs[0] = dup_opt(cfg_in->listen);
@@ -113,6 +115,22 @@ hixl_status_t hixl_ctx_create(const hixl_config_t *cfg_in, hixl_ctx_t **ctx_p)
     st = hixl__err(HIXL_ERR_NOMEM, "hixl_ctx_create: region table: %s", strerror(errno));
     goto fail;
   }
+  /* Transports that need set-up on this machine (a device): absent is not
+   * an error, the transport is just not offered. */
+  for (size_t i = 0; i < hixl__n_transports; i++) {
+    const hixl_transport_ops_t *ops = hixl__transports[i];
+    if (!(ctx->tp_allowed & (1u << ops->id)))
+      continue;
+    st = ops->ctx_init(ctx);
+    if (st == HIXL_OK) {
+      ctx->tp_ready |= 1u << ops->id;
+    } else if (st == HIXL_ERR_NO_DEVICE) {
+      hixl_info("transport %s not available: %s", ops->name, hixl_last_error());
+    } else {
+      goto fail;
+    }
+  }
+  st = HIXL_OK;
   if ((st = hixl__ctl_start(ctx)) != HIXL_OK)
     goto fail;
   if (ctx->cfg.progress_thread) {
@@ -142,6 +160,9 @@ void hixl_ctx_destroy(hixl_ctx_t *ctx)
   hixl__peers_destroy(ctx);
   pthread_mutex_unlock(&ctx->lock);
   hixl__mrs_destroy(ctx);
+  for (size_t i = 0; i < hixl__n_transports; i++)
+    if (ctx->tp_ready & (1u << hixl__transports[i]->id))
+      hixl__transports[i]->ctx_fini(ctx);
   for (unsigned i = 0; i < HIXL_QUARANTINE; i++)
     free(ctx->quarantine[i]);
   hixl__pool_destroy(ctx);

@@ -78,6 +78,7 @@ struct hixl_mr {
   int memfd;      /* >= 0: backing memfd (hixl_mem_alloc or inside one) */
   uint64_t fd_off; /* offset of addr inside memfd */
   bool owns_mem;  /* hixl_mem_alloc: unmap and close on dereg */
+  void *tp[4];    /* per-transport registration (verbs: its ibv_mr) */
   struct hixl_mr *next; /* ctx->mrs */
 };
 
@@ -91,6 +92,8 @@ struct hixl_rmr {
   uint32_t slot;
   uint32_t access;
   uint32_t flags;
+  uint32_t tp_rkey;       /* verbs: the owner's ibv rkey */
+  _Atomic bool gone;      /* the owner told us it deregistered the region */
   uint8_t *map;   /* shm: byte 0 of the region in our mapping, or NULL (CMA) */
   void *map_base; /* what mmap returned (page-aligned) */
   size_t map_len; /* bytes mapped (page-rounded) */
@@ -107,6 +110,8 @@ struct hixl_req {
   hixl_peer_t *peer;
   uint64_t *old_p;      /* atomics: where the old value goes */
   bool counted;         /* counted in peer->issued: count its completion */
+  _Atomic int parts;    /* async transports: pieces in flight (+1 while issuing) */
+  _Atomic int part_err; /* the first error of a piece */
   uint32_t index;       /* position in the pool */
   _Atomic uint32_t next_free; /* pool free list link (read racily by poppers: the
                                * head's ABA tag makes a stale read harmless) */
@@ -118,29 +123,49 @@ hixl_req_t *hixl__req_get(hixl_ctx_t *ctx, hixl_peer_t *peer);
 void hixl__req_complete(hixl_req_t *req, hixl_status_t st, uint64_t old);
 /* Drop the caller's reference (user free, or an internal request). */
 void hixl__req_release(hixl_req_t *req);
+/* Async transports: one more piece of req in flight / one finished.  The
+ * request completes (with the first error, if any) when its last piece is
+ * done. */
+void hixl__req_part_add(hixl_req_t *req);
+void hixl__req_part_done(hixl_req_t *req, hixl_status_t st);
 void hixl__pool_destroy(hixl_ctx_t *ctx);
 
 /* ------------------------------------------------------------ transports */
 
 enum { HIXL_AMO_FAA = 1, HIXL_AMO_CAS = 2 };
 enum { HIXL_TP_SELF = 0, HIXL_TP_SHM = 1, HIXL_TP_VERBS = 2, HIXL_TP_FABRIC = 3, HIXL_TP_COUNT };
+_Static_assert(HIXL_TP_COUNT == 4, "hixl_mr_t.tp has one slot per transport");
 
 /*
  * One ops table per transport (size first, every slot filled; typed
  * UNSUPPORTED stubs for what a transport cannot do).  A peer picks its table
  * once at connect, so an operation costs one indirect call.  The core has
  * already checked arguments, bounds and rights when these are called.
- * put/get/notify complete before they return (shm and self move data with
- * the CPU); transports with asynchronous completion extend this table.
+ *
+ * Synchronous transports (self, shm: async false) complete put/get/notify
+ * before returning and get req NULL.  Asynchronous ones (verbs) get a
+ * request from the core for every operation: each piece of work they post
+ * adds a part (hixl__req_part_add) and finishes it (hixl__req_part_done) at
+ * completion.  A negative return means nothing was posted by that call.
  */
 typedef struct hixl_transport_ops {
   size_t size;
   const char *name;
-  int id; /* HIXL_TP_* */
+  int id;          /* HIXL_TP_* */
+  bool async;      /* see above */
+  bool needs_bind; /* the handshake continues after HELLO_ACK (a bind message) */
+  /* Context set-up: NO_DEVICE means "not on this machine" (not an error). */
+  hixl_status_t (*ctx_init)(hixl_ctx_t *ctx);
+  void (*ctx_fini)(hixl_ctx_t *ctx);
+  /* Make a new region reachable through this transport (and undo it). */
+  hixl_status_t (*mr_reg)(hixl_mr_t *mr);
+  void (*mr_dereg)(hixl_mr_t *mr);
   /* Whether this transport can serve a peer described by the handshake. */
   bool (*usable)(hixl_ctx_t *ctx, const struct hixl_msg *hello_or_ack);
   /* Initiator side: set the peer up after HELLO_ACK. */
   hixl_status_t (*connect)(hixl_peer_t *peer, const struct hixl_msg *ack, int64_t deadline);
+  /* Target side of an in-band bind message (verbs): fill the reply. */
+  void (*accept)(hixl_peer_t *peer, const struct hixl_msg *m, struct hixl_msg *out);
   /* Release transport state (peer lost, disconnected or destroyed). */
   void (*peer_close)(hixl_peer_t *peer);
   /* Check an unpacked blob with the owner and make it usable. */
@@ -149,22 +174,43 @@ typedef struct hixl_transport_ops {
   /* Whether the owner still holds rmr's region (stale rkey check). */
   bool (*rmr_live)(const hixl_rmr_t *rmr);
   hixl_status_t (*put)(hixl_peer_t *peer, const void *src, size_t len, hixl_rmr_t *rmr,
-                       uint64_t off);
-  hixl_status_t (*get)(hixl_peer_t *peer, void *dst, size_t len, hixl_rmr_t *rmr, uint64_t off);
+                       uint64_t off, hixl_req_t *req);
+  hixl_status_t (*get)(hixl_peer_t *peer, void *dst, size_t len, hixl_rmr_t *rmr, uint64_t off,
+                       hixl_req_t *req);
+  /* A put whose notification {imm, len} follows its data. */
+  hixl_status_t (*put_imm)(hixl_peer_t *peer, const void *src, size_t len, hixl_rmr_t *rmr,
+                           uint64_t off, uint32_t imm, hixl_req_t *req);
   /* Deliver one notification {imm, len} after everything before it. */
-  hixl_status_t (*notify)(hixl_peer_t *peer, uint32_t imm, uint64_t len);
+  hixl_status_t (*notify)(hixl_peer_t *peer, uint32_t imm, uint64_t len, hixl_req_t *req);
   /* With req NULL: execute now and return OK with *old_p set, or return
    * INPROGRESS having done nothing (it needs a request).  With req: execute
    * now (OK, *old_p set, req untouched) or later (INPROGRESS; completes req
-   * with hixl__req_complete).  Errors leave req untouched. */
+   * with hixl__req_complete, or through parts).  Errors leave req untouched. */
   hixl_status_t (*atomic)(hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t off, int op, uint64_t a,
                           uint64_t b, uint64_t *old_p, hixl_req_t *req);
   /* Poll this transport's completion sources; returns completions or < 0. */
   int (*progress)(hixl_ctx_t *ctx);
+  /* The control thread saw ctx->tp_fd[id] readable, or its periodic tick
+   * (target-side work: verbs receive completions -> notifications). */
+  void (*on_event)(hixl_ctx_t *ctx);
 } hixl_transport_ops_t;
 
 extern const hixl_transport_ops_t hixl__self_ops;
 extern const hixl_transport_ops_t hixl__shm_ops;
+/* Slots a transport without such a step fills with (transport.c). */
+hixl_status_t hixl__tp_ctx_init_none(hixl_ctx_t *ctx);
+void hixl__tp_ctx_fini_none(hixl_ctx_t *ctx);
+hixl_status_t hixl__tp_mr_reg_none(hixl_mr_t *mr);
+void hixl__tp_mr_dereg_none(hixl_mr_t *mr);
+void hixl__tp_accept_none(hixl_peer_t *peer, const struct hixl_msg *m, struct hixl_msg *out);
+/* put_imm of a synchronous transport: its put, then its notify. */
+hixl_status_t hixl__tp_put_imm_sync(hixl_peer_t *peer, const void *src, size_t len,
+                                    hixl_rmr_t *rmr, uint64_t off, uint32_t imm, hixl_req_t *req);
+#ifdef HIXL_HAVE_VERBS
+extern const hixl_transport_ops_t hixl__verbs_ops;
+#endif
+/* The verbs rkey of a region registered with verbs (verbs.c; 0 without). */
+uint32_t hixl__verbs_mr_rkey(const hixl_mr_t *mr);
 /* What a peer's ops become after hixl_disconnect: every op PEER_LOST. */
 extern const hixl_transport_ops_t hixl__closed_ops;
 hixl_status_t hixl__self_init(hixl_peer_t *peer);
@@ -249,7 +295,10 @@ struct hixl_ctx {
   uint8_t host_id[32];    /* boot id + network namespace: "same host" */
   hixl_config_t cfg;      /* strings below are owned copies */
   char *cfg_strs[4];
-  uint32_t tp_allowed;    /* bit per HIXL_TP_* */
+  uint32_t tp_allowed;    /* bit per HIXL_TP_*: what the configuration allows */
+  uint32_t tp_ready;      /* bit per HIXL_TP_*: allowed and set up on this machine */
+  void *tp[HIXL_TP_COUNT]; /* per-transport context state (verbs: device, PD, CQs) */
+  int tp_fd[HIXL_TP_COUNT]; /* a transport's event fd for the control thread, or -1 */
   uint8_t tp_order[HIXL_TP_COUNT]; /* preference order */
   int n_tp_order;
   char address[128];
@@ -312,6 +361,10 @@ hixl_status_t hixl__call_async(hixl_peer_t *peer, struct hixl_msg *m, uint16_t r
                                hixl_req_t *req);
 /* Mark a peer lost/closed and fail what waits on it; ctx->lock held. */
 void hixl__peer_fail_locked(hixl_peer_t *peer, int state, const char *why);
+/* Mark a peer lost from a thread that may not take ctx->lock (completion
+ * polling); the control thread fails what waits on it. */
+void hixl__peer_lost_async(hixl_peer_t *peer, const char *why);
+void hixl__tp_on_event_none(hixl_ctx_t *ctx);
 void hixl__peer_free(hixl_peer_t *peer);
 void hixl__wake(hixl_ctx_t *ctx);
 int hixl__ctx_timeout(const hixl_ctx_t *ctx);

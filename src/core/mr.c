@@ -61,6 +61,20 @@ static hixl_status_t reg_common(hixl_ctx_t *ctx, void *addr, size_t len, unsigne
   mr->next = ctx->mrs;
   ctx->mrs = mr;
   pthread_mutex_unlock(&ctx->reg_lock);
+  /* Each transport with a device registers it too (verbs: ibv_reg_mr), so
+   * that every peer can reach it however it is connected. */
+  for (size_t i = 0; i < hixl__n_transports; i++) {
+    const hixl_transport_ops_t *ops = hixl__transports[i];
+    if (!(ctx->tp_ready & (1u << ops->id)))
+      continue;
+    hixl_status_t st = ops->mr_reg(mr);
+    if (st != HIXL_OK) {
+      mr->owns_mem = false; /* the caller frees what it allocated */
+      mr->memfd = -1;
+      hixl_mr_dereg(mr);
+      return st;
+    }
+  }
   hixl_debug("registered %p+%zu access %u slot %u%s", addr, len, access, slot,
              memfd >= 0 ? " (memfd)" : "");
   *mr_p = mr;
@@ -170,6 +184,14 @@ hixl_status_t hixl_mr_dereg(hixl_mr_t *mr)
   hixl_ctx_t *ctx = mr->ctx;
   pthread_mutex_lock(&ctx->lock);
   mr_unpublish_locked(ctx, mr);
+  /* Peers that cannot read our region table are told (best effort: an
+   * operation already in flight may still land, as the header says). */
+  hixl_msg_t gone = {.type = HIXL_MSG_REGION_GONE};
+  gone.u32[0] = mr->slot;
+  gone.u64[0] = mr->rkey;
+  for (hixl_peer_t *p = ctx->peers; p; p = p->next)
+    if (p->ops && p->ops->id == HIXL_TP_VERBS && atomic_load(&p->state) == HIXL_PEER_UP)
+      hixl__send(p, &gone, NULL, 0);
   pthread_mutex_unlock(&ctx->lock);
 
   pthread_mutex_lock(&ctx->reg_lock);
@@ -184,6 +206,9 @@ hixl_status_t hixl_mr_dereg(hixl_mr_t *mr)
       *pp = mr->next;
       break;
     }
+  for (size_t i = 0; i < hixl__n_transports; i++)
+    if (ctx->tp_ready & (1u << hixl__transports[i]->id))
+      hixl__transports[i]->mr_dereg(mr);
   /* Unmapping under reg_lock: a peer's atomic executed by our control
    * thread holds reg_lock, so it never touches freed memory. */
   if (mr->owns_mem) {
@@ -471,6 +496,19 @@ void hixl__serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out, int *o
     else
       out->u64[0] = hixl__amo_local((uint64_t *)((uint8_t *)mr->addr + off), op, m->u64[2],
                                     m->u64[3]);
+    pthread_mutex_unlock(&ctx->reg_lock);
+    return;
+  }
+  case HIXL_MSG_VERBS_MR: {
+    /* The verbs rkey of a live region: only for peers on verbs. */
+    out->type = HIXL_MSG_VERBS_MR_REPLY;
+    out->status = HIXL_ERR_NOT_REGISTERED;
+    pthread_mutex_lock(&ctx->reg_lock);
+    hixl_mr_t *mr = live_mr(ctx, m->u32[0], m->u64[0]);
+    if (mr && peer->ops->id == HIXL_TP_VERBS && mr->tp[HIXL_TP_VERBS]) {
+      out->u32[0] = hixl__verbs_mr_rkey(mr);
+      out->status = HIXL_OK;
+    }
     pthread_mutex_unlock(&ctx->reg_lock);
     return;
   }

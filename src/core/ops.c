@@ -103,6 +103,45 @@ static inline hixl_status_t done_sync(hixl_peer_t *peer, hixl_status_t st, hixl_
   if (hixl_unlikely(!atomic_load_explicit(&(peer)->used, memory_order_relaxed)))              \
     atomic_store_explicit(&(peer)->used, true, memory_order_relaxed)
 
+/* An asynchronous transport's request: counted for fence, one part held
+ * while the caller issues (so it cannot complete half-issued). */
+static inline hixl_req_t *async_begin(hixl_peer_t *peer)
+{
+  hixl_req_t *req = hixl__req_get(peer->ctx, peer);
+  if (hixl_likely(req != NULL)) {
+    req->counted = true;
+    atomic_store_explicit(&req->parts, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&peer->issued, 1, memory_order_relaxed);
+  }
+  return req;
+}
+
+/* Finish issuing: drop the caller's part; hand the request out or let it
+ * complete on its own.  st < 0: the transport failed to post (part of) it. */
+static hixl_status_t async_end(hixl_req_t *req, hixl_status_t st, hixl_req_t **req_p)
+{
+  bool failed = st < 0;
+  hixl__req_part_done(req, failed ? st : HIXL_OK);
+  if (failed || req_p == NULL) {
+    hixl__req_release(req);
+    return failed ? st : HIXL_OK;
+  }
+  *req_p = req;
+  return HIXL_OK;
+}
+
+#define ASYNC_OR_SYNC(peer, req_p, call)                                                        \
+  do {                                                                                          \
+    if (hixl_likely(!(peer)->ops->async)) {                                                     \
+      hixl_req_t *req = NULL;                                                                   \
+      return done_sync(peer, (call), req_p);                                                    \
+    }                                                                                           \
+    hixl_req_t *req = async_begin(peer);                                                        \
+    if (hixl_unlikely(req == NULL))                                                             \
+      return hixl__err(HIXL_ERR_NOMEM, "no memory for a request");                              \
+    return async_end(req, (call), req_p);                                                       \
+  } while (0)
+
 HIXL_HOT hixl_status_t hixl_put(hixl_peer_t *peer, const void *src, size_t len, hixl_rmr_t *dst,
                                 uint64_t off, unsigned flags, hixl_req_t **req_p)
 {
@@ -114,7 +153,7 @@ HIXL_HOT hixl_status_t hixl_put(hixl_peer_t *peer, const void *src, size_t len, 
   if (hixl_unlikely(st != HIXL_OK))
     return st;
   PRE("hixl_put", peer, flags);
-  return done_sync(peer, peer->ops->put(peer, src, len, dst, off), req_p);
+  ASYNC_OR_SYNC(peer, req_p, peer->ops->put(peer, src, len, dst, off, req));
 }
 
 HIXL_HOT hixl_status_t hixl_get(hixl_peer_t *peer, void *dst, size_t len, hixl_rmr_t *src,
@@ -128,7 +167,7 @@ HIXL_HOT hixl_status_t hixl_get(hixl_peer_t *peer, void *dst, size_t len, hixl_r
   if (hixl_unlikely(st != HIXL_OK))
     return st;
   PRE("hixl_get", peer, flags);
-  return done_sync(peer, peer->ops->get(peer, dst, len, src, off), req_p);
+  ASYNC_OR_SYNC(peer, req_p, peer->ops->get(peer, dst, len, src, off, req));
 }
 
 hixl_status_t hixl_put_imm(hixl_peer_t *peer, const void *src, size_t len, hixl_rmr_t *dst,
@@ -142,16 +181,13 @@ hixl_status_t hixl_put_imm(hixl_peer_t *peer, const void *src, size_t len, hixl_
   if (hixl_unlikely(st != HIXL_OK))
     return st;
   PRE("hixl_put_imm", peer, flags);
-  st = peer->ops->put(peer, src, len, dst, off);
-  if (hixl_likely(st == HIXL_OK))
-    st = peer->ops->notify(peer, imm, len);
-  return done_sync(peer, st, req_p);
+  ASYNC_OR_SYNC(peer, req_p, peer->ops->put_imm(peer, src, len, dst, off, imm, req));
 }
 
 hixl_status_t hixl_notify(hixl_peer_t *peer, uint32_t imm, unsigned flags, hixl_req_t **req_p)
 {
   PRE("hixl_notify", peer, flags);
-  return done_sync(peer, peer->ops->notify(peer, imm, 0), req_p);
+  ASYNC_OR_SYNC(peer, req_p, peer->ops->notify(peer, imm, 0, req));
 }
 
 static hixl_status_t atomic_common(const char *fn, hixl_peer_t *peer, hixl_rmr_t *rmr,
@@ -167,6 +203,14 @@ static hixl_status_t atomic_common(const char *fn, hixl_peer_t *peer, hixl_rmr_t
   if (hixl_unlikely(st != HIXL_OK))
     return st;
   PRE(fn, peer, flags);
+  if (peer->ops->async) {
+    hixl_req_t *req = async_begin(peer);
+    if (hixl_unlikely(req == NULL))
+      return hixl__err(HIXL_ERR_NOMEM, "no memory for a request");
+    req->old_p = old_p;
+    uint64_t unused;
+    return async_end(req, peer->ops->atomic(peer, rmr, off, op, a, b, &unused, req), req_p);
+  }
   /* First without a request: a transport that can execute it now (a CPU
    * atomic on a mapping) does, and no request is taken from the pool. */
   uint64_t old = 0;
@@ -239,6 +283,22 @@ static hixl_status_t check_batch(const char *fn, hixl_peer_t *peer, const hixl_x
   return HIXL_OK;
 }
 
+/* The elements of a batch, then its notification, under one request. */
+static hixl_status_t batch_issue(hixl_peer_t *peer, const hixl_xfer_t *xfers, size_t n,
+                                 bool is_put, const uint32_t *imm, uint64_t total,
+                                 hixl_req_t *req)
+{
+  hixl_status_t st = HIXL_OK;
+  for (size_t i = 0; i < n && st >= 0; i++)
+    st = is_put ? peer->ops->put(peer, xfers[i].local, xfers[i].len, xfers[i].rmr, xfers[i].off,
+                                 req)
+                : peer->ops->get(peer, xfers[i].local, xfers[i].len, xfers[i].rmr, xfers[i].off,
+                                 req);
+  if (st >= 0 && imm)
+    st = peer->ops->notify(peer, *imm, total, req);
+  return st;
+}
+
 hixl_status_t hixl_put_batch(hixl_peer_t *peer, const hixl_xfer_t *xfers, size_t n,
                              const uint32_t *imm, unsigned flags, hixl_req_t **req_p)
 {
@@ -249,11 +309,7 @@ hixl_status_t hixl_put_batch(hixl_peer_t *peer, const hixl_xfer_t *xfers, size_t
   if (st != HIXL_OK)
     return st;
   PRE("hixl_put_batch", peer, flags);
-  for (size_t i = 0; i < n && st == HIXL_OK; i++)
-    st = peer->ops->put(peer, xfers[i].local, xfers[i].len, xfers[i].rmr, xfers[i].off);
-  if (st == HIXL_OK && imm)
-    st = peer->ops->notify(peer, *imm, total);
-  return done_sync(peer, st, req_p);
+  ASYNC_OR_SYNC(peer, req_p, batch_issue(peer, xfers, n, true, imm, total, req));
 }
 
 hixl_status_t hixl_get_batch(hixl_peer_t *peer, const hixl_xfer_t *xfers, size_t n,
@@ -266,7 +322,5 @@ hixl_status_t hixl_get_batch(hixl_peer_t *peer, const hixl_xfer_t *xfers, size_t
   if (st != HIXL_OK)
     return st;
   PRE("hixl_get_batch", peer, flags);
-  for (size_t i = 0; i < n && st == HIXL_OK; i++)
-    st = peer->ops->get(peer, xfers[i].local, xfers[i].len, xfers[i].rmr, xfers[i].off);
-  return done_sync(peer, st, req_p);
+  ASYNC_OR_SYNC(peer, req_p, batch_issue(peer, xfers, n, false, NULL, 0, req));
 }

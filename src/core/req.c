@@ -75,6 +75,8 @@ hixl_req_t *hixl__req_get(hixl_ctx_t *ctx, hixl_peer_t *peer)
       req->peer = peer;
       req->old_p = NULL;
       req->counted = false;
+      atomic_store_explicit(&req->parts, 0, memory_order_relaxed);
+      atomic_store_explicit(&req->part_err, HIXL_OK, memory_order_relaxed);
       return req;
     }
   }
@@ -90,6 +92,21 @@ void hixl__req_complete(hixl_req_t *req, hixl_status_t st, uint64_t old)
   unsigned prev = atomic_fetch_or_explicit(&req->flags, HIXL_REQF_DONE, memory_order_acq_rel);
   if (prev & HIXL_REQF_FREED)
     pool_push(req->ctx, req);
+}
+
+void hixl__req_part_add(hixl_req_t *req)
+{
+  atomic_fetch_add_explicit(&req->parts, 1, memory_order_relaxed);
+}
+
+void hixl__req_part_done(hixl_req_t *req, hixl_status_t st)
+{
+  if (st != HIXL_OK) {
+    int expected = HIXL_OK;
+    atomic_compare_exchange_strong(&req->part_err, &expected, st);
+  }
+  if (atomic_fetch_sub_explicit(&req->parts, 1, memory_order_acq_rel) == 1)
+    hixl__req_complete(req, atomic_load(&req->part_err), 0);
 }
 
 void hixl__req_release(hixl_req_t *req)

@@ -7,7 +7,44 @@
 const hixl_transport_ops_t *const hixl__transports[] = {
     &hixl__self_ops,
     &hixl__shm_ops,
+#ifdef HIXL_HAVE_VERBS
+    &hixl__verbs_ops,
+#endif
 };
+
+hixl_status_t hixl__tp_ctx_init_none(hixl_ctx_t *ctx)
+{
+  (void)ctx;
+  return HIXL_OK;
+}
+void hixl__tp_ctx_fini_none(hixl_ctx_t *ctx) { (void)ctx; }
+hixl_status_t hixl__tp_mr_reg_none(hixl_mr_t *mr)
+{
+  (void)mr;
+  return HIXL_OK;
+}
+void hixl__tp_mr_dereg_none(hixl_mr_t *mr) { (void)mr; }
+void hixl__tp_on_event_none(hixl_ctx_t *ctx) { (void)ctx; }
+#ifndef HIXL_HAVE_VERBS
+uint32_t hixl__verbs_mr_rkey(const hixl_mr_t *mr)
+{
+  (void)mr;
+  return 0;
+}
+#endif
+void hixl__tp_accept_none(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out)
+{
+  (void)peer;
+  (void)m;
+  out->type = 0; /* no reply: the caller drops the connection */
+}
+
+hixl_status_t hixl__tp_put_imm_sync(hixl_peer_t *peer, const void *src, size_t len,
+                                    hixl_rmr_t *rmr, uint64_t off, uint32_t imm, hixl_req_t *req)
+{
+  hixl_status_t st = peer->ops->put(peer, src, len, rmr, off, req);
+  return st == HIXL_OK ? peer->ops->notify(peer, imm, len, req) : st;
+}
 const size_t hixl__n_transports = sizeof(hixl__transports) / sizeof(hixl__transports[0]);
 
 static bool closed_usable(hixl_ctx_t *ctx, const hixl_msg_t *m)
@@ -35,19 +72,20 @@ static bool closed_rmr_live(const hixl_rmr_t *r)
   return false;
 }
 static hixl_status_t closed_put(hixl_peer_t *p, const void *s, size_t l, hixl_rmr_t *r,
-                                uint64_t o)
+                                uint64_t o, hixl_req_t *req)
 {
-  (void)s, (void)l, (void)r, (void)o;
+  (void)s, (void)l, (void)r, (void)o, (void)req;
   return hixl__err(HIXL_ERR_PEER_LOST, "peer %s is disconnected", p->name);
 }
-static hixl_status_t closed_get(hixl_peer_t *p, void *d, size_t l, hixl_rmr_t *r, uint64_t o)
+static hixl_status_t closed_get(hixl_peer_t *p, void *d, size_t l, hixl_rmr_t *r, uint64_t o,
+                                hixl_req_t *req)
 {
-  (void)d, (void)l, (void)r, (void)o;
+  (void)d, (void)l, (void)r, (void)o, (void)req;
   return hixl__err(HIXL_ERR_PEER_LOST, "peer %s is disconnected", p->name);
 }
-static hixl_status_t closed_notify(hixl_peer_t *p, uint32_t imm, uint64_t len)
+static hixl_status_t closed_notify(hixl_peer_t *p, uint32_t imm, uint64_t len, hixl_req_t *req)
 {
-  (void)imm, (void)len;
+  (void)imm, (void)len, (void)req;
   return hixl__err(HIXL_ERR_PEER_LOST, "peer %s is disconnected", p->name);
 }
 static hixl_status_t closed_atomic(hixl_peer_t *p, hixl_rmr_t *r, uint64_t o, int op, uint64_t a,
@@ -66,15 +104,22 @@ const hixl_transport_ops_t hixl__closed_ops = {
     .size = sizeof(hixl_transport_ops_t),
     .name = "closed",
     .id = -1,
+    .ctx_init = hixl__tp_ctx_init_none,
+    .ctx_fini = hixl__tp_ctx_fini_none,
+    .mr_reg = hixl__tp_mr_reg_none,
+    .mr_dereg = hixl__tp_mr_dereg_none,
     .usable = closed_usable,
     .connect = closed_connect,
+    .accept = hixl__tp_accept_none,
     .peer_close = closed_peer_close,
     .rmr_attach = closed_rmr_attach,
     .rmr_detach = closed_rmr_detach,
     .rmr_live = closed_rmr_live,
     .put = closed_put,
     .get = closed_get,
+    .put_imm = hixl__tp_put_imm_sync,
     .notify = closed_notify,
     .atomic = closed_atomic,
     .progress = closed_progress,
+    .on_event = hixl__tp_on_event_none,
 };

@@ -39,6 +39,11 @@ enum hixl_msg_type {
   HIXL_MSG_BYE,            /* empty: orderly disconnect */
   HIXL_MSG_WORLD_BARRIER,  /* world id, epoch */
   HIXL_MSG_WORLD_XCHG,     /* world id, epoch, blob */
+  HIXL_MSG_VERBS_QP,       /* initiator -> target: its QP (bind for verbs) */
+  HIXL_MSG_VERBS_QP_REPLY, /* status + the target's QP */
+  HIXL_MSG_VERBS_MR,       /* slot, rkey: the region's verbs rkey please */
+  HIXL_MSG_VERBS_MR_REPLY, /* status, u32[0] verbs rkey */
+  HIXL_MSG_REGION_GONE,    /* u32[0] slot, u64[0] rkey: the owner deregistered it */
   HIXL_MSG_TYPE_MAX
 };
 
@@ -71,6 +76,11 @@ typedef struct hixl_msg {
  * ATOMIC_REPLY: status, u64[0] old
  * WORLD_BARRIER: u64[0] world id, u64[1] epoch
  * WORLD_XCHG:  u64[0] world id, u64[1] epoch, blob
+ * VERBS_QP:    u32[0] qpn, u32[1] psn, u32[2] mtu (enum ibv_mtu), u64[0] lid,
+ *              u64[1] ctx id, blob = 16-byte GID
+ * VERBS_QP_REPLY: status, the same fields for the target's QP
+ * VERBS_MR:    u32[0] slot, u64[0] rkey
+ * VERBS_MR_REPLY: status, u32[0] verbs rkey
  */
 
 /* Encode m into buf (capacity cap).  Returns bytes written or 0 if it does

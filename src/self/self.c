@@ -69,9 +69,10 @@ static bool overlap(const void *a, const void *b, size_t len)
 }
 
 static hixl_status_t self_put(hixl_peer_t *p, const void *src, size_t len, hixl_rmr_t *r,
-                              uint64_t off)
+                              uint64_t off, hixl_req_t *req)
 {
   (void)p;
+  (void)req;
   uint8_t *dst = r->map + off;
   if (overlap(dst, src, len))
     memmove(dst, src, len);
@@ -80,9 +81,11 @@ static hixl_status_t self_put(hixl_peer_t *p, const void *src, size_t len, hixl_
   return HIXL_OK;
 }
 
-static hixl_status_t self_get(hixl_peer_t *p, void *dst, size_t len, hixl_rmr_t *r, uint64_t off)
+static hixl_status_t self_get(hixl_peer_t *p, void *dst, size_t len, hixl_rmr_t *r, uint64_t off,
+                              hixl_req_t *req)
 {
   (void)p;
+  (void)req;
   const uint8_t *src = r->map + off;
   if (overlap(dst, src, len))
     memmove(dst, src, len);
@@ -91,8 +94,9 @@ static hixl_status_t self_get(hixl_peer_t *p, void *dst, size_t len, hixl_rmr_t 
   return HIXL_OK;
 }
 
-static hixl_status_t self_notify(hixl_peer_t *p, uint32_t imm, uint64_t len)
+static hixl_status_t self_notify(hixl_peer_t *p, uint32_t imm, uint64_t len, hixl_req_t *req)
 {
+  (void)req;
   /* Another thread of ours may be polling; if none is, this costs the
    * context timeout and returns AGAIN. */
   return hixl__notify_push(p, p->inbox, imm, len);
@@ -117,15 +121,24 @@ const hixl_transport_ops_t hixl__self_ops = {
     .size = sizeof(hixl_transport_ops_t),
     .name = "self",
     .id = HIXL_TP_SELF,
+    .async = false,
+    .needs_bind = false,
+    .ctx_init = hixl__tp_ctx_init_none,
+    .ctx_fini = hixl__tp_ctx_fini_none,
+    .mr_reg = hixl__tp_mr_reg_none,
+    .mr_dereg = hixl__tp_mr_dereg_none,
     .usable = self_usable,
     .connect = self_connect,
+    .accept = hixl__tp_accept_none,
     .peer_close = self_peer_close,
     .rmr_attach = self_rmr_attach,
     .rmr_detach = self_rmr_detach,
     .rmr_live = self_rmr_live,
     .put = self_put,
     .get = self_get,
+    .put_imm = hixl__tp_put_imm_sync,
     .notify = self_notify,
     .atomic = self_atomic,
     .progress = self_progress,
+    .on_event = hixl__tp_on_event_none,
 };

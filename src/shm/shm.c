@@ -296,8 +296,9 @@ static hixl_status_t cma(hixl_peer_t *peer, bool write, void *local, uint64_t re
 }
 
 static HIXL_HOT hixl_status_t shm_put(hixl_peer_t *peer, const void *src, size_t len,
-                                      hixl_rmr_t *r, uint64_t off)
+                                      hixl_rmr_t *r, uint64_t off, hixl_req_t *req)
 {
+  (void)req;
   if (hixl_likely(r->map != NULL)) {
     hixl__copy(r->map + off, src, len);
     return HIXL_OK;
@@ -306,8 +307,9 @@ static HIXL_HOT hixl_status_t shm_put(hixl_peer_t *peer, const void *src, size_t
 }
 
 static HIXL_HOT hixl_status_t shm_get(hixl_peer_t *peer, void *dst, size_t len, hixl_rmr_t *r,
-                                      uint64_t off)
+                                      uint64_t off, hixl_req_t *req)
 {
+  (void)req;
   if (hixl_likely(r->map != NULL)) {
     hixl__copy(dst, r->map + off, len);
     return HIXL_OK;
@@ -315,8 +317,9 @@ static HIXL_HOT hixl_status_t shm_get(hixl_peer_t *peer, void *dst, size_t len, 
   return cma(peer, false, dst, r->base + off, len);
 }
 
-static hixl_status_t shm_notify(hixl_peer_t *peer, uint32_t imm, uint64_t len)
+static hixl_status_t shm_notify(hixl_peer_t *peer, uint32_t imm, uint64_t len, hixl_req_t *req)
 {
+  (void)req;
   return hixl__notify_push(peer, ((shm_peer_t *)peer->tp)->outbox, imm, len);
 }
 
@@ -362,15 +365,24 @@ const hixl_transport_ops_t hixl__shm_ops = {
     .size = sizeof(hixl_transport_ops_t),
     .name = "shm",
     .id = HIXL_TP_SHM,
+    .async = false,
+    .needs_bind = true,
+    .ctx_init = hixl__tp_ctx_init_none,
+    .ctx_fini = hixl__tp_ctx_fini_none,
+    .mr_reg = hixl__tp_mr_reg_none,
+    .mr_dereg = hixl__tp_mr_dereg_none,
     .usable = shm_usable,
     .connect = shm_connect,
+    .accept = hixl__tp_accept_none,
     .peer_close = shm_peer_close,
     .rmr_attach = shm_rmr_attach,
     .rmr_detach = shm_rmr_detach,
     .rmr_live = shm_rmr_live,
     .put = shm_put,
     .get = shm_get,
+    .put_imm = hixl__tp_put_imm_sync,
     .notify = shm_notify,
     .atomic = shm_atomic,
     .progress = shm_progress,
+    .on_event = hixl__tp_on_event_none,
 };
