@@ -505,7 +505,10 @@ void hixl__serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out, int *o
     out->status = HIXL_ERR_NOT_REGISTERED;
     pthread_mutex_lock(&ctx->reg_lock);
     hixl_mr_t *mr = live_mr(ctx, m->u32[0], m->u64[0]);
-    if (mr && peer->ops->id == HIXL_TP_VERBS && mr->tp[HIXL_TP_VERBS]) {
+    /* The whole blob must match, as for peers that read our table. */
+    if (mr && peer->ops->id == HIXL_TP_VERBS && mr->tp[HIXL_TP_VERBS] &&
+        hixl__reg_check(ctx->reg_table, m->u32[0], m->u64[0], m->u64[1], m->u64[2], m->u32[1],
+                        m->u32[2]) == HIXL_OK) {
       out->u32[0] = hixl__verbs_mr_rkey(mr);
       out->status = HIXL_OK;
     }

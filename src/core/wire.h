@@ -79,7 +79,8 @@ typedef struct hixl_msg {
  * VERBS_QP:    u32[0] qpn, u32[1] psn, u32[2] mtu (enum ibv_mtu), u64[0] lid,
  *              u64[1] ctx id, blob = 16-byte GID
  * VERBS_QP_REPLY: status, the same fields for the target's QP
- * VERBS_MR:    u32[0] slot, u64[0] rkey
+ * VERBS_MR:    u32[0] slot, u32[1] access, u32[2] flags, u64[0] rkey, u64[1] base,
+ *              u64[2] len (all checked by the owner)
  * VERBS_MR_REPLY: status, u32[0] verbs rkey
  */
 

@@ -308,6 +308,10 @@ void target_start(target_t *t, hixl_ctx_t *ctx, const char *token, int timeout_m
     die("fork: %s", strerror(errno));
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a failed test */
+    /* On Soft-RoCE the target uses the other device (tests/rxe/suite.sh). */
+    const char *dev = getenv("HIXL_TEST_TARGET_NET_DEV");
+    if (dev)
+      setenv("HIXL_NET_DEV", dev, 1);
     fcntl(cmd[0], F_SETFD, 0);
     fcntl(resp[1], F_SETFD, 0);
     execv("/proc/self/exe", args);

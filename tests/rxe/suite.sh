@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs inside the rxe-run guest: the conformance suite, the bad-input matrix,
+# the peer-death test and the demo over the verbs transport, initiator on
+# rxe0 and target on rxe1.  Usage: suite.sh BUILD_DIR [CASE...]
+set -u
+build=$1
+shift
+export HIXL_TRANSPORTS=verbs HIXL_NET_DEV=rxe0 HIXL_TEST_TARGET_NET_DEV=rxe1
+cases=${*:-put_get batch notif_order faa cas_lock fence connect_churn}
+fail=0
+run() {
+  local name=$1
+  shift
+  local t0=$(date +%s)
+  if "$@" >"/tmp/$name.log" 2>&1; then
+    echo "ok   verbs/$name ($(( $(date +%s) - t0 )) s)"
+  else
+    echo "FAIL verbs/$name ($(( $(date +%s) - t0 )) s)"
+    tail -n 30 "/tmp/$name.log"
+    fail=1
+  fi
+}
+ibv_devinfo -d rxe0 | grep -E "state|active_mtu" | head -2
+for c in $cases; do
+  run "$c" "$build/tests/conformance" verbs "$c"
+done
+run badinput "$build/tests/badinput" verbs
+run peer_death "$build/tests/peer_death" verbs
+run demo "$build/examples/hixl-demo"
+exit $fail
