@@ -17,26 +17,31 @@ step() { printf '\n=== %s\n' "$*"; }
 step "gcc build + suite"
 rm -rf "$out/gcc" && meson setup "$out/gcc" -Dwerror=true >/dev/null
 ninja -C "$out/gcc" >/dev/null
-meson test -C "$out/gcc" --print-errorlogs --num-processes 2
+meson test -C "$out/gcc" --print-errorlogs --num-processes 2 --no-suite rxe
+
+step "verbs on Soft-RoCE (qemu guest, one boot)"
+meson test -C "$out/gcc" --print-errorlogs --suite rxe
 
 step "ASan + UBSan suite"
 rm -rf "$out/asan" && meson setup "$out/asan" -Dwerror=true -Db_sanitize=address,undefined -Db_lundef=false \
   >/dev/null
 ninja -C "$out/asan" >/dev/null
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-  meson test -C "$out/asan" --print-errorlogs --num-processes 2 --timeout-multiplier 3
+  meson test -C "$out/asan" --print-errorlogs --num-processes 2 --timeout-multiplier 3 \
+  --no-suite rxe
 
 step "clang build + suite"
 rm -rf "$out/clang" && CC=clang CXX=clang++ meson setup "$out/clang" -Dwerror=true -Dfuzz=true >/dev/null
 ninja -C "$out/clang" >/dev/null
-meson test -C "$out/clang" --print-errorlogs --num-processes 2
+meson test -C "$out/clang" --print-errorlogs --num-processes 2 --no-suite rxe
 
 step "ThreadSanitizer suite (clang)"
 rm -rf "$out/tsan" && CC=clang CXX=clang++ meson setup "$out/tsan" -Db_sanitize=thread \
   -Db_lundef=false >/dev/null
 ninja -C "$out/tsan" >/dev/null
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
-  meson test -C "$out/tsan" --print-errorlogs --num-processes 2 --timeout-multiplier 3
+  meson test -C "$out/tsan" --print-errorlogs --num-processes 2 --timeout-multiplier 3 \
+  --no-suite rxe
 
 step "install + pkg-config consumer"
 tests/install/check.sh "$out/gcc"

@@ -417,8 +417,12 @@ static hixl_status_t qp_connect(vrb_ctx_t *vc, vrb_peer_t *vp, const hixl_msg_t 
   memset(&a, 0, sizeof(a));
   a.qp_state = IBV_QPS_RTS;
   a.sq_psn = my_psn;
-  a.timeout = 14;  /* 4.096 us * 2^14 = 67 ms per try */
-  a.retry_cnt = 7; /* then the peer is lost */
+  /* Local ACK timeout 4.096 us * 2^t per try, 7 tries, then the peer is
+   * lost.  Default 17 (0.5 s a try): generous enough for Soft-RoCE under
+   * emulation; real fabrics usually run 14.  HIXL_VERBS_TIMEOUT overrides. */
+  const char *to = getenv("HIXL_VERBS_TIMEOUT");
+  a.timeout = (uint8_t)(to && atoi(to) > 0 && atoi(to) < 32 ? atoi(to) : 17);
+  a.retry_cnt = 7;
   a.rnr_retry = 7; /* receiver not ready: retry forever (throttles notifications) */
   a.max_rd_atomic = 16;
   rc = ibv_modify_qp(vp->qp, &a,

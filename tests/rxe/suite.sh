@@ -21,6 +21,14 @@ run() {
   fi
 }
 ibv_devinfo -d rxe0 | grep -E "state|active_mtu" | head -2
+# The fabric itself: an RC ping-pong rxe1 -> rxe0 that must cross the wire.
+pp() {
+  ibv_rc_pingpong -d rxe0 -g 1 -n 200 >/tmp/pp.log 2>&1 &
+  sleep 1
+  ibv_rc_pingpong -d rxe1 -g 1 -n 200 10.77.0.1 && wait $! &&
+    [ "$(cat /sys/class/net/veth0/statistics/rx_packets)" -ge 400 ]
+}
+run pingpong pp
 for c in $cases; do
   run "$c" "$build/tests/conformance" verbs "$c"
 done
