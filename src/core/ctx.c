@@ -130,6 +130,12 @@ hixl_status_t hixl_ctx_create(const hixl_config_t *cfg_in, hixl_ctx_t **ctx_p)
       goto fail;
     }
   }
+  size_t pos = 0;
+  for (int i = 0; i < ctx->n_tp_order; i++)
+    for (size_t t = 0; t < hixl__n_transports; t++)
+      if (hixl__transports[t]->id == ctx->tp_order[i] && (ctx->tp_ready & (1u << ctx->tp_order[i])))
+        pos += (size_t)snprintf(ctx->tp_names + pos, sizeof(ctx->tp_names) - pos, "%s%s",
+                                pos ? "," : "", hixl__transports[t]->name);
   st = HIXL_OK;
   if ((st = hixl__ctl_start(ctx)) != HIXL_OK)
     goto fail;
@@ -183,3 +189,5 @@ void hixl_ctx_destroy(hixl_ctx_t *ctx)
 }
 
 const char *hixl_ctx_address(const hixl_ctx_t *ctx) { return ctx ? ctx->address : NULL; }
+
+const char *hixl_ctx_transports(const hixl_ctx_t *ctx) { return ctx ? ctx->tp_names : NULL; }

@@ -302,6 +302,7 @@ struct hixl_ctx {
   uint8_t tp_order[HIXL_TP_COUNT]; /* preference order */
   int n_tp_order;
   char address[128];
+  char tp_names[64];      /* hixl_ctx_transports() */
   char unix_name[108];    /* abstract unix socket for same-host peers */
   int listen_fd, unix_fd, wake_fd, epoll_fd;
   pthread_t ctl_thread;

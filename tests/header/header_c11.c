@@ -5,5 +5,7 @@ int main(void)
 {
   hixl_config_t cfg;
   hixl_config_init(&cfg);
+  if (hixl_ctx_transports(NULL) != NULL)
+    return 1;
   return hixl_strerror(HIXL_ERR_ACCESS)[0] == 'H' ? 0 : 1;
 }

@@ -1,0 +1,3 @@
+cd /work/main/build
+export PATH=/opt/bin:$PATH HOME=/tmp
+/work/main/tests/rxe/suite.sh /work/main/build 
