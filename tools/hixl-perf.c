@@ -220,6 +220,10 @@ int main(int argc, char **argv)
     if (pid == 0) {
       close(from_target[0]);
       close(to_target[1]);
+      /* Two RDMA devices on one host (Soft-RoCE tests): the target's own. */
+      const char *dev = getenv("HIXL_PERF_TARGET_NET_DEV");
+      if (dev)
+        setenv("HIXL_NET_DEV", dev, 1);
       _exit(run_target(mem, from_target[1], to_target[0], NULL));
     }
     close(from_target[1]);
@@ -242,6 +246,11 @@ int main(int argc, char **argv)
     return 1;
   memset(buf, 1, REGION_LEN);
   memset(buf2, 2, REGION_LEN);
+  /* Registered local buffers, as a zero-copy user would have them (RDMA
+   * transports then need no bounce copies). */
+  hixl_mr_t *lmr1, *lmr2;
+  CK(hixl_mr_reg(ctx, buf, REGION_LEN, 0, &lmr1));
+  CK(hixl_mr_reg(ctx, buf2, REGION_LEN, 0, &lmr2));
 
   size_t sizes[32];
   int nsizes = 0;
@@ -269,7 +278,7 @@ int main(int argc, char **argv)
   for (int i = 0; i < nsizes; i++) {
     long n = iters ? iters : iters_for(sizes[i], quick);
     result_t r = measure(test, ctx, peer, rmr, sizes[i], n, buf, buf2);
-    printf("%10zu %8ld %10.3f %10.3f %10.3f %10.3f %12.3f %8.2f\n", r.size, r.iters, r.p50_us,
+    printf("%10zu %8ld %10.3f %10.3f %10.4g %10.4g %12.4g %8.3g\n", r.size, r.iters, r.p50_us,
            r.p99_us, r.gbps, r.mops, r.memcpy_gbps, r.gbps / r.memcpy_gbps);
     if (jf)
       fprintf(jf,
@@ -296,6 +305,8 @@ int main(int argc, char **argv)
     }
   }
   hixl_rmr_release(rmr);
+  hixl_mr_dereg(lmr1);
+  hixl_mr_dereg(lmr2);
   hixl_disconnect(peer);
   if (pid > 0) {
     close(to_target[1]);

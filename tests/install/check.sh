@@ -17,8 +17,10 @@ export PKG_CONFIG_PATH=$root/$libdir/pkgconfig
 export PKG_CONFIG_SYSROOT_DIR=$stage
 cc -std=c11 -Wall -Werror "$src/consumer.c" -o "$stage/consumer" $(pkg-config --cflags --libs hixl)
 c++ -x c++ -Wall -Werror "$src/consumer.c" -o "$stage/consumer_cxx" $(pkg-config --cflags --libs hixl)
+# Static: the archive plus what `pkg-config --static` says it needs (-libverbs
+# when the verbs transport is built).
 cc -std=c11 "$src/consumer.c" -o "$stage/consumer_static" $(pkg-config --cflags hixl) \
-  "$root/$libdir/libhixl.a" -lpthread
+  "$root/$libdir/libhixl.a" $(pkg-config --static --libs hixl | sed 's/-lhixl\b//')
 LD_LIBRARY_PATH=$root/$libdir "$stage/consumer"
 LD_LIBRARY_PATH=$root/$libdir "$stage/consumer_cxx"
 "$stage/consumer_static"
