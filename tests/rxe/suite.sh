@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs inside the rxe-run guest: the conformance suite, the bad-input matrix,
-# the peer-death test and the demo over the verbs transport, initiator on
-# rxe0 and target on rxe1.  Usage: suite.sh BUILD_DIR [CASE...]
+# the 4-rank world, the peer-death test and the demo over the verbs
+# transport, initiator on rxe0 and target on rxe1.  Usage: suite.sh BUILD_DIR [CASE...]
 set -u
 build=$1
 shift
@@ -32,6 +32,7 @@ run pingpong pp
 for c in $cases; do
   run "$c" "$build/tests/conformance" verbs "$c"
 done
+run world "$build/tests/conformance" verbs world  # 4 ranks, all on rxe0
 run badinput "$build/tests/badinput" verbs
 run peer_death "$build/tests/peer_death" verbs
 run demo "$build/examples/hixl-demo"
