@@ -590,16 +590,16 @@ static hixl_status_t post(vrb_peer_t *vp, int slot, struct ibv_send_wr *wr, hixl
   return HIXL_OK;
 }
 
-/* One RDMA WRITE/READ (or WRITE_WITH_IMM) of at most a bounce buffer when
- * the local memory is not registered. */
+/* One RDMA WRITE/READ (or WRITE_WITH_IMM).  lkey: of the registered region
+ * holding local (looked up once by the caller), or 0: through a bounce
+ * buffer, so len is then at most VRB_BOUNCE_SIZE. */
 static hixl_status_t rdma_one(hixl_peer_t *peer, bool write, void *local, size_t len,
-                              hixl_rmr_t *rmr, uint64_t off, const uint32_t *imm,
+                              uint32_t lkey, hixl_rmr_t *rmr, uint64_t off, const uint32_t *imm,
                               hixl_req_t *req)
 {
   vrb_peer_t *vp = peer->tp;
   vrb_ctx_t *vc = VC(peer->ctx);
   bool inl = write && len <= vc->max_inline;
-  uint32_t lkey = inl ? 0 : local_lkey(peer->ctx, local, len);
   bool bounce = !inl && lkey == 0;
   int b = -1;
   int slot = take_slot(vp, bounce, &b);
@@ -634,13 +634,14 @@ static hixl_status_t rdma(hixl_peer_t *peer, bool write, void *local, size_t len
   /* Registered local memory goes in one request; anything else in bounce-
    * sized pieces.  After the first piece is posted a failure is reported
    * through the request, so the call itself never half-fails. */
-  size_t step = local_lkey(peer->ctx, local, len) ? len : VRB_BOUNCE_SIZE;
+  uint32_t lkey = local_lkey(peer->ctx, local, len);
+  size_t step = lkey ? len : VRB_BOUNCE_SIZE;
   if (write && len <= VC(peer->ctx)->max_inline)
     step = len;
   for (size_t done = 0; done < len;) {
     size_t n = len - done < step ? len - done : step;
-    hixl_status_t st = rdma_one(peer, write, (uint8_t *)local + done, n, rmr, off + done, NULL,
-                                req);
+    hixl_status_t st = rdma_one(peer, write, (uint8_t *)local + done, n, lkey, rmr, off + done,
+                                NULL, req);
     if (st != HIXL_OK) {
       if (done == 0)
         return st;
@@ -691,9 +692,9 @@ static hixl_status_t vrb_put_imm(hixl_peer_t *peer, const void *src, size_t len,
   /* One work request: WRITE_WITH_IMM (the target gets imm and the length
    * from its receive completion).  Larger unregistered puts: the pieces,
    * then a notification SEND carrying the total length. */
-  bool one = len <= VRB_BOUNCE_SIZE || local_lkey(peer->ctx, src, len) != 0;
-  if (one)
-    return rdma_one(peer, true, (void *)(uintptr_t)src, len, rmr, off, &imm, req);
+  uint32_t lkey = local_lkey(peer->ctx, src, len);
+  if (len <= VRB_BOUNCE_SIZE || lkey != 0)
+    return rdma_one(peer, true, (void *)(uintptr_t)src, len, lkey, rmr, off, &imm, req);
   hixl_status_t st = vrb_put(peer, src, len, rmr, off, req);
   return st == HIXL_OK ? vrb_notify(peer, imm, len, req) : st;
 }
