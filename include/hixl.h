@@ -87,7 +87,8 @@ typedef struct hixl_config {
   const char *transports;  /* allowed, in preference order, e.g. "shm,verbs"; NULL: all (HIXL_TRANSPORTS) */
   const char *net_dev;     /* RDMA device or netdev; NULL: auto                          (HIXL_NET_DEV) */
   const char *auth_token;  /* shared secret checked at connect; NULL: none               (HIXL_AUTH_TOKEN) */
-  int progress_thread;     /* 1: progress in a background thread                         (HIXL_PROGRESS_THREAD) */
+  int progress_thread;     /* 1: progress in a background thread; 2: one that sleeps on
+                              completion events when idle                             (HIXL_PROGRESS_THREAD) */
   int timeout_ms;          /* default for connects, heartbeats and blocking calls       (HIXL_TIMEOUT_MS) */
   void *reserved[8];       /* must be zero (hixl_config_init does it) */
 } hixl_config_t;

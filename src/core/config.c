@@ -22,10 +22,10 @@ void hixl_config_init(hixl_config_t *cfg)
   cfg->auth_token = getenv("HIXL_AUTH_TOKEN");
   long v;
   const char *e = getenv("HIXL_PROGRESS_THREAD");
-  if (e && hixl__parse_int(e, 0, 1, &v) == 0)
+  if (e && hixl__parse_int(e, 0, 2, &v) == 0)
     cfg->progress_thread = (int)v;
   else if (e)
-    hixl_warn("ignoring HIXL_PROGRESS_THREAD=%s (want 0 or 1)", e);
+    hixl_warn("ignoring HIXL_PROGRESS_THREAD=%s (want 0, 1 or 2)", e);
   e = getenv("HIXL_TIMEOUT_MS");
   if (e && hixl__parse_int(e, 1, 24L * 3600 * 1000, &v) == 0)
     cfg->timeout_ms = (int)v;

@@ -5,6 +5,7 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netdb.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,15 +38,49 @@ void hixl__primary_ip(char *buf, size_t cap)
   freeifaddrs(ifs);
 }
 
+/* Event mode: after this many empty polls the thread arms the transports'
+ * completion events and sleeps on their fds (at most 100 ms at a time, so
+ * stopping and work without an event are still seen). */
+#define PROGRESS_SPINS 2000
+
+static void progress_sleep(hixl_ctx_t *ctx)
+{
+  struct pollfd pf[HIXL_TP_COUNT];
+  const hixl_transport_ops_t *ops[HIXL_TP_COUNT];
+  nfds_t n = 0;
+  for (size_t t = 0; t < hixl__n_transports; t++) {
+    const hixl_transport_ops_t *o = hixl__transports[t];
+    if (o->arm == NULL || ctx->tp[o->id] == NULL)
+      continue;
+    int fd = o->arm(ctx);
+    if (fd >= 0) {
+      pf[n] = (struct pollfd){.fd = fd, .events = POLLIN};
+      ops[n++] = o;
+    }
+  }
+  /* A completion that arrived before arming raised no event: look again. */
+  if (hixl_progress(ctx) > 0 || n == 0)
+    return;
+  if (poll(pf, n, 100) > 0)
+    for (nfds_t i = 0; i < n; i++)
+      if (pf[i].revents)
+        ops[i]->ack_event(ctx);
+}
+
 static void *progress_main(void *arg)
 {
   hixl_ctx_t *ctx = arg;
-  unsigned idle = 0;
+  unsigned idle = 0, empty = 0;
+  bool events = ctx->cfg.progress_thread == 2;
   while (!atomic_load(&ctx->stopping)) {
-    if (hixl_progress(ctx) > 0)
-      idle = 0;
-    else
+    if (hixl_progress(ctx) > 0) {
+      idle = empty = 0;
+    } else if (events && ++empty >= PROGRESS_SPINS) {
+      progress_sleep(ctx);
+      empty = 0;
+    } else {
       hixl__backoff(&idle);
+    }
   }
   return NULL;
 }
@@ -76,7 +111,12 @@ hixl_status_t hixl_ctx_create(const hixl_config_t *cfg_in, hixl_ctx_t **ctx_p)
   for (int i = 0; i < HIXL_TP_COUNT; i++)
     ctx->tp_fd[i] = -1;
   ctx->cfg = *cfg_in;
-  ctx->cfg.progress_thread = cfg_in->progress_thread != 0;
+  if (cfg_in->progress_thread < 0 || cfg_in->progress_thread > 2) {
+    free(ctx);
+    return hixl__err(HIXL_ERR_INVALID,
+                     "hixl_ctx_create: progress_thread %d (want 0 none, 1 polling, 2 events)",
+                     cfg_in->progress_thread);
+  }
   ctx->cfg_strs[0] = dup_opt(cfg_in->listen);
   ctx->cfg_strs[1] = dup_opt(cfg_in->transports);
   ctx->cfg_strs[2] = dup_opt(cfg_in->net_dev);

@@ -193,6 +193,15 @@ typedef struct hixl_transport_ops {
   /* The control thread saw ctx->tp_fd[id] readable, or its periodic tick
    * (target-side work: verbs receive completions -> notifications). */
   void (*on_event)(hixl_ctx_t *ctx);
+  /* Optional (NULL: the core issues each element, then notify): a whole
+   * checked batch, with its notification {*imm, total} when imm is set. */
+  hixl_status_t (*batch)(hixl_peer_t *peer, const hixl_xfer_t *xfers, size_t n, bool is_put,
+                         const uint32_t *imm, uint64_t total, hixl_req_t *req);
+  /* Optional, for the progress thread's event mode (HIXL_PROGRESS_THREAD=2):
+   * arm asks for an event at this transport's next completion and returns
+   * the fd that becomes readable then (-1: none); ack_event consumes it. */
+  int (*arm)(hixl_ctx_t *ctx);
+  void (*ack_event)(hixl_ctx_t *ctx);
 } hixl_transport_ops_t;
 
 extern const hixl_transport_ops_t hixl__self_ops;

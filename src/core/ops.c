@@ -288,6 +288,8 @@ static hixl_status_t batch_issue(hixl_peer_t *peer, const hixl_xfer_t *xfers, si
                                  bool is_put, const uint32_t *imm, uint64_t total,
                                  hixl_req_t *req)
 {
+  if (peer->ops->batch)
+    return peer->ops->batch(peer, xfers, n, is_put, imm, total, req);
   hixl_status_t st = HIXL_OK;
   for (size_t i = 0; i < n && st >= 0; i++)
     st = is_put ? peer->ops->put(peer, xfers[i].local, xfers[i].len, xfers[i].rmr, xfers[i].off,

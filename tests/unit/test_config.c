@@ -41,6 +41,12 @@ static void test_defaults_and_env(void **state)
   hixl_config_init(&c);
   assert_int_equal(c.timeout_ms, 10000);
   assert_int_equal(c.progress_thread, 0);
+  setenv("HIXL_PROGRESS_THREAD", "2", 1); /* event mode */
+  hixl_config_init(&c);
+  assert_int_equal(c.progress_thread, 2);
+  setenv("HIXL_PROGRESS_THREAD", "3", 1);
+  hixl_config_init(&c);
+  assert_int_equal(c.progress_thread, 0);
   unsetenv("HIXL_TIMEOUT_MS");
   unsetenv("HIXL_PROGRESS_THREAD");
   unsetenv("HIXL_TRANSPORTS");

@@ -1,0 +1,589 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The verbs send path.
+ *
+ * Each QP has a ring of VRB_SQ_DEPTH descriptors (head: posted, tail:
+ * retired).  Work requests are posted in chains of up to VRB_CHAIN with one
+ * ibv_post_send; only the last of each post and one in VRB_SIGNAL_EVERY ask
+ * for a completion, because RC completes a send queue in order: a signaled
+ * completion retires every unsignaled request before it.  A request that
+ * fails always produces a completion, so the one that carries an error is
+ * the one that failed.
+ *
+ * When the ring is full (or a local buffer needs a bounce buffer and none is
+ * free), requests wait in the QP's software queue, FIFO, and whoever retires
+ * completions posts them: callers never wait for room and never retry.
+ *
+ * Local memory: inside a hixl region, its lkey; else, when large, an entry of
+ * the registration cache (rcache.c); else a bounce buffer (copied in when
+ * posted, copied out at completion for gets).
+ *
+ * Several QPs per peer (HIXL_VERBS_QPS): large transfers and batches without
+ * a notification are cut over all of them; anything that carries a
+ * notification (put_imm, notify, a batch with an immediate) goes entirely on
+ * QP 0, where RC order gives both "data before its notification" and
+ * "notifications in issue order".
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <endian.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "verbs_int.h"
+
+/* ------------------------------------------------------------ retiring */
+
+static void release_bounce(vrb_peer_t *vp, int b)
+{
+  if (b >= 0)
+    vp->bounce_free[vp->n_bounce_free++] = b;
+}
+
+/* Retire one descriptor (vp->lock held). */
+static void retire_one(vrb_ctx_t *vc, vrb_peer_t *vp, vrb_wqe_t *e, hixl_status_t st)
+{
+  hixl_req_t *req = e->req;
+  if (st == HIXL_OK && e->kind == VRB_WR_GET && e->copy_dst)
+    memcpy(e->copy_dst, vp->bounce + (size_t)e->bounce * VRB_BOUNCE_SIZE, e->len);
+  if (e->kind == VRB_WR_AMO) {
+    if (st == HIXL_OK && req->old_p) {
+      uint64_t v = e->q->amo[e - e->q->wqe];
+      *req->old_p = vc->atomic_be ? be64toh(v) : v;
+    }
+    req->old_p = NULL; /* written above; complete must not overwrite it */
+  }
+  release_bounce(vp, e->bounce);
+  if (e->rent)
+    hixl__vrb_rcache_put(e->rent);
+  e->rent = NULL;
+  e->q->tail++;
+  atomic_fetch_sub(&vp->outstanding, 1);
+  hixl__req_part_done(req, st);
+}
+
+/* A software-queue node, from the peer's spares or malloc (only ever when
+ * the send queue is full, so not on the fast path). */
+static vrb_op_t *op_node(vrb_peer_t *vp)
+{
+  vrb_op_t *o = vp->op_free;
+  if (o) {
+    vp->op_free = o->next;
+    return o;
+  }
+  return malloc(sizeof(*o));
+}
+
+static void fail_op(vrb_peer_t *vp, vrb_op_t *o, hixl_status_t st)
+{
+  if (o->rent)
+    hixl__vrb_rcache_put(o->rent);
+  atomic_fetch_sub(&vp->outstanding, 1);
+  hixl__req_part_done(o->req, st);
+}
+
+/* ------------------------------------------------------------ posting */
+
+/* Post ops[0..n) on q as far as the ring and the bounce pool allow, in
+ * chains; returns how many were taken (posted, or failed and reported).
+ * vp->lock held. */
+static size_t post_ops(vrb_qp_t *q, vrb_op_t *const *ops, size_t n)
+{
+  vrb_peer_t *vp = q->vp;
+  struct ibv_send_wr wr[VRB_CHAIN];
+  struct ibv_sge sge[VRB_CHAIN];
+  uint32_t first_head;
+  size_t taken = 0;
+  while (taken < n) {
+    int k = 0;
+    first_head = q->head;
+    while (taken + (size_t)k < n && k < VRB_CHAIN && q->head - q->tail < VRB_SQ_DEPTH) {
+      const vrb_op_t *o = ops[taken + (size_t)k];
+      int b = -1;
+      bool bounce = o->lkey == 0 && !o->inl && o->kind != VRB_WR_AMO;
+      if (bounce) {
+        if (vp->n_bounce_free == 0)
+          break;
+        b = vp->bounce_free[--vp->n_bounce_free];
+      }
+      uint32_t slot = q->head % VRB_SQ_DEPTH;
+      vrb_wqe_t *e = &q->wqe[slot];
+      e->req = o->req;
+      e->rent = o->rent;
+      e->kind = o->kind;
+      e->bounce = (int16_t)b;
+      e->copy_dst = NULL;
+      e->len = o->len;
+      struct ibv_send_wr *w = &wr[k];
+      memset(w, 0, sizeof(*w));
+      w->wr_id = (uintptr_t)e;
+      w->sg_list = &sge[k];
+      w->num_sge = 1;
+      w->opcode = (enum ibv_wr_opcode)o->opcode;
+      sge[k] = (struct ibv_sge){(uintptr_t)o->local, o->len, o->lkey};
+      if (bounce) {
+        uint8_t *buf = vp->bounce + (size_t)b * VRB_BOUNCE_SIZE;
+        if (o->kind == VRB_WR_PUT)
+          memcpy(buf, o->local, o->len);
+        else
+          e->copy_dst = o->local;
+        sge[k].addr = (uintptr_t)buf;
+        sge[k].lkey = vp->bounce_mr->lkey;
+      }
+      if (o->inl)
+        w->send_flags |= IBV_SEND_INLINE;
+      switch (o->kind) {
+      case VRB_WR_AMO:
+        sge[k] = (struct ibv_sge){(uintptr_t)&q->amo[slot], 8, vp->amo_mr->lkey};
+        w->wr.atomic.remote_addr = o->raddr;
+        w->wr.atomic.rkey = o->rkey;
+        w->wr.atomic.compare_add = o->cmp;
+        w->wr.atomic.swap = o->swap;
+        break;
+      case VRB_WR_SEND:
+        /* Inline: the payload is copied at post time, so the op's own
+         * storage (a stack frame or a queue node) may go away after. */
+        sge[k] = (struct ibv_sge){(uintptr_t)o->msg, sizeof(o->msg), 0};
+        break;
+      default:
+        w->wr.rdma.remote_addr = o->raddr;
+        w->wr.rdma.rkey = o->rkey;
+        if (o->opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
+          w->imm_data = htonl(o->imm);
+      }
+      if (++q->since_signal >= VRB_SIGNAL_EVERY) {
+        w->send_flags |= IBV_SEND_SIGNALED;
+        q->since_signal = 0;
+      }
+      if (k > 0)
+        wr[k - 1].next = w;
+      q->head++;
+      k++;
+    }
+    if (k == 0)
+      break;
+    /* The last request of every post is signaled: nothing is left waiting
+     * for a completion that nobody asked for. */
+    if (!(wr[k - 1].send_flags & IBV_SEND_SIGNALED)) {
+      wr[k - 1].send_flags |= IBV_SEND_SIGNALED;
+      q->since_signal = 0;
+    }
+    struct ibv_send_wr *bad = NULL;
+    int rc = ibv_post_send(q->qp, wr, &bad);
+    if (rc) {
+      /* Requests from bad on were not posted: take them back out of the
+       * ring (newest first) and fail them.  The QP is unusable now. */
+      int nbad = 0;
+      for (struct ibv_send_wr *w = bad; w; w = w->next)
+        nbad++;
+      if (bad == NULL)
+        nbad = k;
+      hixl_status_t st = hixl__vrb_err(HIXL_ERR_TRANSPORT, "ibv_post_send", rc);
+      for (int i = k - 1; i >= k - nbad; i--) {
+        vrb_wqe_t *e = &q->wqe[(first_head + (uint32_t)i) % VRB_SQ_DEPTH];
+        release_bounce(vp, e->bounce);
+        if (e->rent)
+          hixl__vrb_rcache_put(e->rent);
+        e->rent = NULL;
+        q->head--;
+        atomic_fetch_sub(&vp->outstanding, 1);
+        hixl__req_part_done(e->req, st);
+      }
+      hixl__peer_lost_async(vp->peer, "ibv_post_send failed");
+    }
+    taken += (size_t)k;
+  }
+  return taken;
+}
+
+/* Hand ops to q: post what fits, queue the rest behind what already waits.
+ * Every op has its request part and outstanding count taken already. */
+static void submit(vrb_qp_t *q, vrb_op_t *ops, size_t n)
+{
+  vrb_peer_t *vp = q->vp;
+  vrb_op_t *ptrs[VRB_CHAIN];
+  pthread_mutex_lock(&vp->lock);
+  size_t i = 0;
+  while (i < n && q->pend_head == NULL) {
+    size_t m = n - i < VRB_CHAIN ? n - i : VRB_CHAIN;
+    for (size_t j = 0; j < m; j++)
+      ptrs[j] = &ops[i + j];
+    size_t t = post_ops(q, ptrs, m);
+    i += t;
+    if (t < m)
+      break;
+  }
+  bool up = atomic_load(&vp->peer->state) == HIXL_PEER_UP;
+  for (; i < n; i++) {
+    vrb_op_t *node = up ? op_node(vp) : NULL;
+    if (!up) { /* closing: nobody would ever post it */
+      fail_op(vp, &ops[i], HIXL_ERR_PEER_LOST);
+      continue;
+    }
+    if (node == NULL) {
+      fail_op(vp, &ops[i], hixl__err(HIXL_ERR_NOMEM, "verbs: no memory to queue a request"));
+      continue;
+    }
+    *node = ops[i];
+    node->next = NULL;
+    if (q->pend_tail)
+      q->pend_tail->next = node;
+    else
+      q->pend_head = node;
+    q->pend_tail = node;
+  }
+  pthread_mutex_unlock(&vp->lock);
+}
+
+/* Post what waits in q's software queue (vp->lock held). */
+static void drain(vrb_qp_t *q)
+{
+  vrb_peer_t *vp = q->vp;
+  while (q->pend_head) {
+    vrb_op_t *ptrs[VRB_CHAIN];
+    size_t m = 0;
+    for (vrb_op_t *o = q->pend_head; o && m < VRB_CHAIN; o = o->next)
+      ptrs[m++] = o;
+    size_t t = post_ops(q, ptrs, m);
+    for (size_t j = 0; j < t; j++) {
+      vrb_op_t *o = q->pend_head;
+      q->pend_head = o->next;
+      o->next = vp->op_free;
+      vp->op_free = o;
+    }
+    if (q->pend_head == NULL)
+      q->pend_tail = NULL;
+    if (t < m)
+      break;
+  }
+}
+
+/* ------------------------------------------------------------ describing */
+
+/* The local side of a transfer: a hixl region, a cache entry, or bounce. */
+typedef struct {
+  uint32_t lkey;
+  vrb_rent_t *rent;
+} vrb_local_t;
+
+static vrb_local_t local_key(vrb_ctx_t *vc, const void *p, size_t len)
+{
+  vrb_local_t l = {hixl__vrb_region_lkey(vc, p, len), NULL};
+  if (l.lkey == 0 && len > VRB_BOUNCE_SIZE && vc->rcache)
+    l.rent = hixl__vrb_rcache_get(vc->rcache, p, len, &l.lkey);
+  return l;
+}
+
+static void op_begin(vrb_peer_t *vp, vrb_op_t *o, hixl_req_t *req)
+{
+  o->req = req;
+  o->next = NULL;
+  hixl__req_part_add(req);
+  atomic_fetch_add(&vp->outstanding, 1);
+}
+
+static vrb_qp_t *pick_qp(vrb_peer_t *vp)
+{
+  if (vp->nq == 1)
+    return vp->qps[0];
+  return vp->qps[atomic_fetch_add_explicit(&vp->rr, 1, memory_order_relaxed) % (uint32_t)vp->nq];
+}
+
+/* Describe [local, local+len) <-> rmr+off as ops into out (at most cap);
+ * returns how many.  One op when the memory has a key (up to
+ * VRB_MAX_WR_LEN), else bounce-sized pieces.  Each op holds its own
+ * reference on l.rent. */
+static size_t describe(vrb_ctx_t *vc, vrb_peer_t *vp, bool write, uint8_t *local, size_t len,
+                       vrb_local_t l, uint64_t raddr, uint32_t rkey, hixl_req_t *req,
+                       vrb_op_t *out, size_t cap)
+{
+  bool inl = write && len <= vc->max_inline;
+  size_t step = l.lkey ? VRB_MAX_WR_LEN : VRB_BOUNCE_SIZE;
+  size_t n = 0;
+  for (size_t done = 0; done < len && n < cap; n++) {
+    size_t m = len - done < step ? len - done : step;
+    vrb_op_t *o = &out[n];
+    memset(o, 0, offsetof(vrb_op_t, msg));
+    o->local = local + done;
+    o->len = (uint32_t)m;
+    o->lkey = l.lkey;
+    o->inl = inl;
+    o->raddr = raddr + done;
+    o->rkey = rkey;
+    o->kind = write ? VRB_WR_PUT : VRB_WR_GET;
+    o->opcode = write ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
+    if (l.rent) {
+      hixl__vrb_rcache_ref(l.rent);
+      o->rent = l.rent;
+    }
+    op_begin(vp, o, req);
+    done += m;
+  }
+  return n;
+}
+
+/* One transfer on q (or striped when q is NULL and it is large), in chunks of
+ * VRB_CHAIN ops.  l's own reference is dropped here. */
+static void transfer(vrb_peer_t *vp, vrb_qp_t *q, bool write, uint8_t *local, size_t len,
+                     vrb_local_t l, uint64_t raddr, uint32_t rkey, const uint32_t *imm,
+                     hixl_req_t *req)
+{
+  vrb_ctx_t *vc = hixl__vc(vp->peer->ctx);
+  vrb_op_t ops[VRB_CHAIN];
+  if (q == NULL && vp->nq > 1 && l.lkey && len >= VRB_STRIPE_MIN) {
+    /* One piece per QP, 4 KiB aligned; each piece holds its own reference
+     * on the cache entry (dropped by that call), ours is dropped below. */
+    size_t piece = ((len + (size_t)vp->nq - 1) / (size_t)vp->nq + 4095) & ~(size_t)4095;
+    uint32_t first = atomic_fetch_add_explicit(&vp->rr, 1, memory_order_relaxed);
+    for (size_t done = 0, i = 0; done < len; i++) {
+      size_t m = len - done < piece ? len - done : piece;
+      if (l.rent)
+        hixl__vrb_rcache_ref(l.rent);
+      transfer(vp, vp->qps[(first + i) % (uint32_t)vp->nq], write, local + done, m, l,
+               raddr + done, rkey, NULL, req);
+      done += m;
+    }
+    if (l.rent)
+      hixl__vrb_rcache_put(l.rent);
+    return;
+  }
+  if (q == NULL)
+    q = pick_qp(vp);
+  for (size_t done = 0; done < len;) {
+    size_t n = describe(vc, vp, write, local + done, len - done, l, raddr + done, rkey, req,
+                        ops, VRB_CHAIN);
+    size_t moved = 0;
+    for (size_t i = 0; i < n; i++)
+      moved += ops[i].len;
+    done += moved;
+    if (imm && done == len) { /* the last piece carries the immediate */
+      ops[n - 1].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+      ops[n - 1].imm = *imm;
+    }
+    submit(q, ops, n);
+  }
+  if (l.rent)
+    hixl__vrb_rcache_put(l.rent);
+}
+
+/* ------------------------------------------------------------ operations */
+
+hixl_status_t hixl__vrb_put(hixl_peer_t *peer, const void *src, size_t len, hixl_rmr_t *rmr,
+                            uint64_t off, hixl_req_t *req)
+{
+  vrb_ctx_t *vc = hixl__vc(peer->ctx);
+  transfer(peer->tp, NULL, true, (uint8_t *)(uintptr_t)src, len, local_key(vc, src, len),
+           rmr->base + off, rmr->tp_rkey, NULL, req);
+  return HIXL_OK;
+}
+
+hixl_status_t hixl__vrb_get(hixl_peer_t *peer, void *dst, size_t len, hixl_rmr_t *rmr,
+                            uint64_t off, hixl_req_t *req)
+{
+  vrb_ctx_t *vc = hixl__vc(peer->ctx);
+  transfer(peer->tp, NULL, false, dst, len, local_key(vc, dst, len), rmr->base + off,
+           rmr->tp_rkey, NULL, req);
+  return HIXL_OK;
+}
+
+static void notify_op(vrb_op_t *o, uint32_t imm, uint64_t len)
+{
+  memset(o, 0, offsetof(vrb_op_t, msg));
+  o->kind = VRB_WR_SEND;
+  o->opcode = IBV_WR_SEND;
+  o->inl = true;
+  o->len = sizeof(o->msg);
+  uint32_t imm_le = htole32(imm);
+  uint64_t len_le = htole64(len);
+  memcpy(o->msg, &imm_le, 4);
+  memset(o->msg + 4, 0, 4);
+  memcpy(o->msg + 8, &len_le, 8);
+}
+
+hixl_status_t hixl__vrb_notify(hixl_peer_t *peer, uint32_t imm, uint64_t len, hixl_req_t *req)
+{
+  vrb_peer_t *vp = peer->tp;
+  vrb_op_t o;
+  notify_op(&o, imm, len);
+  op_begin(vp, &o, req);
+  submit(vp->qps[0], &o, 1);
+  return HIXL_OK;
+}
+
+hixl_status_t hixl__vrb_put_imm(hixl_peer_t *peer, const void *src, size_t len,
+                                hixl_rmr_t *rmr, uint64_t off, uint32_t imm, hixl_req_t *req)
+{
+  /* WRITE_WITH_IMM when the put is one work request (the target takes imm
+   * and the length from its receive completion); else the pieces, then a
+   * notification SEND carrying the total length.  All on QP 0. */
+  vrb_peer_t *vp = peer->tp;
+  vrb_ctx_t *vc = hixl__vc(peer->ctx);
+  vrb_local_t l = local_key(vc, src, len);
+  bool one = len <= VRB_MAX_WR_LEN && (l.lkey != 0 || len <= VRB_BOUNCE_SIZE);
+  transfer(vp, vp->qps[0], true, (uint8_t *)(uintptr_t)src, len, l, rmr->base + off,
+           rmr->tp_rkey, one ? &imm : NULL, req);
+  return one ? HIXL_OK : hixl__vrb_notify(peer, imm, len, req);
+}
+
+hixl_status_t hixl__vrb_batch(hixl_peer_t *peer, const hixl_xfer_t *xfers, size_t n,
+                              bool is_put, const uint32_t *imm, uint64_t total,
+                              hixl_req_t *req)
+{
+  vrb_peer_t *vp = peer->tp;
+  vrb_ctx_t *vc = hixl__vc(peer->ctx);
+  /* With a notification: all on QP 0 (see the top).  Without, and with
+   * several QPs: the batch cut in nq contiguous runs, one per QP. */
+  int nq = imm ? 1 : vp->nq;
+  uint32_t first = nq > 1 ? atomic_fetch_add_explicit(&vp->rr, 1, memory_order_relaxed) : 0;
+  size_t per = (n + (size_t)nq - 1) / (size_t)nq;
+  for (int r = 0; r < nq; r++) {
+    vrb_qp_t *q = vp->qps[(first + (uint32_t)r) % (uint32_t)vp->nq];
+    size_t lo = (size_t)r * per, hi = lo + per < n ? lo + per : n;
+    vrb_op_t ops[VRB_CHAIN];
+    size_t k = 0;
+    for (size_t i = lo; i < hi; i++) {
+      const hixl_xfer_t *x = &xfers[i];
+      vrb_local_t l = local_key(vc, x->local, x->len);
+      for (size_t done = 0; done < x->len;) {
+        if (k == VRB_CHAIN) {
+          submit(q, ops, k);
+          k = 0;
+        }
+        size_t got = describe(vc, vp, is_put, (uint8_t *)x->local + done, x->len - done, l,
+                              x->rmr->base + x->off + done, x->rmr->tp_rkey, req, ops + k,
+                              VRB_CHAIN - k);
+        for (size_t j = 0; j < got; j++)
+          done += ops[k + j].len;
+        k += got;
+      }
+      if (l.rent)
+        hixl__vrb_rcache_put(l.rent);
+    }
+    if (imm && k < VRB_CHAIN) { /* the notification rides in the same chain */
+      notify_op(&ops[k], *imm, total);
+      op_begin(vp, &ops[k], req);
+      k++;
+      imm = NULL;
+    }
+    if (k)
+      submit(q, ops, k);
+  }
+  return imm ? hixl__vrb_notify(peer, *imm, total, req) : HIXL_OK;
+}
+
+hixl_status_t hixl__vrb_atomic(hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t off, int op,
+                               uint64_t a, uint64_t b, uint64_t *old_p, hixl_req_t *req)
+{
+  (void)old_p;
+  if (req == NULL)
+    return HIXL_INPROGRESS;
+  vrb_peer_t *vp = peer->tp;
+  vrb_op_t o;
+  memset(&o, 0, offsetof(vrb_op_t, msg));
+  o.kind = VRB_WR_AMO;
+  o.opcode = op == HIXL_AMO_FAA ? IBV_WR_ATOMIC_FETCH_AND_ADD : IBV_WR_ATOMIC_CMP_AND_SWP;
+  o.len = 8;
+  o.raddr = rmr->base + off;
+  o.rkey = rmr->tp_rkey;
+  o.cmp = a;
+  o.swap = b;
+  op_begin(vp, &o, req);
+  submit(pick_qp(vp), &o, 1);
+  return HIXL_INPROGRESS;
+}
+
+/* ------------------------------------------------------------ completions */
+
+static hixl_status_t wc_status(const struct ibv_wc *wc, hixl_peer_t *peer)
+{
+  if (wc->status == IBV_WC_SUCCESS)
+    return HIXL_OK;
+  hixl_status_t st = wc->status == IBV_WC_RETRY_EXC_ERR || wc->status == IBV_WC_RNR_RETRY_EXC_ERR ||
+                             wc->status == IBV_WC_WR_FLUSH_ERR
+                         ? HIXL_ERR_PEER_LOST
+                     : wc->status == IBV_WC_REM_ACCESS_ERR ? HIXL_ERR_ACCESS
+                                                           : HIXL_ERR_TRANSPORT;
+  hixl__err(st, "verbs: work request to %s failed: %s", peer->name,
+            ibv_wc_status_str(wc->status));
+  char why[96];
+  snprintf(why, sizeof(why), "work request failed: %s", ibv_wc_status_str(wc->status));
+  hixl__peer_lost_async(peer, why); /* the QP is in error now */
+  return st;
+}
+
+/* A completion for e: retire everything on its QP up to and including e. */
+static void complete(vrb_ctx_t *vc, vrb_wqe_t *e, hixl_status_t st)
+{
+  vrb_qp_t *q = e->q;
+  vrb_peer_t *vp = q->vp;
+  pthread_mutex_lock(&vp->lock);
+  uint32_t slot = (uint32_t)(e - q->wqe);
+  uint32_t count = (slot - q->tail % VRB_SQ_DEPTH + VRB_SQ_DEPTH) % VRB_SQ_DEPTH + 1;
+  if (count <= q->head - q->tail) { /* else: already retired (cannot happen) */
+    for (uint32_t i = 0; i < count; i++) {
+      vrb_wqe_t *x = &q->wqe[q->tail % VRB_SQ_DEPTH];
+      retire_one(vc, vp, x, x == e ? st : HIXL_OK);
+    }
+  }
+  if (atomic_load(&vp->peer->state) == HIXL_PEER_UP)
+    drain(q);
+  pthread_mutex_unlock(&vp->lock);
+}
+
+int hixl__vrb_progress(hixl_ctx_t *ctx)
+{
+  vrb_ctx_t *vc = hixl__vc(ctx);
+  if (vc == NULL || pthread_mutex_trylock(&vc->poll_lock) != 0)
+    return 0;
+  struct ibv_wc wcs[32];
+  int total = 0, n;
+  while ((n = ibv_poll_cq(vc->scq, 32, wcs)) > 0) {
+    for (int i = 0; i < n; i++) {
+      vrb_wqe_t *e = (vrb_wqe_t *)(uintptr_t)wcs[i].wr_id;
+      complete(vc, e, wc_status(&wcs[i], e->q->vp->peer));
+    }
+    total += n;
+  }
+  pthread_mutex_unlock(&vc->poll_lock);
+  return total;
+}
+
+bool hixl__vrb_drain_peer(vrb_peer_t *vp)
+{
+  hixl_ctx_t *ctx = vp->peer->ctx;
+  vrb_ctx_t *vc = hixl__vc(ctx);
+  /* Nothing queued is posted any more. */
+  pthread_mutex_lock(&vp->lock);
+  for (int i = 0; i < vp->nq; i++) {
+    vrb_qp_t *q = vp->qps[i];
+    while (q->pend_head) {
+      vrb_op_t *o = q->pend_head;
+      q->pend_head = o->next;
+      fail_op(vp, o, HIXL_ERR_PEER_LOST);
+      free(o);
+    }
+    q->pend_tail = NULL;
+  }
+  pthread_mutex_unlock(&vp->lock);
+  /* The QPs are in ERROR: the flush completes what was posted (the last
+   * request of every post is signaled, so its flush retires the rest). */
+  int64_t deadline = hixl__deadline(2000);
+  unsigned it = 0;
+  while (atomic_load(&vp->outstanding) > 0 && !hixl__expired(deadline)) {
+    hixl__vrb_progress(ctx);
+    hixl__backoff(&it);
+  }
+  bool clean = atomic_load(&vp->outstanding) == 0;
+  pthread_mutex_lock(&vc->poll_lock); /* no completion handler is running now */
+  pthread_mutex_lock(&vp->lock);
+  for (int i = 0; i < vp->nq; i++) {
+    vrb_qp_t *q = vp->qps[i];
+    while (q->head != q->tail)
+      retire_one(vc, vp, &q->wqe[q->tail % VRB_SQ_DEPTH], HIXL_ERR_PEER_LOST);
+  }
+  pthread_mutex_unlock(&vp->lock);
+  pthread_mutex_unlock(&vc->poll_lock);
+  return clean;
+}

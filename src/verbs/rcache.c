@@ -1,0 +1,350 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Registration cache: large local buffers that are not inside a hixl region
+ * are registered (ibv_reg_mr) on first use and the registration is kept, so
+ * a user who puts from the same malloc'd buffer again pays nothing.
+ *
+ * The danger of every such cache (UCX, libfabric, MPI have one each) is a
+ * buffer that is freed and its address range mapped again: the old
+ * registration pins the old pages, and a transfer through it would silently
+ * move the wrong bytes.  Here each cached range is also registered with a
+ * userfaultfd, and a monitor thread receives the kernel's UNMAP, REMOVE
+ * (madvise DONTNEED/FREE: what free() does to large chunks) and REMAP
+ * events for it and drops the entries they touch.  Where userfaultfd is not
+ * available, there is no cache and such buffers go through bounce buffers:
+ * slower, never wrong.
+ *
+ * The remaining window: the kernel lets munmap return as soon as the monitor
+ * has read the event, not when it has dropped the entry; a thread that maps
+ * new memory at the very same address and posts from it within those few
+ * microseconds could still hit the old entry.  libfabric's uffd monitor has
+ * the same window.  Set HIXL_VERBS_RCACHE=0 to take no such chance.
+ *
+ * Entries are page-aligned, never overlap (an entry a new range overlaps is
+ * dropped first), sorted by start, reference counted (every posted work
+ * request holds one until it is retired, so an entry dropped while in flight
+ * is deregistered only afterwards) and kept in LRU order under a byte limit
+ * (HIXL_VERBS_RCACHE_MAX, default 1 GiB pinned).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/userfaultfd.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "verbs_int.h"
+
+#ifndef UFFD_USER_MODE_ONLY
+#define UFFD_USER_MODE_ONLY 1
+#endif
+
+struct vrb_rent {
+  uintptr_t start, end;
+  struct ibv_mr *mr;
+  _Atomic int refs; /* one for being in the cache, one per user */
+  vrb_rent_t *prev, *next; /* LRU, most recent first */
+};
+
+struct vrb_rcache {
+  struct ibv_pd *pd;
+  pthread_mutex_t lock;
+  vrb_rent_t **v; /* sorted by start */
+  size_t n, cap;
+  vrb_rent_t *lru_head, *lru_tail;
+  size_t bytes, max_bytes;
+  int uffd, stop_fd;
+  pthread_t monitor;
+  bool monitor_started;
+  _Atomic uint64_t hits, misses, invalidated;
+};
+
+static size_t page_size(void)
+{
+  static size_t ps;
+  if (ps == 0)
+    ps = (size_t)sysconf(_SC_PAGESIZE);
+  return ps;
+}
+
+/* ------------------------------------------------------------ entries */
+
+void hixl__vrb_rcache_ref(vrb_rent_t *e) { atomic_fetch_add(&e->refs, 1); }
+
+void hixl__vrb_rcache_put(vrb_rent_t *e)
+{
+  if (atomic_fetch_sub(&e->refs, 1) == 1) {
+    ibv_dereg_mr(e->mr);
+    free(e);
+  }
+}
+
+/* Index of the first entry whose end is above addr (lock held). */
+static size_t find(const vrb_rcache_t *rc, uintptr_t addr)
+{
+  size_t lo = 0, hi = rc->n;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (rc->v[mid]->end <= addr)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+static void lru_unlink(vrb_rcache_t *rc, vrb_rent_t *e)
+{
+  if (e->prev)
+    e->prev->next = e->next;
+  else
+    rc->lru_head = e->next;
+  if (e->next)
+    e->next->prev = e->prev;
+  else
+    rc->lru_tail = e->prev;
+  e->prev = e->next = NULL;
+}
+
+static void lru_front(vrb_rcache_t *rc, vrb_rent_t *e)
+{
+  e->next = rc->lru_head;
+  e->prev = NULL;
+  if (rc->lru_head)
+    rc->lru_head->prev = e;
+  rc->lru_head = e;
+  if (rc->lru_tail == NULL)
+    rc->lru_tail = e;
+}
+
+/* Drop entry i from the cache (lock held): no longer watched, deregistered
+ * when its last in-flight user retires. */
+static void drop(vrb_rcache_t *rc, size_t i)
+{
+  vrb_rent_t *e = rc->v[i];
+  memmove(rc->v + i, rc->v + i + 1, (rc->n - i - 1) * sizeof(rc->v[0]));
+  rc->n--;
+  lru_unlink(rc, e);
+  rc->bytes -= e->end - e->start;
+  /* Unregistering also wakes a thread blocked on a fault in the range. */
+  struct uffdio_range r = {.start = e->start, .len = e->end - e->start};
+  ioctl(rc->uffd, UFFDIO_UNREGISTER, &r); /* fails harmlessly once unmapped */
+  hixl__vrb_rcache_put(e);
+}
+
+/* Drop every entry overlapping [s, e) (lock held). */
+static size_t drop_range(vrb_rcache_t *rc, uintptr_t s, uintptr_t e)
+{
+  size_t n = 0;
+  size_t i = find(rc, s);
+  while (i < rc->n && rc->v[i]->start < e) {
+    drop(rc, i);
+    n++;
+  }
+  return n;
+}
+
+/* ------------------------------------------------------------ monitor */
+
+static void *monitor_main(void *arg)
+{
+  vrb_rcache_t *rc = arg;
+  struct pollfd pf[2] = {{.fd = rc->uffd, .events = POLLIN}, {.fd = rc->stop_fd, .events = POLLIN}};
+  for (;;) {
+    if (poll(pf, 2, -1) < 0 && errno != EINTR)
+      break;
+    if (pf[1].revents)
+      break;
+    struct uffd_msg msg[16];
+    ssize_t got = read(rc->uffd, msg, sizeof(msg));
+    if (got <= 0)
+      continue;
+    pthread_mutex_lock(&rc->lock);
+    for (size_t i = 0; i < (size_t)got / sizeof(msg[0]); i++) {
+      uintptr_t s = 0, e = 0;
+      switch (msg[i].event) {
+      case UFFD_EVENT_UNMAP:
+        s = (uintptr_t)msg[i].arg.remove.start;
+        e = (uintptr_t)msg[i].arg.remove.end;
+        break;
+      case UFFD_EVENT_REMOVE:
+        s = (uintptr_t)msg[i].arg.remove.start;
+        e = (uintptr_t)msg[i].arg.remove.end;
+        break;
+      case UFFD_EVENT_REMAP:
+        s = (uintptr_t)msg[i].arg.remap.from;
+        e = s + (uintptr_t)msg[i].arg.remap.len;
+        break;
+      case UFFD_EVENT_PAGEFAULT:
+        /* A page of a cached range was discarded and touched again before
+         * we saw the REMOVE: drop the entry; unregistering wakes the thread
+         * (and a plain wake covers a range no longer ours). */
+        s = (uintptr_t)msg[i].arg.pagefault.address & ~(uintptr_t)(page_size() - 1);
+        e = s + page_size();
+        break;
+      default:
+        continue;
+      }
+      atomic_fetch_add(&rc->invalidated, drop_range(rc, s, e));
+      if (msg[i].event == UFFD_EVENT_PAGEFAULT) {
+        struct uffdio_range r = {.start = s, .len = e - s};
+        ioctl(rc->uffd, UFFDIO_WAKE, &r);
+      }
+    }
+    pthread_mutex_unlock(&rc->lock);
+  }
+  return NULL;
+}
+
+/* ------------------------------------------------------------ cache */
+
+vrb_rcache_t *hixl__vrb_rcache_new(struct ibv_pd *pd)
+{
+  const char *e = getenv("HIXL_VERBS_RCACHE");
+  if (e && strcmp(e, "0") == 0)
+    return NULL;
+  int fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | UFFD_USER_MODE_ONLY);
+  if (fd < 0)
+    fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    hixl_info("verbs: no userfaultfd (%s): no registration cache, large unregistered "
+              "buffers go through bounce buffers", strerror(errno));
+    return NULL;
+  }
+  struct uffdio_api api = {.api = UFFD_API,
+                           .features = UFFD_FEATURE_EVENT_UNMAP | UFFD_FEATURE_EVENT_REMOVE |
+                                       UFFD_FEATURE_EVENT_REMAP};
+  vrb_rcache_t *rc = NULL;
+  if (ioctl(fd, UFFDIO_API, &api) != 0) {
+    hixl_info("verbs: userfaultfd lacks unmap events (%s): no registration cache",
+              strerror(errno));
+    goto fail;
+  }
+  rc = calloc(1, sizeof(*rc));
+  if (rc == NULL)
+    goto fail;
+  rc->pd = pd;
+  rc->uffd = fd;
+  rc->stop_fd = eventfd(0, EFD_CLOEXEC);
+  rc->max_bytes = 1ul << 30;
+  e = getenv("HIXL_VERBS_RCACHE_MAX");
+  long v;
+  if (e && hixl__parse_int(e, 0, 1L << 50, &v) == 0)
+    rc->max_bytes = (size_t)v;
+  pthread_mutex_init(&rc->lock, NULL);
+  if (rc->stop_fd < 0 || pthread_create(&rc->monitor, NULL, monitor_main, rc) != 0)
+    goto fail;
+  rc->monitor_started = true;
+  return rc;
+fail:
+  if (rc && rc->stop_fd >= 0)
+    close(rc->stop_fd);
+  free(rc);
+  close(fd);
+  return NULL;
+}
+
+void hixl__vrb_rcache_free(vrb_rcache_t *rc)
+{
+  if (rc == NULL)
+    return;
+  if (rc->monitor_started) {
+    uint64_t one = 1;
+    if (write(rc->stop_fd, &one, sizeof(one)) < 0)
+      hixl_warn("verbs: cannot stop the registration-cache monitor");
+    pthread_join(rc->monitor, NULL);
+  }
+  pthread_mutex_lock(&rc->lock);
+  while (rc->n)
+    drop(rc, rc->n - 1);
+  pthread_mutex_unlock(&rc->lock);
+  free(rc->v);
+  close(rc->stop_fd);
+  close(rc->uffd);
+  pthread_mutex_destroy(&rc->lock);
+  free(rc);
+}
+
+vrb_rent_t *hixl__vrb_rcache_get(vrb_rcache_t *rc, const void *p, size_t len, uint32_t *lkey_p)
+{
+  uintptr_t ps = page_size();
+  uintptr_t s = (uintptr_t)p & ~(ps - 1);
+  uintptr_t e = ((uintptr_t)p + len + ps - 1) & ~(ps - 1);
+  if (e - s > rc->max_bytes)
+    return NULL;
+  pthread_mutex_lock(&rc->lock);
+  size_t i = find(rc, s);
+  if (i < rc->n && rc->v[i]->start <= s && e <= rc->v[i]->end) {
+    vrb_rent_t *hit = rc->v[i];
+    atomic_fetch_add(&hit->refs, 1);
+    lru_unlink(rc, hit);
+    lru_front(rc, hit);
+    pthread_mutex_unlock(&rc->lock);
+    atomic_fetch_add_explicit(&rc->hits, 1, memory_order_relaxed);
+    *lkey_p = hit->mr->lkey;
+    return hit;
+  }
+  atomic_fetch_add_explicit(&rc->misses, 1, memory_order_relaxed);
+  /* Miss: what [s, e) overlaps goes (so nothing uffd-watched is inside the
+   * range ibv_reg_mr is about to touch), then the oldest idle entries while
+   * over the limit. */
+  drop_range(rc, s, e);
+  while (rc->bytes + (e - s) > rc->max_bytes && rc->lru_tail) {
+    vrb_rent_t *old = rc->lru_tail;
+    drop(rc, find(rc, old->start));
+  }
+  vrb_rent_t *ent = NULL;
+  if (rc->n == rc->cap) {
+    size_t cap = rc->cap ? rc->cap * 2 : 64;
+    vrb_rent_t **v = realloc(rc->v, cap * sizeof(*v));
+    if (v == NULL)
+      goto out;
+    rc->v = v;
+    rc->cap = cap;
+  }
+  ent = calloc(1, sizeof(*ent));
+  if (ent == NULL)
+    goto out;
+  ent->start = s;
+  ent->end = e;
+  ent->mr = ibv_reg_mr(rc->pd, (void *)s, e - s, IBV_ACCESS_LOCAL_WRITE);
+  if (ent->mr == NULL) { /* read-only or unpinnable memory: bounce it */
+    free(ent);
+    ent = NULL;
+    goto out;
+  }
+  struct uffdio_register reg = {.range = {.start = s, .len = e - s},
+                                .mode = UFFDIO_REGISTER_MODE_MISSING};
+  if (ioctl(rc->uffd, UFFDIO_REGISTER, &reg) != 0) {
+    /* Not anonymous or shmem memory (a file mapping, say): cannot watch. */
+    hixl_debug("verbs: cannot watch [%#lx, %#lx) for unmaps (%s): not cached",
+               (unsigned long)s, (unsigned long)e, strerror(errno));
+    ibv_dereg_mr(ent->mr);
+    free(ent);
+    ent = NULL;
+    goto out;
+  }
+  atomic_init(&ent->refs, 2); /* the cache's and the caller's */
+  i = find(rc, s);
+  memmove(rc->v + i + 1, rc->v + i, (rc->n - i) * sizeof(rc->v[0]));
+  rc->v[i] = ent;
+  rc->n++;
+  rc->bytes += e - s;
+  lru_front(rc, ent);
+  *lkey_p = ent->mr->lkey;
+out:
+  pthread_mutex_unlock(&rc->lock);
+  return ent;
+}
+
+void hixl__vrb_rcache_stats(const vrb_rcache_t *rc, uint64_t out[3])
+{
+  out[0] = rc ? atomic_load(&rc->hits) : 0;
+  out[1] = rc ? atomic_load(&rc->misses) : 0;
+  out[2] = rc ? atomic_load(&rc->invalidated) : 0;
+}

@@ -1,0 +1,178 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Inside the verbs transport.  Three parts, one file each:
+ *
+ *   verbs.c   device and port, context set-up, regions, peers and their QPs
+ *             (connected over the control connection), the receive side
+ *             (immediates -> notifications), the ops table;
+ *   post.c    the send path: per-QP rings with selective signaling, chained
+ *             work requests, the software queue for what does not fit, the
+ *             bounce pool, completions;
+ *   rcache.c  the registration cache for large unregistered local buffers,
+ *             kept honest by a userfaultfd monitor.
+ */
+#ifndef HIXL_VERBS_INT_H
+#define HIXL_VERBS_INT_H
+
+#include <infiniband/verbs.h>
+
+#include "../core/config.h"
+#include "../core/hixl_int.h"
+
+#define VRB_SQ_DEPTH 256    /* send work requests in flight per QP */
+#define VRB_SIGNAL_EVERY 64 /* at least one signaled request in this many */
+#define VRB_CHAIN 32        /* work requests per ibv_post_send */
+#define VRB_MAX_QPS 16      /* HIXL_VERBS_QPS upper bound */
+#define VRB_SRQ_DEPTH 512
+#define VRB_RECV_SIZE 64
+#define VRB_BOUNCE_SIZE 65536
+#define VRB_BOUNCE_COUNT 32
+#define VRB_CQ_DEPTH 8192
+#define VRB_INLINE 64
+#define VRB_NOTIF_RING 65536
+#define VRB_MAX_WR_LEN (1u << 30) /* split longer transfers */
+#define VRB_STRIPE_MIN (256u * 1024) /* a put/get this large is cut over the QPs */
+
+enum { VRB_WR_PUT, VRB_WR_GET, VRB_WR_AMO, VRB_WR_SEND };
+
+typedef struct vrb_rcache vrb_rcache_t;
+typedef struct vrb_rent vrb_rent_t;
+
+/* One hixl region as the send path needs it: sorted by start. */
+typedef struct vrb_lreg {
+  uintptr_t start, end;
+  uint32_t lkey;
+} vrb_lreg_t;
+
+typedef struct vrb_ctx {
+  struct ibv_context *dev;
+  struct ibv_pd *pd;
+  struct ibv_comp_channel *sch; /* send CQ events: the progress thread's event mode */
+  struct ibv_cq *scq;
+  int scq_cap;
+  int n_qps; /* QPs on scq, to size it */
+  struct ibv_comp_channel *rch;
+  struct ibv_cq *rcq;
+  struct ibv_srq *srq;
+  uint8_t *rbufs;
+  struct ibv_mr *rbufs_mr;
+  uint8_t port;
+  int gid_index;
+  union ibv_gid gid;
+  uint16_t lid;
+  enum ibv_mtu mtu;
+  uint32_t max_inline;
+  int max_cqe;
+  bool atomic_be; /* atomic results arrive big-endian (some HCAs) */
+  char name[64];
+  /* Completions are retired by one thread at a time (trylock). */
+  pthread_mutex_t poll_lock;
+  pthread_mutex_t cq_lock; /* resizing scq vs. creating QPs */
+  /* Local keys of hixl regions, sorted by start (readers: every op). */
+  pthread_rwlock_t lreg_lock;
+  vrb_lreg_t *lregs;
+  size_t n_lregs, cap_lregs;
+  vrb_rcache_t *rcache;
+  /* Receive completions that found a peer's notification ring full: kept
+   * (their buffers not reposted, which throttles senders through RNR) and
+   * retried at the next tick, in order. */
+  struct ibv_wc overflow[VRB_SRQ_DEPTH];
+  int n_overflow;
+} vrb_ctx_t;
+
+typedef struct vrb_peer vrb_peer_t;
+typedef struct vrb_qp vrb_qp_t;
+
+/* A work request as the send path describes it before posting: copied into
+ * the software queue when the send queue has no room. */
+typedef struct vrb_op {
+  hixl_req_t *req;
+  vrb_rent_t *rent; /* registration-cache entry, held until retired */
+  void *local;
+  uint64_t raddr;
+  uint64_t cmp, swap;
+  uint32_t len, lkey, rkey, imm;
+  uint8_t opcode; /* enum ibv_wr_opcode */
+  uint8_t kind;   /* VRB_WR_* */
+  bool inl;
+  uint8_t msg[16]; /* a notification SEND's payload (inline) */
+  struct vrb_op *next;
+} vrb_op_t;
+
+/* A posted work request, retired when its (or a later) completion arrives. */
+typedef struct vrb_wqe {
+  vrb_qp_t *q;
+  hixl_req_t *req;
+  vrb_rent_t *rent;
+  void *copy_dst; /* a get through a bounce buffer: copy here when done */
+  uint32_t len;
+  int16_t bounce;
+  uint8_t kind;
+} vrb_wqe_t;
+
+struct vrb_qp {
+  struct ibv_qp *qp;
+  vrb_peer_t *vp;
+  uint32_t index;
+  /* Under vp->lock: posted, retired, posted since the last signaled one. */
+  uint32_t head, tail, since_signal;
+  vrb_op_t *pend_head, *pend_tail; /* the software queue, FIFO */
+  uint64_t *amo; /* VRB_SQ_DEPTH atomic result words (vp->amo_mr) */
+  vrb_wqe_t wqe[VRB_SQ_DEPTH];
+};
+
+struct vrb_peer {
+  hixl_peer_t *peer;
+  int nq;
+  vrb_qp_t *qps[VRB_MAX_QPS];
+  pthread_mutex_t lock; /* rings, software queues, bounce pool */
+  _Atomic uint32_t rr;  /* round robin over the QPs */
+  uint8_t *bounce;
+  struct ibv_mr *bounce_mr;
+  int bounce_free[VRB_BOUNCE_COUNT], n_bounce_free;
+  uint64_t *amo;
+  struct ibv_mr *amo_mr;
+  vrb_op_t *op_free; /* spare software-queue nodes */
+  _Atomic int outstanding; /* posted and queued, not yet retired */
+};
+
+static inline vrb_ctx_t *hixl__vc(hixl_ctx_t *ctx) { return ctx->tp[HIXL_TP_VERBS]; }
+
+/* verbs.c */
+hixl_status_t hixl__vrb_err(hixl_status_t st, const char *what, int rc);
+/* lkey of a hixl region holding [p, p+len), or 0. */
+uint32_t hixl__vrb_region_lkey(vrb_ctx_t *vc, const void *p, size_t len);
+
+/* post.c */
+hixl_status_t hixl__vrb_put(hixl_peer_t *peer, const void *src, size_t len, hixl_rmr_t *rmr,
+                            uint64_t off, hixl_req_t *req);
+hixl_status_t hixl__vrb_get(hixl_peer_t *peer, void *dst, size_t len, hixl_rmr_t *rmr,
+                            uint64_t off, hixl_req_t *req);
+hixl_status_t hixl__vrb_put_imm(hixl_peer_t *peer, const void *src, size_t len,
+                                hixl_rmr_t *rmr, uint64_t off, uint32_t imm, hixl_req_t *req);
+hixl_status_t hixl__vrb_notify(hixl_peer_t *peer, uint32_t imm, uint64_t len, hixl_req_t *req);
+hixl_status_t hixl__vrb_batch(hixl_peer_t *peer, const hixl_xfer_t *xfers, size_t n,
+                              bool is_put, const uint32_t *imm, uint64_t total,
+                              hixl_req_t *req);
+hixl_status_t hixl__vrb_atomic(hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t off, int op,
+                               uint64_t a, uint64_t b, uint64_t *old_p, hixl_req_t *req);
+int hixl__vrb_progress(hixl_ctx_t *ctx);
+/* Peer going away: fail its software queues, wait (bounded) for the flush of
+ * its QPs (already in ERROR), then retire whatever is left as PEER_LOST.
+ * false: some never flushed (their completions may still come: keep vp). */
+bool hixl__vrb_drain_peer(vrb_peer_t *vp);
+
+/* rcache.c */
+/* NULL when the cache cannot be kept safe here (no userfaultfd). */
+vrb_rcache_t *hixl__vrb_rcache_new(struct ibv_pd *pd);
+void hixl__vrb_rcache_free(vrb_rcache_t *rc);
+/* A cache entry covering [p, p+len) with a reference for the caller, or NULL
+ * (use bounce buffers).  *lkey_p: its local key. */
+vrb_rent_t *hixl__vrb_rcache_get(vrb_rcache_t *rc, const void *p, size_t len, uint32_t *lkey_p);
+/* Another reference on an entry the caller holds. */
+void hixl__vrb_rcache_ref(vrb_rent_t *e);
+void hixl__vrb_rcache_put(vrb_rent_t *e);
+/* Counters for tests and hixl-info: hits, misses, invalidations. */
+void hixl__vrb_rcache_stats(const vrb_rcache_t *rc, uint64_t out[3]);
+
+#endif
