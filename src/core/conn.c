@@ -114,6 +114,10 @@ void hixl__peer_fail_locked(hixl_peer_t *p, int state, const char *why)
   if (!p->unix_pending && old == HIXL_PEER_UP)
     hixl_info("peer %s %s: %s", p->name, state == HIXL_PEER_LOST ? "lost" : "closed", why);
   fail_pending_locked(p);
+  /* Let the transport fail what is in flight now, not when its own retries
+   * run out (verbs: the QPs go to ERROR and flush). */
+  if (old == HIXL_PEER_UP && p->ops && p->ops->peer_lost)
+    p->ops->peer_lost(p);
   hixl__wake(p->ctx);
 }
 
@@ -712,7 +716,7 @@ static void *ctl_main(void *arg)
       hb_ms = 10;
     if (hb_ms > 1000)
       hb_ms = 1000;
-    int n = epoll_wait(ctx->epoll_fd, evs, 32, hb_ms);
+    int n = epoll_wait(ctx->epoll_fd, evs, 32, atomic_load(&ctx->tp_backlog) > 0 ? 1 : hb_ms);
     for (int i = 0; i < n; i++) {
       void *ptr = evs[i].data.ptr;
       if (ptr == &ctx->listen_fd) {

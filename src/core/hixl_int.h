@@ -168,6 +168,9 @@ typedef struct hixl_transport_ops {
   void (*accept)(hixl_peer_t *peer, const struct hixl_msg *m, struct hixl_msg *out);
   /* Release transport state (peer lost, disconnected or destroyed). */
   void (*peer_close)(hixl_peer_t *peer);
+  /* Optional: the peer was just lost or closed (ctx->lock held); fail what
+   * is in flight promptly.  peer_close still follows, later. */
+  void (*peer_lost)(hixl_peer_t *peer);
   /* Check an unpacked blob with the owner and make it usable. */
   hixl_status_t (*rmr_attach)(hixl_rmr_t *rmr, int64_t deadline);
   void (*rmr_detach)(hixl_rmr_t *rmr);
@@ -306,6 +309,10 @@ struct hixl_ctx {
   char *cfg_strs[4];
   uint32_t tp_allowed;    /* bit per HIXL_TP_*: what the configuration allows */
   uint32_t tp_ready;      /* bit per HIXL_TP_*: allowed and set up on this machine */
+  /* Operations a transport queued in software because its hardware queue
+   * was full: while any wait, the control thread ticks every millisecond
+   * (on_event), so they go out even if the caller never calls hixl again. */
+  _Atomic long tp_backlog;
   void *tp[HIXL_TP_COUNT]; /* per-transport context state (verbs: device, PD, CQs) */
   int tp_fd[HIXL_TP_COUNT]; /* a transport's event fd for the control thread, or -1 */
   uint8_t tp_order[HIXL_TP_COUNT]; /* preference order */

@@ -18,7 +18,7 @@
 #include <stdint.h>
 
 #define HIXL_WIRE_MAGIC 0x4c584948u /* "HIXL" */
-#define HIXL_WIRE_VERSION 1
+#define HIXL_WIRE_VERSION 2 /* 2: VERBS_QP carries the QP count */
 #define HIXL_WIRE_HDR 24
 #define HIXL_WIRE_MAX 4096 /* payload bytes; every message is far smaller */
 #define HIXL_WIRE_STR 256  /* string field capacity, NUL included */
@@ -76,8 +76,9 @@ typedef struct hixl_msg {
  * ATOMIC_REPLY: status, u64[0] old
  * WORLD_BARRIER: u64[0] world id, u64[1] epoch
  * WORLD_XCHG:  u64[0] world id, u64[1] epoch, blob
- * VERBS_QP:    u32[0] qpn, u32[1] psn, u32[2] mtu (enum ibv_mtu), u64[0] lid,
- *              u64[1] ctx id, blob = 16-byte GID
+ * VERBS_QP:    u32[0] qpn of QP 0, u32[1] psn, u32[2] mtu (enum ibv_mtu), u64[0] lid,
+ *              u64[1] ctx id, u64[2] QP count n, blob = 16-byte GID then the
+ *              QPNs of QPs 1..n-1 (4 bytes each, little-endian)
  * VERBS_QP_REPLY: status, the same fields for the target's QP
  * VERBS_MR:    u32[0] slot, u32[1] access, u32[2] flags, u64[0] rkey, u64[1] base,
  *              u64[2] len (all checked by the owner)

@@ -76,6 +76,18 @@ static vrb_op_t *op_node(vrb_peer_t *vp)
   return malloc(sizeof(*o));
 }
 
+/* Unlink the head of q's software queue (vp->lock held). */
+static vrb_op_t *pend_pop(vrb_qp_t *q)
+{
+  vrb_op_t *o = q->pend_head;
+  q->pend_head = o->next;
+  if (q->pend_head == NULL)
+    q->pend_tail = NULL;
+  q->n_pend--;
+  atomic_fetch_sub(&q->vp->peer->ctx->tp_backlog, 1);
+  return o;
+}
+
 static void fail_op(vrb_peer_t *vp, vrb_op_t *o, hixl_status_t st)
 {
   if (o->rent)
@@ -198,13 +210,11 @@ static size_t post_ops(vrb_qp_t *q, vrb_op_t *const *ops, size_t n)
   return taken;
 }
 
-/* Hand ops to q: post what fits, queue the rest behind what already waits.
- * Every op has its request part and outstanding count taken already. */
-static void submit(vrb_qp_t *q, vrb_op_t *ops, size_t n)
+/* Post ops[0..n) while q has nothing queued; returns how many went (vp->lock
+ * held). */
+static size_t post_direct(vrb_qp_t *q, vrb_op_t *ops, size_t n)
 {
-  vrb_peer_t *vp = q->vp;
   vrb_op_t *ptrs[VRB_CHAIN];
-  pthread_mutex_lock(&vp->lock);
   size_t i = 0;
   while (i < n && q->pend_head == NULL) {
     size_t m = n - i < VRB_CHAIN ? n - i : VRB_CHAIN;
@@ -215,7 +225,29 @@ static void submit(vrb_qp_t *q, vrb_op_t *ops, size_t n)
     if (t < m)
       break;
   }
+  return i;
+}
+
+/* Hand ops to q: post what fits; when the send queue is full, retire
+ * completions once (no syscall: the CQ is polled in user space) and try
+ * again; queue the rest behind what already waits.  The caller does not
+ * wait, except when the software queue is over VRB_QUEUE_MAX: then it
+ * drives completions until there is room (memory stays bounded).  Every op
+ * has its request part and outstanding count taken already. */
+static void submit(vrb_qp_t *q, vrb_op_t *ops, size_t n)
+{
+  vrb_peer_t *vp = q->vp;
+  hixl_ctx_t *ctx = vp->peer->ctx;
+  pthread_mutex_lock(&vp->lock);
+  size_t i = post_direct(q, ops, n);
+  if (i < n) {
+    pthread_mutex_unlock(&vp->lock);
+    hixl__vrb_progress(ctx);
+    pthread_mutex_lock(&vp->lock);
+    i += post_direct(q, ops + i, n - i);
+  }
   bool up = atomic_load(&vp->peer->state) == HIXL_PEER_UP;
+  bool woke = false;
   for (; i < n; i++) {
     vrb_op_t *node = up ? op_node(vp) : NULL;
     if (!up) { /* closing: nobody would ever post it */
@@ -233,8 +265,22 @@ static void submit(vrb_qp_t *q, vrb_op_t *ops, size_t n)
     else
       q->pend_head = node;
     q->pend_tail = node;
+    q->n_pend++;
+    if (atomic_fetch_add(&ctx->tp_backlog, 1) == 0 && !woke) {
+      woke = true; /* the control thread starts its 1 ms tick */
+      hixl__wake(ctx);
+    }
   }
+  uint32_t queued = q->n_pend;
   pthread_mutex_unlock(&vp->lock);
+  unsigned it = 0;
+  while (queued > VRB_QUEUE_MAX && atomic_load(&vp->peer->state) == HIXL_PEER_UP) {
+    if (hixl__vrb_progress(ctx) == 0)
+      hixl__backoff(&it);
+    pthread_mutex_lock(&vp->lock);
+    queued = q->n_pend;
+    pthread_mutex_unlock(&vp->lock);
+  }
 }
 
 /* Post what waits in q's software queue (vp->lock held). */
@@ -248,13 +294,10 @@ static void drain(vrb_qp_t *q)
       ptrs[m++] = o;
     size_t t = post_ops(q, ptrs, m);
     for (size_t j = 0; j < t; j++) {
-      vrb_op_t *o = q->pend_head;
-      q->pend_head = o->next;
+      vrb_op_t *o = pend_pop(q);
       o->next = vp->op_free;
       vp->op_free = o;
     }
-    if (q->pend_head == NULL)
-      q->pend_tail = NULL;
     if (t < m)
       break;
   }
@@ -292,15 +335,15 @@ static vrb_qp_t *pick_qp(vrb_peer_t *vp)
 }
 
 /* Describe [local, local+len) <-> rmr+off as ops into out (at most cap);
- * returns how many.  One op when the memory has a key (up to
- * VRB_MAX_WR_LEN), else bounce-sized pieces.  Each op holds its own
+ * returns how many.  With a key: one WRITE (up to VRB_MAX_WR_LEN) or READs of
+ * vc->read_chunk each; without: bounce-sized pieces.  Each op holds its own
  * reference on l.rent. */
 static size_t describe(vrb_ctx_t *vc, vrb_peer_t *vp, bool write, uint8_t *local, size_t len,
                        vrb_local_t l, uint64_t raddr, uint32_t rkey, hixl_req_t *req,
                        vrb_op_t *out, size_t cap)
 {
   bool inl = write && len <= vc->max_inline;
-  size_t step = l.lkey ? VRB_MAX_WR_LEN : VRB_BOUNCE_SIZE;
+  size_t step = !l.lkey ? VRB_BOUNCE_SIZE : write ? VRB_MAX_WR_LEN : vc->read_chunk;
   size_t n = 0;
   for (size_t done = 0; done < len && n < cap; n++) {
     size_t m = len - done < step ? len - done : step;
@@ -527,8 +570,16 @@ static void complete(vrb_ctx_t *vc, vrb_wqe_t *e, hixl_status_t st)
       retire_one(vc, vp, x, x == e ? st : HIXL_OK);
     }
   }
-  if (atomic_load(&vp->peer->state) == HIXL_PEER_UP)
+  if (st == HIXL_OK && atomic_load(&vp->peer->state) == HIXL_PEER_UP) {
     drain(q);
+  } else { /* the QP is in error or the peer gone: what waits never goes */
+    while (q->pend_head) {
+      vrb_op_t *o = pend_pop(q);
+      fail_op(vp, o, HIXL_ERR_PEER_LOST);
+      o->next = vp->op_free;
+      vp->op_free = o;
+    }
+  }
   pthread_mutex_unlock(&vp->lock);
 }
 
@@ -539,13 +590,15 @@ int hixl__vrb_progress(hixl_ctx_t *ctx)
     return 0;
   struct ibv_wc wcs[32];
   int total = 0, n;
-  while ((n = ibv_poll_cq(vc->scq, 32, wcs)) > 0) {
-    for (int i = 0; i < n; i++) {
-      vrb_wqe_t *e = (vrb_wqe_t *)(uintptr_t)wcs[i].wr_id;
-      complete(vc, e, wc_status(&wcs[i], e->q->vp->peer));
+  int ncq = atomic_load_explicit(&vc->n_scqs, memory_order_acquire);
+  for (int c = 0; c < ncq; c++)
+    while ((n = ibv_poll_cq(vc->scqs[c].cq, 32, wcs)) > 0) {
+      for (int i = 0; i < n; i++) {
+        vrb_wqe_t *e = (vrb_wqe_t *)(uintptr_t)wcs[i].wr_id;
+        complete(vc, e, wc_status(&wcs[i], e->q->vp->peer));
+      }
+      total += n;
     }
-    total += n;
-  }
   pthread_mutex_unlock(&vc->poll_lock);
   return total;
 }
@@ -559,12 +612,10 @@ bool hixl__vrb_drain_peer(vrb_peer_t *vp)
   for (int i = 0; i < vp->nq; i++) {
     vrb_qp_t *q = vp->qps[i];
     while (q->pend_head) {
-      vrb_op_t *o = q->pend_head;
-      q->pend_head = o->next;
+      vrb_op_t *o = pend_pop(q);
       fail_op(vp, o, HIXL_ERR_PEER_LOST);
       free(o);
     }
-    q->pend_tail = NULL;
   }
   pthread_mutex_unlock(&vp->lock);
   /* The QPs are in ERROR: the flush completes what was posted (the last

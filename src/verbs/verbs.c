@@ -158,8 +158,8 @@ static void vrb_ctx_fini(hixl_ctx_t *ctx)
     ibv_destroy_cq(vc->rcq);
   if (vc->rch)
     ibv_destroy_comp_channel(vc->rch);
-  if (vc->scq)
-    ibv_destroy_cq(vc->scq);
+  for (int i = 0; i < atomic_load(&vc->n_scqs); i++)
+    ibv_destroy_cq(vc->scqs[i].cq);
   if (vc->sch)
     ibv_destroy_comp_channel(vc->sch);
   if (vc->pd)
@@ -189,9 +189,7 @@ static hixl_status_t vrb_ctx_init(hixl_ctx_t *ctx)
     goto fail;
   vc->pd = ibv_alloc_pd(vc->dev);
   vc->sch = vc->pd ? ibv_create_comp_channel(vc->dev) : NULL;
-  vc->scq_cap = VRB_CQ_DEPTH < vc->max_cqe ? VRB_CQ_DEPTH : vc->max_cqe;
-  vc->scq = vc->sch ? ibv_create_cq(vc->dev, vc->scq_cap, NULL, vc->sch, 0) : NULL;
-  vc->rch = vc->scq ? ibv_create_comp_channel(vc->dev) : NULL;
+  vc->rch = vc->sch ? ibv_create_comp_channel(vc->dev) : NULL;
   vc->rcq = vc->rch ? ibv_create_cq(vc->dev, VRB_CQ_DEPTH, NULL, vc->rch, 0) : NULL;
   struct ibv_srq_init_attr sa = {.attr = {.max_wr = VRB_SRQ_DEPTH, .max_sge = 1}};
   vc->srq = vc->rcq ? ibv_create_srq(vc->pd, &sa) : NULL;
@@ -213,6 +211,13 @@ static hixl_status_t vrb_ctx_init(hixl_ctx_t *ctx)
   fcntl(vc->sch->fd, F_SETFL, fcntl(vc->sch->fd, F_GETFL) | O_NONBLOCK);
   ctx->tp_fd[HIXL_TP_VERBS] = vc->rch->fd;
   vc->rcache = hixl__vrb_rcache_new(vc->pd);
+  long chunk = VRB_READ_CHUNK;
+  const char *e = getenv("HIXL_VERBS_READ_CHUNK");
+  if (e && hixl__parse_int(e, 4096, VRB_MAX_WR_LEN, &chunk) != 0) {
+    hixl_warn("ignoring HIXL_VERBS_READ_CHUNK=%s (want 4096..%u)", e, VRB_MAX_WR_LEN);
+    chunk = VRB_READ_CHUNK;
+  }
+  vc->read_chunk = (uint32_t)chunk;
   hixl_info("verbs: %s gid index %d mtu %d, registration cache %s", vc->name, vc->gid_index,
             128 << vc->mtu, vc->rcache ? "on" : "off");
   return HIXL_OK;
@@ -327,7 +332,7 @@ static void vp_free(vrb_peer_t *vp)
     if (vp->qps[i]->qp) {
       ibv_destroy_qp(vp->qps[i]->qp);
       pthread_mutex_lock(&vc->cq_lock);
-      vc->n_qps--;
+      vc->scqs[vp->scq].n_qps--;
       pthread_mutex_unlock(&vc->cq_lock);
     }
     free(vp->qps[i]);
@@ -347,26 +352,40 @@ static void vp_free(vrb_peer_t *vp)
   free(vp);
 }
 
-/* Room on the shared send CQ for nq more QPs' worth of completions: every
- * QP can have VRB_SQ_DEPTH signaled requests in flight. */
-static hixl_status_t cq_room(vrb_ctx_t *vc, int nq)
+/* A send CQ with room for nq more QPs' completions (every QP can have
+ * VRB_SQ_DEPTH signaled requests in flight): an existing one, grown if the
+ * device allows, or a new one.  Returns its index, counted, or -1. */
+static int cq_room(vrb_ctx_t *vc, int nq)
 {
-  hixl_status_t st = HIXL_OK;
+  int need_one = nq * VRB_SQ_DEPTH, pick = -1;
   pthread_mutex_lock(&vc->cq_lock);
-  int need = (vc->n_qps + nq) * VRB_SQ_DEPTH;
-  if (need > vc->scq_cap) {
-    int want = need * 2 < vc->max_cqe ? need * 2 : vc->max_cqe;
-    if (want < need || ibv_resize_cq(vc->scq, want) != 0)
-      st = hixl__err(HIXL_ERR_NOMEM,
-                     "verbs: the send CQ cannot hold %d QPs (device limit %d completions)",
-                     vc->n_qps + nq, vc->max_cqe);
-    else
-      vc->scq_cap = vc->scq->cqe;
+  int n = atomic_load(&vc->n_scqs);
+  for (int i = 0; i < n && pick < 0; i++) {
+    vrb_scq_t *c = &vc->scqs[i];
+    int need = (c->n_qps + nq) * VRB_SQ_DEPTH;
+    if (need <= c->cap)
+      pick = i;
+    else if (need <= vc->max_cqe && ibv_resize_cq(c->cq, need * 2 < vc->max_cqe ? need * 2 : vc->max_cqe) == 0) {
+      c->cap = c->cq->cqe;
+      pick = need <= c->cap ? i : -1;
+    }
   }
-  if (st == HIXL_OK)
-    vc->n_qps += nq;
+  if (pick < 0 && n < VRB_MAX_SCQS && need_one <= vc->max_cqe) {
+    int cap = VRB_CQ_DEPTH > need_one ? VRB_CQ_DEPTH : need_one;
+    cap = cap < vc->max_cqe ? cap : vc->max_cqe;
+    struct ibv_cq *cq = ibv_create_cq(vc->dev, cap, NULL, vc->sch, 0);
+    if (cq) {
+      vc->scqs[n] = (vrb_scq_t){.cq = cq, .cap = cq->cqe};
+      atomic_store_explicit(&vc->n_scqs, n + 1, memory_order_release);
+      pick = n;
+    }
+  }
+  if (pick >= 0)
+    vc->scqs[pick].n_qps += nq;
   pthread_mutex_unlock(&vc->cq_lock);
-  return st;
+  if (pick < 0)
+    hixl__vrb_err(HIXL_ERR_NOMEM, "no send CQ can take another peer's QPs", 0);
+  return pick;
 }
 
 static vrb_peer_t *vp_new(hixl_peer_t *peer, int nq)
@@ -392,7 +411,8 @@ static vrb_peer_t *vp_new(hixl_peer_t *peer, int nq)
     vp_free(vp);
     return NULL;
   }
-  if (cq_room(vc, nq) != HIXL_OK) {
+  vp->scq = cq_room(vc, nq);
+  if (vp->scq < 0) {
     vp_free(vp);
     return NULL;
   }
@@ -407,7 +427,7 @@ static vrb_peer_t *vp_new(hixl_peer_t *peer, int nq)
     for (int k = 0; k < VRB_SQ_DEPTH; k++)
       q->wqe[k].q = q;
     struct ibv_qp_init_attr qa = {
-        .send_cq = vc->scq, .recv_cq = vc->rcq, .srq = vc->srq, .qp_type = IBV_QPT_RC,
+        .send_cq = vc->scqs[vp->scq].cq, .recv_cq = vc->rcq, .srq = vc->srq, .qp_type = IBV_QPT_RC,
         .cap = {.max_send_wr = VRB_SQ_DEPTH, .max_send_sge = 1, .max_inline_data = VRB_INLINE}};
     q->qp = ibv_create_qp(vc->pd, &qa);
     if (q->qp == NULL)
@@ -419,7 +439,7 @@ static vrb_peer_t *vp_new(hixl_peer_t *peer, int nq)
   for (int i = 0; i < vp->nq; i++)
     made += vp->qps[i]->qp != NULL;
   pthread_mutex_lock(&vc->cq_lock);
-  vc->n_qps -= nq - made;
+  vc->scqs[vp->scq].n_qps -= nq - made;
   pthread_mutex_unlock(&vc->cq_lock);
   if (made < nq) {
     hixl__vrb_err(HIXL_ERR_NOMEM, "creating a QP", 0);
@@ -593,16 +613,23 @@ static void vrb_accept(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out)
   local_info(vc, vp, out, psn);
 }
 
+/* QPs to ERROR: everything posted flushes (completes as PEER_LOST). */
+static void vrb_peer_lost(hixl_peer_t *peer)
+{
+  vrb_peer_t *vp = peer->tp;
+  for (int i = 0; vp && i < vp->nq; i++) {
+    struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+    ibv_modify_qp(vp->qps[i]->qp, &a, IBV_QP_STATE);
+  }
+}
+
 static void vrb_peer_close(hixl_peer_t *peer)
 {
   vrb_peer_t *vp = peer->tp;
   if (vp) {
-    /* Flush what is in flight (a QP in ERROR completes it all) before the
-     * descriptors those completions point at go away. */
-    for (int i = 0; i < vp->nq; i++) {
-      struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
-      ibv_modify_qp(vp->qps[i]->qp, &a, IBV_QP_STATE);
-    }
+    /* Flush what is in flight before the descriptors those completions
+     * point at go away. */
+    vrb_peer_lost(peer);
     if (hixl__vrb_drain_peer(vp))
       vp_free(vp);
     else
@@ -621,8 +648,12 @@ static void vrb_peer_close(hixl_peer_t *peer)
 static int vrb_arm(hixl_ctx_t *ctx)
 {
   vrb_ctx_t *vc = VC(ctx);
-  if (vc == NULL || ibv_req_notify_cq(vc->scq, 0) != 0)
+  if (vc == NULL)
     return -1;
+  int n = atomic_load_explicit(&vc->n_scqs, memory_order_acquire);
+  for (int i = 0; i < n; i++)
+    if (ibv_req_notify_cq(vc->scqs[i].cq, 0) != 0)
+      return -1;
   return vc->sch->fd;
 }
 
@@ -689,6 +720,10 @@ static bool deliver(hixl_ctx_t *ctx, vrb_ctx_t *vc, const struct ibv_wc *wc)
 static void vrb_on_event(hixl_ctx_t *ctx)
 {
   vrb_ctx_t *vc = VC(ctx);
+  /* Requests waiting in software queues go out as completions free room,
+   * even when the caller is not calling hixl (see tp_backlog). */
+  if (atomic_load(&ctx->tp_backlog) > 0)
+    hixl__vrb_progress(ctx);
   struct ibv_cq *cq;
   void *cq_ctx;
   if (ibv_get_cq_event(vc->rch, &cq, &cq_ctx) == 0)
@@ -729,6 +764,7 @@ const hixl_transport_ops_t hixl__verbs_ops = {
     .connect = vrb_connect,
     .accept = vrb_accept,
     .peer_close = vrb_peer_close,
+    .peer_lost = vrb_peer_lost,
     .rmr_attach = vrb_rmr_attach,
     .rmr_detach = vrb_rmr_detach,
     .rmr_live = vrb_rmr_live,

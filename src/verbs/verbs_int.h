@@ -23,14 +23,21 @@
 #define VRB_SIGNAL_EVERY 64 /* at least one signaled request in this many */
 #define VRB_CHAIN 32        /* work requests per ibv_post_send */
 #define VRB_MAX_QPS 16      /* HIXL_VERBS_QPS upper bound */
+#define VRB_QUEUE_MAX 4096  /* software-queued requests per QP before callers wait */
 #define VRB_SRQ_DEPTH 512
 #define VRB_RECV_SIZE 64
 #define VRB_BOUNCE_SIZE 65536
 #define VRB_BOUNCE_COUNT 32
 #define VRB_CQ_DEPTH 8192
+#define VRB_MAX_SCQS 64
 #define VRB_INLINE 64
 #define VRB_NOTIF_RING 65536
-#define VRB_MAX_WR_LEN (1u << 30) /* split longer transfers */
+#define VRB_MAX_WR_LEN (1u << 30) /* split longer writes */
+/* Reads are cut in pieces of this (default): a READ's response packets are
+ * not flow controlled like a WRITE's, and one large READ on Soft-RoCE
+ * overruns the receiving side's backlog, is retried whole, overruns it again
+ * and never completes.  Up to max_rd_atomic pieces are in flight at once. */
+#define VRB_READ_CHUNK (64u * 1024)
 #define VRB_STRIPE_MIN (256u * 1024) /* a put/get this large is cut over the QPs */
 
 enum { VRB_WR_PUT, VRB_WR_GET, VRB_WR_AMO, VRB_WR_SEND };
@@ -44,13 +51,21 @@ typedef struct vrb_lreg {
   uint32_t lkey;
 } vrb_lreg_t;
 
+typedef struct vrb_scq {
+  struct ibv_cq *cq;
+  int cap;   /* completions it holds */
+  int n_qps; /* QPs sending on it */
+} vrb_scq_t;
+
 typedef struct vrb_ctx {
   struct ibv_context *dev;
   struct ibv_pd *pd;
   struct ibv_comp_channel *sch; /* send CQ events: the progress thread's event mode */
-  struct ibv_cq *scq;
-  int scq_cap;
-  int n_qps; /* QPs on scq, to size it */
+  /* Send CQs, shared by the peers' QPs; another is made when the existing
+   * ones cannot take VRB_SQ_DEPTH more completions per new QP (a device's
+   * CQ holds at most max_cqe).  Only ever appended to before ctx_fini. */
+  vrb_scq_t scqs[VRB_MAX_SCQS];
+  _Atomic int n_scqs;
   struct ibv_comp_channel *rch;
   struct ibv_cq *rcq;
   struct ibv_srq *srq;
@@ -62,12 +77,13 @@ typedef struct vrb_ctx {
   uint16_t lid;
   enum ibv_mtu mtu;
   uint32_t max_inline;
+  uint32_t read_chunk; /* bytes per RDMA READ (HIXL_VERBS_READ_CHUNK) */
   int max_cqe;
   bool atomic_be; /* atomic results arrive big-endian (some HCAs) */
   char name[64];
   /* Completions are retired by one thread at a time (trylock). */
   pthread_mutex_t poll_lock;
-  pthread_mutex_t cq_lock; /* resizing scq vs. creating QPs */
+  pthread_mutex_t cq_lock; /* scqs: adding, resizing, counting QPs */
   /* Local keys of hixl regions, sorted by start (readers: every op). */
   pthread_rwlock_t lreg_lock;
   vrb_lreg_t *lregs;
@@ -117,6 +133,7 @@ struct vrb_qp {
   /* Under vp->lock: posted, retired, posted since the last signaled one. */
   uint32_t head, tail, since_signal;
   vrb_op_t *pend_head, *pend_tail; /* the software queue, FIFO */
+  uint32_t n_pend;
   uint64_t *amo; /* VRB_SQ_DEPTH atomic result words (vp->amo_mr) */
   vrb_wqe_t wqe[VRB_SQ_DEPTH];
 };
@@ -124,6 +141,7 @@ struct vrb_qp {
 struct vrb_peer {
   hixl_peer_t *peer;
   int nq;
+  int scq; /* index of the send CQ its QPs use */
   vrb_qp_t *qps[VRB_MAX_QPS];
   pthread_mutex_t lock; /* rings, software queues, bounce pool */
   _Atomic uint32_t rr;  /* round robin over the QPs */

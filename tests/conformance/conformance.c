@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -476,6 +477,136 @@ static void test_world(void **state)
   assert_int_equal(run_children(4, world_rank, &port), 0);
 }
 
+/* ------------------------------------------- local memory that changes */
+
+/* Put len bytes from buf to the "alloc" region at 0 and check the target's
+ * own view: the bytes now in buf, not any earlier mapping's. */
+static void put_check(hixl_ctx_t *ctx, target_t *t, hixl_peer_t *peer, hixl_rmr_t *rmr,
+                      const uint8_t *buf, size_t len, const char *what)
+{
+  EXPECT_OK(hixl_put(peer, buf, len, rmr, 0, 0, NULL));
+  EXPECT_OK(hixl_fence(ctx, peer, 30000));
+  if (target_hash(t, "alloc", 0, len) != hash_bytes(buf, len))
+    fail_msg("%s: the target holds other bytes than the local buffer now has", what);
+}
+
+/* A local buffer unmapped and mapped again at the same address (what free
+ * and malloc do to large blocks): the next operation must use the new pages.
+ * A registration cache that missed the unmap would move the old ones. */
+static void test_remap(void **state)
+{
+  (void)state;
+  enum { LEN = 4 << 20 };
+  hixl_ctx_t *ctx = test_ctx(0, NULL);
+  target_t t;
+  target_start(&t, ctx, NULL, 0);
+  hixl_peer_t *peer = connect_to(ctx, &t);
+  hixl_rmr_t *rmr = lookup(peer, "alloc");
+  const int prot = PROT_READ | PROT_WRITE, anon = MAP_PRIVATE | MAP_ANONYMOUS;
+  for (int round = 0; round < 3; round++) {
+    uint8_t *buf = mmap(NULL, LEN, prot, anon, -1, 0);
+    assert_true(buf != MAP_FAILED);
+    fill_pattern(buf, LEN, 500 + round);
+    put_check(ctx, &t, peer, rmr, buf, LEN, "first put");
+    put_check(ctx, &t, peer, rmr, buf, LEN, "same buffer again");
+    /* munmap, then a new mapping at the very same address. */
+    assert_int_equal(munmap(buf, LEN), 0);
+    uint8_t *again = mmap(buf, LEN, prot, anon | MAP_FIXED_NOREPLACE, -1, 0);
+    assert_true(again == buf);
+    fill_pattern(buf, LEN, 600 + round);
+    put_check(ctx, &t, peer, rmr, buf, LEN, "after munmap + mmap");
+    /* MAP_FIXED straight over the live mapping. */
+    assert_true(mmap(buf, LEN, prot, anon | MAP_FIXED, -1, 0) == buf);
+    fill_pattern(buf, LEN, 700 + round);
+    put_check(ctx, &t, peer, rmr, buf, LEN, "after MAP_FIXED over it");
+    /* madvise(DONTNEED): the pages are dropped and come back as new ones. */
+    assert_int_equal(madvise(buf, LEN, MADV_DONTNEED), 0);
+    fill_pattern(buf, LEN, 800 + round);
+    put_check(ctx, &t, peer, rmr, buf, LEN, "after MADV_DONTNEED");
+    /* A get into a remapped buffer lands in the new pages. */
+    assert_int_equal(munmap(buf, LEN), 0);
+    assert_true(mmap(buf, LEN, prot, anon | MAP_FIXED_NOREPLACE, -1, 0) == buf);
+    EXPECT_OK(hixl_get(peer, buf, LEN, rmr, 0, 0, NULL));
+    EXPECT_OK(hixl_fence(ctx, peer, 30000));
+    uint8_t *want = xmalloc(LEN);
+    fill_pattern(want, LEN, 800 + round);
+    if (memcmp(buf, want, LEN) != 0)
+      fail_msg("get into a remapped buffer: the new pages do not hold the data");
+    free(want);
+    munmap(buf, LEN);
+  }
+  hixl_rmr_release(rmr);
+  hixl_disconnect(peer);
+  target_stop(&t);
+  hixl_ctx_destroy(ctx);
+}
+
+/* Far more operations in flight than any send queue holds, issued without
+ * waiting (small, medium, registered, unregistered, puts and gets mixed),
+ * then waited for: every one completes, every byte is where it belongs. */
+static void test_flood(void **state)
+{
+  (void)state;
+  enum { N = 3000, BLK = 16384, SEED = 31 };
+  hixl_ctx_t *ctx = test_ctx(0, NULL);
+  target_t t;
+  target_start(&t, ctx, NULL, 0);
+  hixl_peer_t *peer = connect_to(ctx, &t);
+  hixl_rmr_t *rmr = lookup(peer, "alloc");
+  assert_true(target_cmd(&t, NULL, 0, "fill alloc %d", SEED));
+  size_t span = (size_t)N * BLK;
+  uint8_t *image = xmalloc(span); /* the target's initial contents */
+  fill_pattern(image, span, SEED);
+  uint8_t *plain = xmalloc(span), *regd = xmalloc(span);
+  fill_pattern(plain, span, 1);
+  fill_pattern(regd, span, 2);
+  hixl_mr_t *mr;
+  EXPECT_OK(hixl_mr_reg(ctx, regd, span, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &mr));
+  static hixl_req_t *reqs[N];
+  for (int i = 0; i < N; i++) {
+    size_t off = (size_t)i * BLK;
+    size_t len = i % 4 == 0 ? 1 + (size_t)i % 200 : BLK - (size_t)i % 512;
+    uint8_t *local = (i % 8 < 4 ? plain : regd) + off;
+    hixl_status_t st = i % 3 == 2 ? hixl_get(peer, local, len, rmr, off, 0, &reqs[i])
+                                  : hixl_put(peer, local, len, rmr, off, 0, &reqs[i]);
+    if (st != HIXL_OK)
+      fail_msg("op %d: %s (%s)", i, hixl_strerror(st), hixl_last_error());
+  }
+  for (int i = 0; i < N; i++) {
+    EXPECT_OK(hixl_req_wait(reqs[i], 60000));
+    hixl_req_free(reqs[i]);
+  }
+  for (int i = 0; i < N; i++) {
+    size_t off = (size_t)i * BLK;
+    size_t len = i % 4 == 0 ? 1 + (size_t)i % 200 : BLK - (size_t)i % 512;
+    uint8_t *local = (i % 8 < 4 ? plain : regd) + off;
+    if (i % 3 == 2) {
+      if (memcmp(local, image + off, len) != 0)
+        fail_msg("get %d (%zu bytes) brought the wrong bytes", i, len);
+    } else if (i % 97 == 0 || i == N - 1) { /* a sample: each hash is a round trip */
+      if (target_hash(&t, "alloc", off, len) != hash_bytes(local, len))
+        fail_msg("put %d (%zu bytes) did not land", i, len);
+    }
+  }
+  /* All puts at once: the target's span must equal the image with every
+   * put block laid over it. */
+  for (int i = 0; i < N; i++) {
+    size_t off = (size_t)i * BLK;
+    size_t len = i % 4 == 0 ? 1 + (size_t)i % 200 : BLK - (size_t)i % 512;
+    if (i % 3 != 2)
+      memcpy(image + off, (i % 8 < 4 ? plain : regd) + off, len);
+  }
+  assert_int_equal(target_hash(&t, "alloc", 0, span), hash_bytes(image, span));
+  EXPECT_OK(hixl_mr_dereg(mr));
+  free(image);
+  free(plain);
+  free(regd);
+  hixl_rmr_release(rmr);
+  hixl_disconnect(peer);
+  target_stop(&t);
+  hixl_ctx_destroy(ctx);
+}
+
 /* ----------------------------------------------------------------- main */
 
 int main(int argc, char **argv)
@@ -491,6 +622,7 @@ int main(int argc, char **argv)
       cmocka_unit_test(test_notif_order), cmocka_unit_test(test_faa),
       cmocka_unit_test(test_cas_lock),    cmocka_unit_test(test_fence),
       cmocka_unit_test(test_connect_churn), cmocka_unit_test(test_world),
+      cmocka_unit_test(test_remap),       cmocka_unit_test(test_flood),
   };
   char filter[64];
   snprintf(filter, sizeof(filter), "test_%s", argv[2]);

@@ -220,6 +220,51 @@ static void test_inflight_requests(void **state)
   hixl_ctx_destroy(ctx);
 }
 
+/* A peer lost to a partition that heals (frozen past the timeout, then
+ * thawed) can be connected again at the same address: a new handle, new
+ * transport state (new QPs on verbs), the same memory, and the old handle
+ * still says PEER_LOST. */
+static void test_reconnect_after_loss(void **state)
+{
+  (void)state;
+  hixl_ctx_t *ctx = test_ctx(TIMEOUT_MS, NULL);
+  target_t t;
+  target_start(&t, ctx, NULL, TIMEOUT_MS);
+  hixl_peer_t *peer = connect_to(ctx, &t);
+  hixl_rmr_t *rmr = lookup(peer, "alloc");
+  double ms = stream_until_lost(peer, rmr, &t, SIGSTOP);
+  printf("# frozen peer lost after %.1f ms; thawing and reconnecting\n", ms);
+  kill(t.pid, SIGCONT);
+  hixl_peer_t *again = NULL;
+  hixl_status_t st = HIXL_ERR_TIMEOUT;
+  /* The target may first have to notice that the old connection is gone. */
+  for (int i = 0; i < 50 && st != HIXL_OK; i++) {
+    st = hixl_connect(ctx, t.addr, TIMEOUT_MS, &again);
+    if (st != HIXL_OK)
+      usleep(100000);
+  }
+  if (st != HIXL_OK)
+    fail_msg("reconnect to %s: %s (%s)", t.addr, hixl_strerror(st), hixl_last_error());
+  assert_true(again != peer);
+  hixl_rmr_t *r2 = lookup(again, "alloc");
+  static uint8_t out[1 << 20], in[1 << 20];
+  fill_pattern(out, sizeof(out), 99);
+  EXPECT_OK(hixl_put(again, out, sizeof(out), r2, 4096, 0, NULL));
+  EXPECT_OK(hixl_fence(ctx, again, TIMEOUT_MS));
+  assert_int_equal(target_hash(&t, "alloc", 4096, sizeof(out)), hash_bytes(out, sizeof(out)));
+  EXPECT_OK(hixl_get(again, in, sizeof(in), r2, 4096, 0, NULL));
+  EXPECT_OK(hixl_fence(ctx, again, TIMEOUT_MS));
+  assert_memory_equal(out, in, sizeof(in));
+  uint8_t b[8] = {0};
+  assert_int_equal(hixl_put(peer, b, 8, rmr, 0, 0, NULL), HIXL_ERR_PEER_LOST);
+  hixl_rmr_release(r2);
+  hixl_rmr_release(rmr);
+  hixl_disconnect(again);
+  hixl_disconnect(peer);
+  target_stop(&t);
+  hixl_ctx_destroy(ctx);
+}
+
 int main(int argc, char **argv)
 {
   harness_init(argc, argv);
@@ -230,6 +275,7 @@ int main(int argc, char **argv)
       cmocka_unit_test(test_kill_cma),
       cmocka_unit_test(test_frozen_peer_heartbeat),
       cmocka_unit_test(test_inflight_requests),
+      cmocka_unit_test(test_reconnect_after_loss),
   };
   return cmocka_run_group_tests_name("peer_death", tests, NULL, NULL);
 }

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Runs inside the rxe-run guest: the conformance suite, the bad-input matrix,
-# the 4-rank world, the peer-death test and the demo over the verbs
-# transport, initiator on rxe0 and target on rxe1.  Usage: suite.sh BUILD_DIR [CASE...]
+# Runs inside the rxe-run guest: the conformance suite (also with 4 QPs per
+# peer and with the event-mode progress thread), the bad-input matrix, the
+# 4-rank world, the peer-death test and the demo over the verbs transport,
+# initiator on rxe0 and target on rxe1.  Usage: suite.sh BUILD_DIR [CASE...]
 set -u
 build=$1
 shift
 export HIXL_TRANSPORTS=verbs HIXL_NET_DEV=rxe0 HIXL_TEST_TARGET_NET_DEV=rxe1
-cases=${*:-put_get batch notif_order faa cas_lock fence connect_churn}
+cases=${*:-put_get batch notif_order faa cas_lock fence connect_churn remap flood}
 fail=0
 run() {
   local name=$1
@@ -32,6 +33,17 @@ run pingpong pp
 for c in $cases; do
   run "$c" "$build/tests/conformance" verbs "$c"
 done
+if [ $# -eq 0 ]; then
+  # Four QPs per peer: striped transfers and batches, notifications still in
+  # order behind their data.
+  for c in put_get batch notif_order flood; do
+    run "$c+4qps" env HIXL_VERBS_QPS=4 "$build/tests/conformance" verbs "$c"
+  done
+  # The progress thread in event mode (sleeps on the send CQ's channel).
+  for c in fence faa flood; do
+    run "$c+event_progress" env HIXL_PROGRESS_THREAD=2 "$build/tests/conformance" verbs "$c"
+  done
+fi
 run world "$build/tests/conformance" verbs world  # 4 ranks, all on rxe0
 run badinput "$build/tests/badinput" verbs
 run peer_death "$build/tests/peer_death" verbs
