@@ -77,9 +77,12 @@ typedef struct hixl_msg {
  * WORLD_BARRIER: u64[0] world id, u64[1] epoch
  * WORLD_XCHG:  u64[0] world id, u64[1] epoch, blob
  * VERBS_QP:    u32[0] qpn of QP 0, u32[1] psn, u32[2] mtu (enum ibv_mtu), u64[0] lid,
- *              u64[1] ctx id, u64[2] QP count n, blob = 16-byte GID then the
- *              QPNs of QPs 1..n-1 (4 bytes each, little-endian)
- * VERBS_QP_REPLY: status, the same fields for the target's QP
+ *              u64[1] ctx id, u64[2] QP count n, u64[3] 1: connect with rdmacm,
+ *              blob = 16-byte GID then the QPNs of QPs 1..n-1 (4 bytes each,
+ *              little-endian; none with rdmacm)
+ * VERBS_QP_REPLY: status, the same fields for the target's QP; with rdmacm:
+ *              u64[1] cookie, u64[3] the listener's port, blob = its address
+ *              (16 bytes, IPv4-mapped for IPv4)
  * VERBS_MR:    u32[0] slot, u32[1] access, u32[2] flags, u64[0] rkey, u64[1] base,
  *              u64[2] len (all checked by the owner)
  * VERBS_MR_REPLY: status, u32[0] verbs rkey

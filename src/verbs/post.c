@@ -108,6 +108,8 @@ static size_t post_ops(vrb_qp_t *q, vrb_op_t *const *ops, size_t n)
   struct ibv_sge sge[VRB_CHAIN];
   uint32_t first_head;
   size_t taken = 0;
+  if (!q->ready) /* rdmacm still connecting it: queued until then */
+    return 0;
   while (taken < n) {
     int k = 0;
     first_head = q->head;
@@ -301,6 +303,14 @@ static void drain(vrb_qp_t *q)
     if (t < m)
       break;
   }
+}
+
+void hixl__vrb_qp_ready(vrb_qp_t *q)
+{
+  pthread_mutex_lock(&q->vp->lock);
+  q->ready = true;
+  drain(q);
+  pthread_mutex_unlock(&q->vp->lock);
 }
 
 /* ------------------------------------------------------------ describing */
@@ -570,11 +580,16 @@ static void complete(vrb_ctx_t *vc, vrb_wqe_t *e, hixl_status_t st)
       retire_one(vc, vp, x, x == e ? st : HIXL_OK);
     }
   }
-  if (st == HIXL_OK && atomic_load(&vp->peer->state) == HIXL_PEER_UP) {
-    drain(q);
-  } else { /* the QP is in error or the peer gone: what waits never goes */
-    while (q->pend_head) {
-      vrb_op_t *o = pend_pop(q);
+  /* Every QP of the peer: the bounce buffers just freed are shared. */
+  bool ok = st == HIXL_OK && atomic_load(&vp->peer->state) == HIXL_PEER_UP;
+  for (int i = 0; i < vp->nq; i++) {
+    vrb_qp_t *qq = vp->qps[i];
+    if (ok) {
+      drain(qq);
+      continue;
+    }
+    while (qq->pend_head) { /* a QP in error or the peer gone: never goes */
+      vrb_op_t *o = pend_pop(qq);
       fail_op(vp, o, HIXL_ERR_PEER_LOST);
       o->next = vp->op_free;
       vp->op_free = o;

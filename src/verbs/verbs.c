@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <unistd.h>
 
 #include "verbs_int.h"
@@ -149,6 +150,11 @@ static void vrb_ctx_fini(hixl_ctx_t *ctx)
   if (vc == NULL)
     return;
   hixl__vrb_rcache_free(vc->rcache);
+#ifdef HIXL_HAVE_RDMACM
+  hixl__vrb_cm_fini(vc);
+#endif
+  if (vc->ev_fd >= 0)
+    close(vc->ev_fd);
   if (vc->srq)
     ibv_destroy_srq(vc->srq);
   if (vc->rbufs_mr)
@@ -183,6 +189,7 @@ static hixl_status_t vrb_ctx_init(hixl_ctx_t *ctx)
   pthread_mutex_init(&vc->poll_lock, NULL);
   pthread_mutex_init(&vc->cq_lock, NULL);
   pthread_rwlock_init(&vc->lreg_lock, NULL);
+  vc->ev_fd = -1;
   ctx->tp[HIXL_TP_VERBS] = vc;
   hixl_status_t st = open_device(ctx, vc);
   if (st != HIXL_OK)
@@ -209,7 +216,20 @@ static hixl_status_t vrb_ctx_init(hixl_ctx_t *ctx)
    * progress thread polls the send channel's fd before reading it. */
   fcntl(vc->rch->fd, F_SETFL, fcntl(vc->rch->fd, F_GETFL) | O_NONBLOCK);
   fcntl(vc->sch->fd, F_SETFL, fcntl(vc->sch->fd, F_GETFL) | O_NONBLOCK);
-  ctx->tp_fd[HIXL_TP_VERBS] = vc->rch->fd;
+#ifdef HIXL_HAVE_RDMACM
+  if (hixl__vrb_cm_init(ctx, vc) != HIXL_OK)
+    hixl_info("verbs: no rdmacm listener (%s): HIXL_VERBS_CM=rdmacm peers are refused",
+              hixl_last_error());
+#endif
+  /* One fd for the control thread: the receive channel and rdmacm's. */
+  vc->ev_fd = epoll_create1(EPOLL_CLOEXEC);
+  struct epoll_event ev = {.events = EPOLLIN};
+  if (vc->ev_fd < 0 || epoll_ctl(vc->ev_fd, EPOLL_CTL_ADD, vc->rch->fd, &ev) != 0 ||
+      (vc->cm_ch && epoll_ctl(vc->ev_fd, EPOLL_CTL_ADD, vc->cm_ch->fd, &ev) != 0)) {
+    st = hixl__vrb_err(HIXL_ERR_NO_DEVICE, "epoll for the verbs channels", 0);
+    goto fail;
+  }
+  ctx->tp_fd[HIXL_TP_VERBS] = vc->ev_fd;
   vc->rcache = hixl__vrb_rcache_new(vc->pd);
   long chunk = VRB_READ_CHUNK;
   const char *e = getenv("HIXL_VERBS_READ_CHUNK");
@@ -329,13 +349,27 @@ static void vp_free(vrb_peer_t *vp)
     return;
   vrb_ctx_t *vc = VC(vp->peer->ctx);
   for (int i = 0; i < vp->nq; i++) {
-    if (vp->qps[i]->qp) {
-      ibv_destroy_qp(vp->qps[i]->qp);
-      pthread_mutex_lock(&vc->cq_lock);
-      vc->scqs[vp->scq].n_qps--;
-      pthread_mutex_unlock(&vc->cq_lock);
+    vrb_qp_t *q = vp->qps[i];
+#ifdef HIXL_HAVE_RDMACM
+    if (q->cm_id) {
+      if (q->qp)
+        rdma_destroy_qp(q->cm_id);
+      rdma_destroy_id(q->cm_id);
+      q->qp = NULL;
     }
-    free(vp->qps[i]);
+#endif
+    if (q->qp)
+      ibv_destroy_qp(q->qp);
+    free(q);
+  }
+#ifdef HIXL_HAVE_RDMACM
+  if (vp->cm_ch)
+    rdma_destroy_event_channel(vp->cm_ch);
+#endif
+  if (vp->cq_reserved) {
+    pthread_mutex_lock(&vc->cq_lock);
+    vc->scqs[vp->scq].n_qps -= vp->cq_reserved;
+    pthread_mutex_unlock(&vc->cq_lock);
   }
   if (vp->bounce_mr)
     ibv_dereg_mr(vp->bounce_mr);
@@ -388,7 +422,9 @@ static int cq_room(vrb_ctx_t *vc, int nq)
   return pick;
 }
 
-static vrb_peer_t *vp_new(hixl_peer_t *peer, int nq)
+/* A peer with nq QP slots; make_qps: create them (in-band), else rdmacm
+ * creates them as it connects. */
+static vrb_peer_t *vp_new(hixl_peer_t *peer, int nq, bool make_qps)
 {
   vrb_ctx_t *vc = VC(peer->ctx);
   vrb_peer_t *vp = calloc(1, sizeof(*vp));
@@ -416,6 +452,7 @@ static vrb_peer_t *vp_new(hixl_peer_t *peer, int nq)
     vp_free(vp);
     return NULL;
   }
+  vp->cq_reserved = nq;
   for (int i = 0; i < nq; i++) {
     vrb_qp_t *q = calloc(1, sizeof(*q));
     if (q == NULL)
@@ -429,18 +466,16 @@ static vrb_peer_t *vp_new(hixl_peer_t *peer, int nq)
     struct ibv_qp_init_attr qa = {
         .send_cq = vc->scqs[vp->scq].cq, .recv_cq = vc->rcq, .srq = vc->srq, .qp_type = IBV_QPT_RC,
         .cap = {.max_send_wr = VRB_SQ_DEPTH, .max_send_sge = 1, .max_inline_data = VRB_INLINE}};
+    if (!make_qps)
+      continue;
     q->qp = ibv_create_qp(vc->pd, &qa);
     if (q->qp == NULL)
       break;
     vc->max_inline = qa.cap.max_inline_data;
   }
-  /* QPs that were never created are not on the CQ. */
   int made = 0;
   for (int i = 0; i < vp->nq; i++)
-    made += vp->qps[i]->qp != NULL;
-  pthread_mutex_lock(&vc->cq_lock);
-  vc->scqs[vp->scq].n_qps -= nq - made;
-  pthread_mutex_unlock(&vc->cq_lock);
+    made += vp->qps[i]->qp != NULL || !make_qps;
   if (made < nq) {
     hixl__vrb_err(HIXL_ERR_NOMEM, "creating a QP", 0);
     vp_free(vp);
@@ -470,8 +505,10 @@ static void local_info(vrb_ctx_t *vc, vrb_peer_t *vp, hixl_msg_t *m, uint32_t ps
 static int remote_nq(const hixl_msg_t *r)
 {
   uint64_t nq = r->u64[2] ? r->u64[2] : 1; /* 0: an older peer, one QP */
-  if (nq > VRB_MAX_QPS || r->blob_len != 16 + 4 * (nq - 1) || r->u32[2] < IBV_MTU_256 ||
-      r->u32[2] > IBV_MTU_4096)
+  uint64_t blob = r->u64[3] ? 16 : 16 + 4 * (nq - 1); /* rdmacm: no QPNs */
+  if (nq > VRB_MAX_QPS || r->blob_len != blob)
+    return 0;
+  if (!r->u64[3] && (r->u32[2] < IBV_MTU_256 || r->u32[2] > IBV_MTU_4096))
     return 0;
   return (int)nq;
 }
@@ -539,6 +576,7 @@ static hixl_status_t qps_connect(vrb_ctx_t *vc, vrb_peer_t *vp, const hixl_msg_t
       qpn = le32toh(qpn);
     }
     st = qp_connect(vc, vp->qps[i]->qp, r, qpn, my_psn);
+    vp->qps[i]->ready = st == HIXL_OK;
   }
   return st;
 }
@@ -565,24 +603,57 @@ static int qps_wanted(void)
   return (int)v;
 }
 
+/* HIXL_VERBS_CM: "inband" (default) or "rdmacm". */
+static bool cm_wanted(void)
+{
+  const char *e = getenv("HIXL_VERBS_CM");
+  if (e == NULL || *e == 0 || strcmp(e, "inband") == 0)
+    return false;
+  if (strcmp(e, "rdmacm") == 0)
+    return true;
+  hixl_warn("ignoring HIXL_VERBS_CM=%s (want inband or rdmacm)", e);
+  return false;
+}
+
 static hixl_status_t vrb_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64_t deadline)
 {
   (void)ack;
   vrb_ctx_t *vc = VC(peer->ctx);
-  vrb_peer_t *vp = vp_new(peer, qps_wanted());
+  bool cm = cm_wanted();
+#ifndef HIXL_HAVE_RDMACM
+  if (cm)
+    return hixl__err(HIXL_ERR_UNSUPPORTED, "verbs: HIXL_VERBS_CM=rdmacm, but this libhixl "
+                     "was built without librdmacm");
+#endif
+  vrb_peer_t *vp = vp_new(peer, qps_wanted(), !cm);
   if (vp == NULL)
     return HIXL_ERR_NOMEM;
   uint32_t psn = (uint32_t)hixl__random64() & 0xffffff;
   hixl_msg_t m = {.type = HIXL_MSG_VERBS_QP}, r;
-  local_info(vc, vp, &m, psn);
+  if (cm) {
+    m.u64[2] = (uint64_t)vp->nq;
+    m.u64[3] = 1;
+    memcpy(m.blob, vc->gid.raw, 16);
+    m.blob_len = 16;
+  } else {
+    local_info(vc, vp, &m, psn);
+  }
   m.u64[1] = peer->ctx->id;
   hixl_status_t st = hixl__send(peer, &m, NULL, 0);
   if (st == HIXL_OK)
     st = hixl__recv_sync(peer->fd, &r, NULL, 0, deadline, peer->name);
   if (st == HIXL_OK && (r.type != HIXL_MSG_VERBS_QP_REPLY || r.status != HIXL_OK))
-    st = hixl__err(HIXL_ERR_TRANSPORT, "verbs: %s refused our QPs (%s)", peer->name,
-                   hixl_strerror(r.status));
-  if (st == HIXL_OK)
+    st = hixl__err(r.type == HIXL_MSG_VERBS_QP_REPLY && r.status == HIXL_ERR_UNSUPPORTED
+                       ? HIXL_ERR_UNSUPPORTED
+                       : HIXL_ERR_TRANSPORT,
+                   "verbs: %s refused our QPs (%s)", peer->name, hixl_strerror(r.status));
+#ifdef HIXL_HAVE_RDMACM
+  if (st == HIXL_OK && cm)
+    st = r.u64[3] == 0 || r.u64[3] > 65535 || r.blob_len != 16 || r.u64[1] == 0
+             ? hixl__err(HIXL_ERR_TRANSPORT, "verbs: malformed rdmacm reply from %s", peer->name)
+             : hixl__vrb_cm_connect(peer, vp, &r, deadline);
+#endif
+  if (st == HIXL_OK && !cm)
     st = qps_connect(vc, vp, &r, psn);
   if (st == HIXL_OK)
     st = attach_peer(peer, vp);
@@ -597,17 +668,35 @@ static void vrb_accept(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out)
   memset(out, 0, sizeof(*out));
   out->type = HIXL_MSG_VERBS_QP_REPLY;
   int nq = remote_nq(m);
-  vrb_peer_t *vp = nq ? vp_new(peer, nq) : NULL;
+  bool cm = m->u64[3] != 0;
+  hixl_status_t st = HIXL_OK;
+  if (nq == 0)
+    st = hixl__err(HIXL_ERR_TRANSPORT, "verbs: malformed VERBS_QP");
+  else if (cm && vc->cm_listen == NULL)
+    st = hixl__err(HIXL_ERR_UNSUPPORTED, "verbs: the peer asked for rdmacm, which is not "
+                   "available here");
+  vrb_peer_t *vp = st == HIXL_OK ? vp_new(peer, nq, !cm) : NULL;
+  if (st == HIXL_OK && vp == NULL)
+    st = HIXL_ERR_NOMEM;
   uint32_t psn = (uint32_t)hixl__random64() & 0xffffff;
-  hixl_status_t st = nq == 0 ? hixl__err(HIXL_ERR_TRANSPORT, "verbs: malformed VERBS_QP")
-                     : vp    ? qps_connect(vc, vp, m, psn)
-                             : HIXL_ERR_NOMEM;
+  if (st == HIXL_OK && !cm)
+    st = qps_connect(vc, vp, m, psn);
   if (st == HIXL_OK)
     st = attach_peer(peer, vp);
   out->status = st;
   if (st != HIXL_OK) {
     vp_free(vp);
     hixl_warn("verbs: cannot accept %s: %s", peer->name, hixl_last_error());
+    return;
+  }
+  if (cm) { /* the QPs come with the initiator's rdmacm requests */
+    while (vp->cm_cookie == 0)
+      vp->cm_cookie = hixl__random64();
+    out->u64[1] = vp->cm_cookie;
+    out->u64[2] = (uint64_t)nq;
+    out->u64[3] = vc->cm_port;
+    memcpy(out->blob, vc->gid.raw, 16);
+    out->blob_len = 16;
     return;
   }
   local_info(vc, vp, out, psn);
@@ -619,7 +708,8 @@ static void vrb_peer_lost(hixl_peer_t *peer)
   vrb_peer_t *vp = peer->tp;
   for (int i = 0; vp && i < vp->nq; i++) {
     struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
-    ibv_modify_qp(vp->qps[i]->qp, &a, IBV_QP_STATE);
+    if (vp->qps[i]->qp)
+      ibv_modify_qp(vp->qps[i]->qp, &a, IBV_QP_STATE);
   }
 }
 
@@ -696,7 +786,8 @@ static bool deliver(hixl_ctx_t *ctx, vrb_ctx_t *vc, const struct ibv_wc *wc)
 {
   hixl_peer_t *p;
   for (p = ctx->peers; p; p = p->next)
-    if (p->ops == &hixl__verbs_ops && p->tp && ((vrb_peer_t *)p->tp)->qps[0]->qp->qp_num == wc->qp_num)
+    if (p->ops == &hixl__verbs_ops && p->tp && ((vrb_peer_t *)p->tp)->qps[0]->qp &&
+        ((vrb_peer_t *)p->tp)->qps[0]->qp->qp_num == wc->qp_num)
       break;
   if (p == NULL || wc->status != IBV_WC_SUCCESS)
     return true; /* gone, or a flushed receive: nothing to deliver */
@@ -724,6 +815,9 @@ static void vrb_on_event(hixl_ctx_t *ctx)
    * even when the caller is not calling hixl (see tp_backlog). */
   if (atomic_load(&ctx->tp_backlog) > 0)
     hixl__vrb_progress(ctx);
+#ifdef HIXL_HAVE_RDMACM
+  hixl__vrb_cm_events(ctx);
+#endif
   struct ibv_cq *cq;
   void *cq_ctx;
   if (ibv_get_cq_event(vc->rch, &cq, &cq_ctx) == 0)

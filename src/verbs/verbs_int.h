@@ -15,6 +15,12 @@
 #define HIXL_VERBS_INT_H
 
 #include <infiniband/verbs.h>
+#ifdef HIXL_HAVE_RDMACM
+#include <rdma/rdma_cma.h>
+#else
+struct rdma_cm_id;
+struct rdma_event_channel;
+#endif
 
 #include "../core/config.h"
 #include "../core/hixl_int.h"
@@ -89,6 +95,11 @@ typedef struct vrb_ctx {
   vrb_lreg_t *lregs;
   size_t n_lregs, cap_lregs;
   vrb_rcache_t *rcache;
+  /* rdmacm (cm.c): the target's listener and its channel, or NULL. */
+  struct rdma_event_channel *cm_ch;
+  struct rdma_cm_id *cm_listen;
+  uint16_t cm_port;
+  int ev_fd; /* epoll over the receive channel and cm_ch: ctx->tp_fd */
   /* Receive completions that found a peer's notification ring full: kept
    * (their buffers not reposted, which throttles senders through RNR) and
    * retried at the next tick, in order. */
@@ -127,7 +138,9 @@ typedef struct vrb_wqe {
 } vrb_wqe_t;
 
 struct vrb_qp {
-  struct ibv_qp *qp;
+  struct ibv_qp *qp;          /* NULL until rdmacm created it */
+  struct rdma_cm_id *cm_id;   /* rdmacm: the QP's id, else NULL */
+  bool ready;                 /* connected: requests may be posted (vp->lock) */
   vrb_peer_t *vp;
   uint32_t index;
   /* Under vp->lock: posted, retired, posted since the last signaled one. */
@@ -142,6 +155,9 @@ struct vrb_peer {
   hixl_peer_t *peer;
   int nq;
   int scq; /* index of the send CQ its QPs use */
+  int cq_reserved; /* QPs counted on that CQ */
+  uint64_t cm_cookie; /* rdmacm target side: names this peer in requests */
+  struct rdma_event_channel *cm_ch; /* rdmacm initiator side */
   vrb_qp_t *qps[VRB_MAX_QPS];
   pthread_mutex_t lock; /* rings, software queues, bounce pool */
   _Atomic uint32_t rr;  /* round robin over the QPs */
@@ -179,6 +195,18 @@ int hixl__vrb_progress(hixl_ctx_t *ctx);
  * its QPs (already in ERROR), then retire whatever is left as PEER_LOST.
  * false: some never flushed (their completions may still come: keep vp). */
 bool hixl__vrb_drain_peer(vrb_peer_t *vp);
+
+/* A QP just connected (rdmacm): post what waited for it. */
+void hixl__vrb_qp_ready(vrb_qp_t *q);
+
+/* cm.c (built with librdmacm) */
+hixl_status_t hixl__vrb_cm_init(hixl_ctx_t *ctx, vrb_ctx_t *vc);
+void hixl__vrb_cm_fini(vrb_ctx_t *vc);
+/* Initiator: connect vp's QPs to the listener in the VERBS_QP_REPLY r. */
+hixl_status_t hixl__vrb_cm_connect(hixl_peer_t *peer, vrb_peer_t *vp, const hixl_msg_t *r,
+                                   int64_t deadline);
+/* Target: connection requests and establishments (control thread). */
+void hixl__vrb_cm_events(hixl_ctx_t *ctx);
 
 /* rcache.c */
 /* NULL when the cache cannot be kept safe here (no userfaultfd). */

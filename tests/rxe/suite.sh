@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs inside the rxe-run guest: the conformance suite (also with 4 QPs per
-# peer and with the event-mode progress thread), the bad-input matrix, the
+# peer, with QPs connected by librdmacm, and with the event-mode progress
+# thread), the bad-input matrix, the
 # 4-rank world, the peer-death test and the demo over the verbs transport,
 # initiator on rxe0 and target on rxe1.  Usage: suite.sh BUILD_DIR [CASE...]
 set -u
@@ -39,6 +40,12 @@ if [ $# -eq 0 ]; then
   for c in put_get batch notif_order flood; do
     run "$c+4qps" env HIXL_VERBS_QPS=4 "$build/tests/conformance" verbs "$c"
   done
+  # QPs connected by librdmacm instead of in-band (one QP, then four).
+  for c in put_get notif_order connect_churn; do
+    run "$c+rdmacm" env HIXL_VERBS_CM=rdmacm "$build/tests/conformance" verbs "$c"
+  done
+  run "batch+rdmacm+4qps" env HIXL_VERBS_CM=rdmacm HIXL_VERBS_QPS=4 \
+    "$build/tests/conformance" verbs batch
   # The progress thread in event mode (sleeps on the send CQ's channel).
   for c in fence faa flood; do
     run "$c+event_progress" env HIXL_PROGRESS_THREAD=2 "$build/tests/conformance" verbs "$c"
