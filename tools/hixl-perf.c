@@ -3,13 +3,18 @@
  * hixl-perf: latency and bandwidth of hixl operations, with the single-thread
  * memcpy limit measured in the same run beside every figure.
  *
- *   hixl-perf [-t put|get|faa|cas] [-s SIZE | -a] [-n ITERS] [-m alloc|reg]
- *             [--transport shm|self] [--json FILE] [--quick]
+ *   hixl-perf [-t put|get|faa|cas|pingpong] [-s SIZE | -a] [-n ITERS]
+ *             [-m alloc|reg] [--transport shm|self] [--json FILE] [--quick]
  *
  * By default it forks a target process on this host (shm).  The target
  * registers a 64 MiB region and then does nothing: every operation is
  * one-sided.  Latency is one operation including its completion, measured
  * per operation (p50/p99); bandwidth is back-to-back operations of one size.
+ *
+ * pingpong: the method of ib_write_lat and ucx_perftest's put latency.  We
+ * put_imm SIZE bytes, the target answers each notification with a put_imm of
+ * the same size into our region, and the latency is half the round trip.
+ * (The target calls hixl here, by necessity; nothing else does.)
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -25,6 +30,7 @@
 #include <unistd.h>
 
 #define REGION_LEN ((size_t)64 << 20)
+#define PP_STOP 0xffffffffu
 
 static double now_s(void)
 {
@@ -45,8 +51,30 @@ static void die(const char *what, hixl_status_t st)
       die(#call, s_);                                                                           \
   } while (0)
 
+/* pingpong target: answer each notification with a put_imm of its length
+ * into the initiator's "perf-back" region, until PP_STOP. */
+static void serve_pingpong(hixl_ctx_t *ctx, void *addr)
+{
+  hixl_rmr_t *back = NULL;
+  for (;;) {
+    hixl_notif_t n;
+    hixl_status_t st = hixl_notif_wait(ctx, &n, 60000);
+    if (st == HIXL_ERR_TIMEOUT)
+      continue;
+    CK(st);
+    if (n.imm == PP_STOP)
+      break;
+    if (back == NULL)
+      CK(hixl_rmr_lookup(n.peer, "perf-back", 10000, &back));
+    CK(hixl_put_imm(n.peer, addr, n.len ? n.len : 8, back, 0, n.imm, 0, NULL));
+  }
+  if (back)
+    hixl_rmr_release(back);
+}
+
 /* The target: a region, published, then idle until told to stop. */
-static int run_target(const char *mem, int out_fd, int in_fd, hixl_ctx_t *shared)
+static int run_target(const char *test, const char *mem, int out_fd, int in_fd,
+                      hixl_ctx_t *shared)
 {
   hixl_ctx_t *ctx = shared;
   if (ctx == NULL)
@@ -67,6 +95,8 @@ static int run_target(const char *mem, int out_fd, int in_fd, hixl_ctx_t *shared
   if (shared)
     return 0; /* same context: nothing to wait for */
   dprintf(out_fd, "%s\n", hixl_ctx_address(ctx));
+  if (strcmp(test, "pingpong") == 0)
+    serve_pingpong(ctx, addr);
   char c;
   while (read(in_fd, &c, 1) < 0 && errno == EINTR)
     ;
@@ -114,13 +144,49 @@ static double memcpy_gbps(size_t size, long iters, void *a, void *b)
   return (double)size * (double)iters / (now_s() - t0) / 1e9;
 }
 
+/* Half round trips of put_imm ping-pongs (see the top). */
+static result_t pingpong(hixl_ctx_t *ctx, hixl_peer_t *peer, hixl_rmr_t *rmr, size_t size,
+                         long iters, void *buf, void *buf2)
+{
+  result_t r = {.size = size, .iters = iters};
+  long lat_n = iters;
+  double *lat = malloc(sizeof(double) * (size_t)lat_n);
+  double t_all = 0;
+  for (long i = -10; i < lat_n; i++) { /* ten to warm up */
+    double t0 = now_s();
+    CK(hixl_put_imm(peer, buf, size, rmr, 0, (uint32_t)(i & 0x7fffffff), 0, NULL));
+    hixl_notif_t n;
+    CK(hixl_notif_wait(ctx, &n, 60000));
+    double dt = now_s() - t0;
+    if (n.imm != (uint32_t)(i & 0x7fffffff) || n.len != size) {
+      fprintf(stderr, "hixl-perf: pingpong: got {%u, %zu}, want {%ld, %zu}\n", n.imm, n.len, i,
+              size);
+      exit(1);
+    }
+    if (i >= 0) {
+      lat[i] = dt / 2 * 1e6;
+      t_all += dt;
+    }
+  }
+  qsort(lat, (size_t)lat_n, sizeof(double), cmp_double);
+  r.p50_us = lat[lat_n / 2];
+  r.p99_us = lat[(lat_n * 99) / 100];
+  free(lat);
+  r.gbps = 2.0 * (double)size * (double)iters / t_all / 1e9;
+  r.mops = 2.0 * (double)iters / t_all / 1e6;
+  r.memcpy_gbps = memcpy_gbps(size, iters, buf2, buf);
+  return r;
+}
+
 static result_t measure(const char *test, hixl_ctx_t *ctx, hixl_peer_t *peer, hixl_rmr_t *rmr,
                         size_t size, long iters, void *buf, void *buf2)
 {
+  if (strcmp(test, "pingpong") == 0)
+    return pingpong(ctx, peer, rmr, size, iters, buf, buf2);
   result_t r = {.size = size, .iters = iters};
   bool atomic = strcmp(test, "faa") == 0 || strcmp(test, "cas") == 0;
-  /* Latency: each op timed alone, with its completion (a fence for ops
-   * without a request; on shm the op itself completes). */
+  /* Latency: each op timed alone, with its completion (a fence: on shm the
+   * op itself has completed, on verbs this waits for the ACK or response). */
   long lat_n = iters < 2000 ? iters : 2000;
   double *lat = malloc(sizeof(double) * (size_t)lat_n);
   for (long i = 0; i < 10; i++)
@@ -129,8 +195,7 @@ static result_t measure(const char *test, hixl_ctx_t *ctx, hixl_peer_t *peer, hi
   for (long i = 0; i < lat_n; i++) {
     double t0 = now_s();
     hixl_status_t st = one_op(test, peer, rmr, buf, size, 0);
-    if (atomic)
-      st = st ? st : hixl_fence(ctx, peer, -1);
+    st = st ? st : hixl_fence(ctx, peer, -1);
     lat[i] = (now_s() - t0) * 1e6;
     if (st != HIXL_OK)
       die(test, st);
@@ -165,8 +230,9 @@ static long iters_for(size_t size, bool quick)
 static void usage(void)
 {
   fprintf(stderr,
-          "usage: hixl-perf [-t put|get|faa|cas] [-s SIZE | -a] [-n ITERS] [-m alloc|reg]\n"
-          "                 [--transport shm|self] [--json FILE] [--quick]\n"
+          "usage: hixl-perf [-t put|get|faa|cas|pingpong] [-s SIZE | -a] [-n ITERS]\n"
+          "                 [-m alloc|reg] [--transport shm|self] [--json FILE] [--quick]\n"
+          "  -t pingpong put_imm ping-pong with the target: half round trip (ib_write_lat's method)\n"
           "  -a          sweep sizes 8 B .. 64 MiB (default)\n"
           "  -m alloc    target memory from hixl_mem_alloc (mapped: one memcpy per put)\n"
           "  -m reg      target memory from malloc + hixl_mr_reg (CMA on shm)\n"
@@ -199,8 +265,13 @@ int main(int argc, char **argv)
     default: usage();
     }
   }
-  if (strcmp(test, "put") && strcmp(test, "get") && strcmp(test, "faa") && strcmp(test, "cas"))
+  if (strcmp(test, "put") && strcmp(test, "get") && strcmp(test, "faa") && strcmp(test, "cas") &&
+      strcmp(test, "pingpong"))
     usage();
+  if (strcmp(test, "pingpong") == 0 && strcmp(transport, "self") == 0) {
+    fprintf(stderr, "hixl-perf: pingpong needs a target process (not --transport self)\n");
+    return 2;
+  }
   if (one_size > REGION_LEN || (strcmp(mem, "alloc") && strcmp(mem, "reg")))
     usage();
 
@@ -210,7 +281,7 @@ int main(int argc, char **argv)
   int to_target[2] = {-1, -1};
   if (strcmp(transport, "self") == 0) {
     CK(hixl_ctx_create(NULL, &ctx));
-    run_target(mem, -1, -1, ctx);
+    run_target(test, mem, -1, -1, ctx);
     snprintf(addr, sizeof(addr), "%s", hixl_ctx_address(ctx));
   } else {
     int from_target[2];
@@ -224,7 +295,7 @@ int main(int argc, char **argv)
       const char *dev = getenv("HIXL_PERF_TARGET_NET_DEV");
       if (dev)
         setenv("HIXL_NET_DEV", dev, 1);
-      _exit(run_target(mem, from_target[1], to_target[0], NULL));
+      _exit(run_target(test, mem, from_target[1], to_target[0], NULL));
     }
     close(from_target[1]);
     close(to_target[0]);
@@ -250,7 +321,8 @@ int main(int argc, char **argv)
    * transports then need no bounce copies). */
   hixl_mr_t *lmr1, *lmr2;
   CK(hixl_mr_reg(ctx, buf, REGION_LEN, 0, &lmr1));
-  CK(hixl_mr_reg(ctx, buf2, REGION_LEN, 0, &lmr2));
+  CK(hixl_mr_reg(ctx, buf2, REGION_LEN, HIXL_ACCESS_WRITE, &lmr2));
+  CK(hixl_mr_publish(lmr2, "perf-back")); /* pingpong: the target answers here */
 
   size_t sizes[32];
   int nsizes = 0;
@@ -304,6 +376,9 @@ int main(int argc, char **argv)
       sane = false;
     }
   }
+  if (strcmp(test, "pingpong") == 0)
+    CK(hixl_notify(peer, PP_STOP, 0, NULL));
+  CK(hixl_fence(ctx, peer, -1));
   hixl_rmr_release(rmr);
   hixl_mr_dereg(lmr1);
   hixl_mr_dereg(lmr2);

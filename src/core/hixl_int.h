@@ -205,6 +205,10 @@ typedef struct hixl_transport_ops {
    * the fd that becomes readable then (-1: none); ack_event consumes it. */
   int (*arm)(hixl_ctx_t *ctx);
   void (*ack_event)(hixl_ctx_t *ctx);
+  /* Optional: hixl_notif_poll is about to look at the inboxes (ctx->lock
+   * held): move what has arrived into them now (verbs: poll the receive CQ
+   * directly, so a polling target does not wait for the control thread). */
+  void (*notif_poll)(hixl_ctx_t *ctx);
 } hixl_transport_ops_t;
 
 extern const hixl_transport_ops_t hixl__self_ops;

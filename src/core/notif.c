@@ -43,6 +43,11 @@ int hixl_notif_poll(hixl_ctx_t *ctx, hixl_notif_t *out, int max)
                      ctx == NULL ? "NULL ctx" : out == NULL ? "NULL out" : "max < 0");
   int n = 0;
   pthread_mutex_lock(&ctx->lock);
+  for (size_t t = 0; t < hixl__n_transports; t++) {
+    const hixl_transport_ops_t *o = hixl__transports[t];
+    if (o->notif_poll && (ctx->tp_ready & (1u << o->id)))
+      o->notif_poll(ctx);
+  }
   unsigned npeers = 0;
   for (hixl_peer_t *p = ctx->peers; p; p = p->next)
     npeers++;

@@ -35,9 +35,13 @@ bool hixl__expired(int64_t deadline_ns)
 void hixl__backoff(unsigned *iter)
 {
   unsigned i = (*iter)++;
+  /* Pause, then yield (a busy poll that lets other threads run) for a few
+   * thousand rounds, then sleep.  Waiting for a completion that takes some
+   * tens of microseconds must not fall into the sleep: its granularity
+   * (~50-100 us with timer slack) would dominate the latency. */
   if (i < 64) {
     __builtin_ia32_pause();
-  } else if (i < 256) {
+  } else if (i < 4096) {
     sched_yield();
   } else {
     struct timespec ts = {0, 50000};

@@ -190,10 +190,14 @@ hixl_status_t hixl__vrb_cm_connect(hixl_peer_t *peer, vrb_peer_t *vp, const hixl
       rdma_set_option(q->cm_id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &t, sizeof(t));
       struct ibv_qp_init_attr qa = qp_attr(vc, vp);
       rc = rdma_create_qp(q->cm_id, vc->pd, &qa);
-      if (rc)
+      if (rc) {
         st = hixl__vrb_err(HIXL_ERR_NOMEM, "rdma_create_qp", rc);
-      else
+      } else {
         q->qp = q->cm_id->qp;
+        uint32_t mi = qa.cap.max_inline_data < VRB_INLINE ? qa.cap.max_inline_data : VRB_INLINE;
+        if (vc->max_inline == 0 || mi < vc->max_inline)
+          vc->max_inline = mi;
+      }
     }
     if (st == HIXL_OK) {
       cm_private_t pd = {.cookie = r->u64[1], .index = (uint32_t)i, .magic = CM_MAGIC};

@@ -146,8 +146,10 @@ static size_t post_ops(vrb_qp_t *q, vrb_op_t *const *ops, size_t n)
         sge[k].addr = (uintptr_t)buf;
         sge[k].lkey = vp->bounce_mr->lkey;
       }
-      if (o->inl)
+      if (o->inl) { /* the bytes are copied into the work request now */
         w->send_flags |= IBV_SEND_INLINE;
+        sge[k].addr = (uintptr_t)o->data;
+      }
       switch (o->kind) {
       case VRB_WR_AMO:
         sge[k] = (struct ibv_sge){(uintptr_t)&q->amo[slot], 8, vp->amo_mr->lkey};
@@ -159,7 +161,7 @@ static size_t post_ops(vrb_qp_t *q, vrb_op_t *const *ops, size_t n)
       case VRB_WR_SEND:
         /* Inline: the payload is copied at post time, so the op's own
          * storage (a stack frame or a queue node) may go away after. */
-        sge[k] = (struct ibv_sge){(uintptr_t)o->msg, sizeof(o->msg), 0};
+        sge[k] = (struct ibv_sge){(uintptr_t)o->data, o->len, 0};
         break;
       default:
         w->wr.rdma.remote_addr = o->raddr;
@@ -358,9 +360,11 @@ static size_t describe(vrb_ctx_t *vc, vrb_peer_t *vp, bool write, uint8_t *local
   for (size_t done = 0; done < len && n < cap; n++) {
     size_t m = len - done < step ? len - done : step;
     vrb_op_t *o = &out[n];
-    memset(o, 0, offsetof(vrb_op_t, msg));
+    memset(o, 0, offsetof(vrb_op_t, data));
     o->local = local + done;
     o->len = (uint32_t)m;
+    if (inl)
+      memcpy(o->data, o->local, m);
     o->lkey = l.lkey;
     o->inl = inl;
     o->raddr = raddr + done;
@@ -443,16 +447,16 @@ hixl_status_t hixl__vrb_get(hixl_peer_t *peer, void *dst, size_t len, hixl_rmr_t
 
 static void notify_op(vrb_op_t *o, uint32_t imm, uint64_t len)
 {
-  memset(o, 0, offsetof(vrb_op_t, msg));
+  memset(o, 0, offsetof(vrb_op_t, data));
   o->kind = VRB_WR_SEND;
   o->opcode = IBV_WR_SEND;
   o->inl = true;
-  o->len = sizeof(o->msg);
+  o->len = 16;
   uint32_t imm_le = htole32(imm);
   uint64_t len_le = htole64(len);
-  memcpy(o->msg, &imm_le, 4);
-  memset(o->msg + 4, 0, 4);
-  memcpy(o->msg + 8, &len_le, 8);
+  memcpy(o->data, &imm_le, 4);
+  memset(o->data + 4, 0, 4);
+  memcpy(o->data + 8, &len_le, 8);
 }
 
 hixl_status_t hixl__vrb_notify(hixl_peer_t *peer, uint32_t imm, uint64_t len, hixl_req_t *req)
@@ -534,7 +538,7 @@ hixl_status_t hixl__vrb_atomic(hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t off,
     return HIXL_INPROGRESS;
   vrb_peer_t *vp = peer->tp;
   vrb_op_t o;
-  memset(&o, 0, offsetof(vrb_op_t, msg));
+  memset(&o, 0, offsetof(vrb_op_t, data));
   o.kind = VRB_WR_AMO;
   o.opcode = op == HIXL_AMO_FAA ? IBV_WR_ATOMIC_FETCH_AND_ADD : IBV_WR_ATOMIC_CMP_AND_SWP;
   o.len = 8;

@@ -471,7 +471,8 @@ static vrb_peer_t *vp_new(hixl_peer_t *peer, int nq, bool make_qps)
     q->qp = ibv_create_qp(vc->pd, &qa);
     if (q->qp == NULL)
       break;
-    vc->max_inline = qa.cap.max_inline_data;
+    /* What the device granted, up to what an op can carry (vrb_op_t). */
+    vc->max_inline = qa.cap.max_inline_data < VRB_INLINE ? qa.cap.max_inline_data : VRB_INLINE;
   }
   int made = 0;
   for (int i = 0; i < vp->nq; i++)
@@ -808,6 +809,8 @@ static bool deliver(hixl_ctx_t *ctx, vrb_ctx_t *vc, const struct ibv_wc *wc)
   return hixl_ring_push(p->inbox, imm, len);
 }
 
+static void recv_poll_locked(hixl_ctx_t *ctx);
+
 static void vrb_on_event(hixl_ctx_t *ctx)
 {
   vrb_ctx_t *vc = VC(ctx);
@@ -824,6 +827,16 @@ static void vrb_on_event(hixl_ctx_t *ctx)
     ibv_ack_cq_events(cq, 1);
   ibv_req_notify_cq(vc->rcq, 0);
   pthread_mutex_lock(&ctx->lock);
+  recv_poll_locked(ctx);
+  pthread_mutex_unlock(&ctx->lock);
+}
+
+/* Receive completions -> notifications, by whoever holds ctx->lock: the
+ * control thread on its event, or hixl_notif_poll (so one CQ is never
+ * polled by two threads at once, and per-peer order holds). */
+static void recv_poll_locked(hixl_ctx_t *ctx)
+{
+  vrb_ctx_t *vc = VC(ctx);
   /* Older ones first: per peer, order is kept. */
   int k = 0;
   while (k < vc->n_overflow && deliver(ctx, vc, &vc->overflow[k])) {
@@ -841,7 +854,6 @@ static void vrb_on_event(hixl_ctx_t *ctx)
       else if (vc->n_overflow < VRB_SRQ_DEPTH)
         vc->overflow[vc->n_overflow++] = wcs[i];
     }
-  pthread_mutex_unlock(&ctx->lock);
 }
 
 const hixl_transport_ops_t hixl__verbs_ops = {
@@ -872,4 +884,5 @@ const hixl_transport_ops_t hixl__verbs_ops = {
     .on_event = vrb_on_event,
     .arm = vrb_arm,
     .ack_event = vrb_ack_event,
+    .notif_poll = recv_poll_locked,
 };

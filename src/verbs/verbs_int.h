@@ -122,8 +122,11 @@ typedef struct vrb_op {
   uint8_t opcode; /* enum ibv_wr_opcode */
   uint8_t kind;   /* VRB_WR_* */
   bool inl;
-  uint8_t msg[16]; /* a notification SEND's payload (inline) */
   struct vrb_op *next;
+  /* Inline payload, taken at the call: a notification SEND's {imm, len}, or
+   * a small put's bytes, so the caller may reuse its buffer at once even
+   * when the op waits in the software queue. */
+  uint8_t data[VRB_INLINE];
 } vrb_op_t;
 
 /* A posted work request, retired when its (or a later) completion arrives. */
