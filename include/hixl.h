@@ -205,9 +205,10 @@ enum { HIXL_OP_ORDERED = 1 };
  * region lacks READ (get), WRITE (put) or ATOMIC (atomics) -> ACCESS; len 0,
  * NULL buffers or unknown flags -> INVALID; a lost peer -> PEER_LOST.  On
  * such an error no request is created and nothing is written.
- * Local buffers need not be registered and may be reused as soon as the
- * call returns for puts (the data has been taken), or once the request
- * completes for gets and atomics.  req_p NULL: no request is returned; use
+ * Local buffers need not be registered.  They must stay unchanged (puts)
+ * and valid (gets, atomics' old_p) until the operation completes: RDMA
+ * transports move them in place, while in flight (docs/semantics.md).
+ * req_p NULL: no request is returned; use
  * hixl_fence to know completion.  Otherwise *req_p must be freed with
  * hixl_req_free. */
 hixl_status_t hixl_put(hixl_peer_t *peer, const void *src, size_t len, hixl_rmr_t *dst,

@@ -206,8 +206,8 @@ typedef struct hixl_transport_ops {
   int (*arm)(hixl_ctx_t *ctx);
   void (*ack_event)(hixl_ctx_t *ctx);
   /* Optional: hixl_notif_poll is about to look at the inboxes (ctx->lock
-   * held): move what has arrived into them now (verbs: poll the receive CQ
-   * directly, so a polling target does not wait for the control thread). */
+   * not held): move what has arrived into them now (verbs: poll the receive
+   * CQ directly, so a polling target does not wait for the control thread). */
   void (*notif_poll)(hixl_ctx_t *ctx);
 } hixl_transport_ops_t;
 

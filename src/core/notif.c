@@ -42,12 +42,12 @@ int hixl_notif_poll(hixl_ctx_t *ctx, hixl_notif_t *out, int max)
     return hixl__err(HIXL_ERR_INVALID, "hixl_notif_poll: %s",
                      ctx == NULL ? "NULL ctx" : out == NULL ? "NULL out" : "max < 0");
   int n = 0;
-  pthread_mutex_lock(&ctx->lock);
   for (size_t t = 0; t < hixl__n_transports; t++) {
     const hixl_transport_ops_t *o = hixl__transports[t];
     if (o->notif_poll && (ctx->tp_ready & (1u << o->id)))
       o->notif_poll(ctx);
   }
+  pthread_mutex_lock(&ctx->lock);
   unsigned npeers = 0;
   for (hixl_peer_t *p = ctx->peers; p; p = p->next)
     npeers++;

@@ -39,9 +39,9 @@ void hixl__backoff(unsigned *iter)
    * thousand rounds, then sleep.  Waiting for a completion that takes some
    * tens of microseconds must not fall into the sleep: its granularity
    * (~50-100 us with timer slack) would dominate the latency. */
-  if (i < 64) {
+  if (i < 1024) {
     __builtin_ia32_pause();
-  } else if (i < 4096) {
+  } else if (i < 8192) {
     sched_yield();
   } else {
     struct timespec ts = {0, 50000};

@@ -250,6 +250,12 @@ static struct rdma_cm_id *on_request(hixl_ctx_t *ctx, vrb_ctx_t *vc, struct rdma
   }
   struct rdma_conn_param cp = {.responder_resources = 16, .initiator_depth = 16,
                                .retry_count = 7, .rnr_retry_count = 7};
+  if (pd->index == 0 && !hixl__vrb_rmap_add(vc, id->qp->qp_num, vp->peer)) {
+    hixl_warn("verbs: rdmacm: no memory for the QP map");
+    rdma_destroy_qp(id);
+    rdma_reject(id, NULL, 0);
+    return id;
+  }
   pthread_mutex_lock(&vp->lock);
   q->cm_id = id;
   q->qp = id->qp;

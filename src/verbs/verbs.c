@@ -173,6 +173,8 @@ static void vrb_ctx_fini(hixl_ctx_t *ctx)
   if (vc->dev)
     ibv_close_device(vc->dev);
   free(vc->lregs);
+  free(vc->rmap);
+  pthread_mutex_destroy(&vc->recv_lock);
   pthread_mutex_destroy(&vc->poll_lock);
   pthread_mutex_destroy(&vc->cq_lock);
   pthread_rwlock_destroy(&vc->lreg_lock);
@@ -189,6 +191,7 @@ static hixl_status_t vrb_ctx_init(hixl_ctx_t *ctx)
   pthread_mutex_init(&vc->poll_lock, NULL);
   pthread_mutex_init(&vc->cq_lock, NULL);
   pthread_rwlock_init(&vc->lreg_lock, NULL);
+  pthread_mutex_init(&vc->recv_lock, NULL);
   vc->ev_fd = -1;
   ctx->tp[HIXL_TP_VERBS] = vc;
   hixl_status_t st = open_device(ctx, vc);
@@ -212,6 +215,7 @@ static hixl_status_t vrb_ctx_init(hixl_ctx_t *ctx)
   for (uint32_t i = 0; i < VRB_SRQ_DEPTH; i++)
     post_recv(vc, i);
   ibv_req_notify_cq(vc->rcq, 0);
+  vc->rcq_armed = true;
   /* Non-blocking: the control thread also ticks this without an event; the
    * progress thread polls the send channel's fd before reading it. */
   fcntl(vc->rch->fd, F_SETFL, fcntl(vc->rch->fd, F_GETFL) | O_NONBLOCK);
@@ -582,12 +586,48 @@ static hixl_status_t qps_connect(vrb_ctx_t *vc, vrb_peer_t *vp, const hixl_msg_t
   return st;
 }
 
+bool hixl__vrb_rmap_add(vrb_ctx_t *vc, uint32_t qpn, hixl_peer_t *peer)
+{
+  bool ok = true;
+  pthread_mutex_lock(&vc->recv_lock);
+  if (vc->n_rmap == vc->cap_rmap) {
+    size_t cap = vc->cap_rmap ? vc->cap_rmap * 2 : 16;
+    struct vrb_rmap *m = realloc(vc->rmap, cap * sizeof(*m));
+    if (m) {
+      vc->rmap = m;
+      vc->cap_rmap = cap;
+    }
+    ok = m != NULL;
+  }
+  if (ok)
+    vc->rmap[vc->n_rmap++] = (struct vrb_rmap){qpn, peer};
+  pthread_mutex_unlock(&vc->recv_lock);
+  return ok;
+}
+
+static void rmap_del(vrb_ctx_t *vc, hixl_peer_t *peer)
+{
+  pthread_mutex_lock(&vc->recv_lock);
+  for (size_t i = 0; i < vc->n_rmap;)
+    if (vc->rmap[i].peer == peer)
+      vc->rmap[i] = vc->rmap[--vc->n_rmap];
+    else
+      i++;
+  pthread_mutex_unlock(&vc->recv_lock);
+}
+
 static hixl_status_t attach_peer(hixl_peer_t *peer, vrb_peer_t *vp)
 {
   peer->inbox = aligned_alloc(HIXL_CACHELINE, hixl_ring_bytes(VRB_NOTIF_RING));
   if (peer->inbox == NULL)
     return hixl__err(HIXL_ERR_NOMEM, "verbs: no memory for the notification ring");
   hixl_ring_init(peer->inbox, VRB_NOTIF_RING);
+  /* rdmacm targets: QP 0 does not exist yet; cm.c adds it when it does. */
+  if (vp->qps[0]->qp && !hixl__vrb_rmap_add(VC(peer->ctx), vp->qps[0]->qp->qp_num, peer)) {
+    free(peer->inbox);
+    peer->inbox = NULL;
+    return hixl__err(HIXL_ERR_NOMEM, "verbs: no memory for the QP map");
+  }
   peer->tp = vp;
   return HIXL_OK;
 }
@@ -727,6 +767,7 @@ static void vrb_peer_close(hixl_peer_t *peer)
       hixl_warn("verbs: work requests to %s never flushed; keeping their descriptors",
                 peer->name);
   }
+  rmap_del(VC(peer->ctx), peer); /* no receive completion reaches it now */
   peer->tp = NULL;
   free(peer->inbox);
   peer->inbox = NULL;
@@ -783,13 +824,12 @@ static void vrb_rmr_detach(hixl_rmr_t *r) { (void)r; }
 static bool vrb_rmr_live(const hixl_rmr_t *r) { return !atomic_load(&r->gone); }
 
 /* Target side: receive completions -> notifications (control thread). */
-static bool deliver(hixl_ctx_t *ctx, vrb_ctx_t *vc, const struct ibv_wc *wc)
+static bool deliver(vrb_ctx_t *vc, const struct ibv_wc *wc)
 {
-  hixl_peer_t *p;
-  for (p = ctx->peers; p; p = p->next)
-    if (p->ops == &hixl__verbs_ops && p->tp && ((vrb_peer_t *)p->tp)->qps[0]->qp &&
-        ((vrb_peer_t *)p->tp)->qps[0]->qp->qp_num == wc->qp_num)
-      break;
+  hixl_peer_t *p = NULL;
+  for (size_t i = 0; i < vc->n_rmap && p == NULL; i++)
+    if (vc->rmap[i].qpn == wc->qp_num)
+      p = vc->rmap[i].peer;
   if (p == NULL || wc->status != IBV_WC_SUCCESS)
     return true; /* gone, or a flushed receive: nothing to deliver */
   uint32_t imm;
@@ -809,7 +849,15 @@ static bool deliver(hixl_ctx_t *ctx, vrb_ctx_t *vc, const struct ibv_wc *wc)
   return hixl_ring_push(p->inbox, imm, len);
 }
 
-static void recv_poll_locked(hixl_ctx_t *ctx);
+static void recv_poll(vrb_ctx_t *vc);
+
+/* While a user thread polls notifications (hixl_notif_poll, which polls the
+ * receive CQ itself), the control thread leaves the CQ's channel unarmed: an
+ * event, a wake-up and four syscalls per message would only compete with
+ * that thread for the CPU.  It arms it again once nobody polled for this
+ * long, and meanwhile drains the CQ at its ticks (the SRQ's 512 buffers
+ * absorb a burst; beyond that the sender waits on RNR, nothing is lost). */
+#define USER_POLL_NS (10 * 1000000LL)
 
 static void vrb_on_event(hixl_ctx_t *ctx)
 {
@@ -823,23 +871,39 @@ static void vrb_on_event(hixl_ctx_t *ctx)
 #endif
   struct ibv_cq *cq;
   void *cq_ctx;
-  if (ibv_get_cq_event(vc->rch, &cq, &cq_ctx) == 0)
+  pthread_mutex_lock(&vc->recv_lock);
+  if (ibv_get_cq_event(vc->rch, &cq, &cq_ctx) == 0) {
     ibv_ack_cq_events(cq, 1);
-  ibv_req_notify_cq(vc->rcq, 0);
-  pthread_mutex_lock(&ctx->lock);
-  recv_poll_locked(ctx);
-  pthread_mutex_unlock(&ctx->lock);
+    vc->rcq_armed = false; /* an event disarms it */
+  }
+  recv_poll(vc);
+  bool user = hixl__now_ns() - atomic_load(&vc->user_poll_ns) < USER_POLL_NS;
+  if (!vc->rcq_armed && !user) {
+    ibv_req_notify_cq(vc->rcq, 0);
+    vc->rcq_armed = true;
+    recv_poll(vc); /* what arrived before arming raised no event */
+  }
+  pthread_mutex_unlock(&vc->recv_lock);
 }
 
-/* Receive completions -> notifications, by whoever holds ctx->lock: the
- * control thread on its event, or hixl_notif_poll (so one CQ is never
- * polled by two threads at once, and per-peer order holds). */
-static void recv_poll_locked(hixl_ctx_t *ctx)
+/* hixl_notif_poll is about to look at the inboxes: bring in what arrived. */
+static void vrb_notif_poll(hixl_ctx_t *ctx)
 {
   vrb_ctx_t *vc = VC(ctx);
+  atomic_store_explicit(&vc->user_poll_ns, hixl__now_ns(), memory_order_relaxed);
+  if (pthread_mutex_trylock(&vc->recv_lock) == 0) { /* else someone is at it */
+    recv_poll(vc);
+    pthread_mutex_unlock(&vc->recv_lock);
+  }
+}
+
+/* Receive completions -> notifications (vc->recv_lock held, so one CQ is
+ * never polled by two threads at once and per-peer order holds). */
+static void recv_poll(vrb_ctx_t *vc)
+{
   /* Older ones first: per peer, order is kept. */
   int k = 0;
-  while (k < vc->n_overflow && deliver(ctx, vc, &vc->overflow[k])) {
+  while (k < vc->n_overflow && deliver(vc, &vc->overflow[k])) {
     post_recv(vc, (uint32_t)vc->overflow[k].wr_id);
     k++;
   }
@@ -849,7 +913,7 @@ static void recv_poll_locked(hixl_ctx_t *ctx)
   int n;
   while ((n = ibv_poll_cq(vc->rcq, 32, wcs)) > 0)
     for (int i = 0; i < n; i++) {
-      if (vc->n_overflow == 0 && deliver(ctx, vc, &wcs[i]))
+      if (vc->n_overflow == 0 && deliver(vc, &wcs[i]))
         post_recv(vc, (uint32_t)wcs[i].wr_id);
       else if (vc->n_overflow < VRB_SRQ_DEPTH)
         vc->overflow[vc->n_overflow++] = wcs[i];
@@ -884,5 +948,5 @@ const hixl_transport_ops_t hixl__verbs_ops = {
     .on_event = vrb_on_event,
     .arm = vrb_arm,
     .ack_event = vrb_ack_event,
-    .notif_poll = recv_poll_locked,
+    .notif_poll = vrb_notif_poll,
 };

@@ -100,6 +100,14 @@ typedef struct vrb_ctx {
   struct rdma_cm_id *cm_listen;
   uint16_t cm_port;
   int ev_fd; /* epoll over the receive channel and cm_ch: ctx->tp_fd */
+  /* The receive side: who may poll rcq (the control thread, or a user in
+   * hixl_notif_poll), which QP 0 belongs to which peer, and whether rcq's
+   * completion channel is armed (only while no user polls notifications). */
+  pthread_mutex_t recv_lock;
+  struct vrb_rmap { uint32_t qpn; hixl_peer_t *peer; } *rmap;
+  size_t n_rmap, cap_rmap;
+  _Atomic int64_t user_poll_ns;
+  bool rcq_armed;
   /* Receive completions that found a peer's notification ring full: kept
    * (their buffers not reposted, which throttles senders through RNR) and
    * retried at the next tick, in order. */
@@ -198,6 +206,9 @@ int hixl__vrb_progress(hixl_ctx_t *ctx);
  * its QPs (already in ERROR), then retire whatever is left as PEER_LOST.
  * false: some never flushed (their completions may still come: keep vp). */
 bool hixl__vrb_drain_peer(vrb_peer_t *vp);
+
+/* Notifications arriving on qpn are the peer's (its QP 0); 0 on failure. */
+bool hixl__vrb_rmap_add(vrb_ctx_t *vc, uint32_t qpn, hixl_peer_t *peer);
 
 /* A QP just connected (rdmacm): post what waited for it. */
 void hixl__vrb_qp_ready(vrb_qp_t *q);

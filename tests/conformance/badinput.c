@@ -297,6 +297,12 @@ static void test_null_and_zero(void **state)
   hixl_config_init(&cfg);
   cfg.listen = "not an address";
   assert_int_equal(hixl_ctx_create(&cfg, &c), HIXL_ERR_INVALID);
+  hixl_config_init(&cfg);
+  cfg.progress_thread = 3; /* 0, 1 (polling) or 2 (events) */
+  assert_int_equal(hixl_ctx_create(&cfg, &c), HIXL_ERR_INVALID);
+  assert_non_null(strstr(hixl_last_error(), "progress_thread"));
+  cfg.progress_thread = -1;
+  assert_int_equal(hixl_ctx_create(&cfg, &c), HIXL_ERR_INVALID);
   hixl_peer_t *peer;
   assert_int_equal(hixl_connect(f->ctx, NULL, 100, &peer), HIXL_ERR_INVALID);
   assert_int_equal(hixl_connect(f->ctx, "127.0.0.1", 100, &peer), HIXL_ERR_INVALID);

@@ -1,0 +1,4 @@
+#!/bin/bash
+cd /work/main
+bench/verbs-vs-perftest.sh gbuild
+tests/rxe/suite.sh gbuild
