@@ -116,20 +116,24 @@ void hixl__vrb_cm_fini(vrb_ctx_t *vc)
 
 /* ------------------------------------------------------------ initiator */
 
-/* The next event on ch for id, which must be `want`; acked here. */
-static hixl_status_t cm_wait(struct rdma_event_channel *ch, enum rdma_cm_event_type want,
-                             int64_t deadline, const char *step)
+/* The next event on ch for id, which must be `want`; acked here.  Events
+ * of other ids (an abandoned attempt's) are skipped. */
+static hixl_status_t cm_wait(struct rdma_event_channel *ch, struct rdma_cm_id *id,
+                             enum rdma_cm_event_type want, int64_t deadline, const char *step)
 {
   for (;;) {
     struct rdma_cm_event *ev;
     if (rdma_get_cm_event(ch, &ev) == 0) {
       enum rdma_cm_event_type got = ev->event;
       int status = ev->status;
+      bool mine = ev->id == id;
       rdma_ack_cm_event(ev);
+      if (!mine)
+        continue;
       if (got == want)
         return HIXL_OK;
-      return hixl__err(got == RDMA_CM_EVENT_REJECTED ? HIXL_ERR_TRANSPORT : HIXL_ERR_TRANSPORT,
-                       "verbs: rdmacm %s: %s (status %d)", step, rdma_event_str(got), status);
+      return hixl__err(HIXL_ERR_TRANSPORT, "verbs: rdmacm %s: %s (status %d)", step,
+                       rdma_event_str(got), status);
     }
     if (errno != EAGAIN)
       return hixl__vrb_err(HIXL_ERR_TRANSPORT, "rdma_get_cm_event", 0);
@@ -169,18 +173,30 @@ hixl_status_t hixl__vrb_cm_connect(hixl_peer_t *peer, vrb_peer_t *vp, const hixl
   hixl_status_t st = HIXL_OK;
   for (int i = 0; i < vp->nq && st == HIXL_OK; i++) {
     vrb_qp_t *q = vp->qps[i];
-    int rc = rdma_create_id(vp->cm_ch, &q->cm_id, q, RDMA_PS_TCP);
-    if (rc)
-      return hixl__vrb_err(HIXL_ERR_TRANSPORT, "rdma_create_id", rc);
-    int64_t left = (deadline - hixl__now_ns()) / 1000000;
-    int ms = left > 100 ? (int)left : 100;
-    rc = rdma_resolve_addr(q->cm_id, (struct sockaddr *)&src, (struct sockaddr *)&dst, ms);
-    st = rc ? hixl__vrb_err(HIXL_ERR_TRANSPORT, "rdma_resolve_addr", rc)
-            : cm_wait(vp->cm_ch, RDMA_CM_EVENT_ADDR_RESOLVED, deadline, "address resolution");
+    /* Address resolution, in attempts of one second: with an empty
+     * neighbour table the kernel's first resolution can miss the ARP reply
+     * and sit until its timeout (seen on Soft-RoCE); a fresh id then finds
+     * the neighbour known. */
+    int rc = 0, ms = 1000;
+    do {
+      if (q->cm_id)
+        rdma_destroy_id(q->cm_id);
+      q->cm_id = NULL;
+      rc = rdma_create_id(vp->cm_ch, &q->cm_id, q, RDMA_PS_TCP);
+      if (rc)
+        return hixl__vrb_err(HIXL_ERR_TRANSPORT, "rdma_create_id", rc);
+      int64_t until = hixl__now_ns() + (int64_t)(ms + 500) * 1000000;
+      rc = rdma_resolve_addr(q->cm_id, (struct sockaddr *)&src, (struct sockaddr *)&dst, ms);
+      st = rc ? hixl__vrb_err(HIXL_ERR_TRANSPORT, "rdma_resolve_addr", rc)
+              : cm_wait(vp->cm_ch, q->cm_id, RDMA_CM_EVENT_ADDR_RESOLVED,
+                        until < deadline ? until : deadline, "address resolution");
+    } while (st != HIXL_OK && rc == 0 && hixl__now_ns() < deadline);
+    ms = (int)((deadline - hixl__now_ns()) / 1000000);
+    ms = ms > 100 ? ms : 100;
     if (st == HIXL_OK) {
       rc = rdma_resolve_route(q->cm_id, ms);
       st = rc ? hixl__vrb_err(HIXL_ERR_TRANSPORT, "rdma_resolve_route", rc)
-              : cm_wait(vp->cm_ch, RDMA_CM_EVENT_ROUTE_RESOLVED, deadline, "route resolution");
+              : cm_wait(vp->cm_ch, q->cm_id, RDMA_CM_EVENT_ROUTE_RESOLVED, deadline, "route resolution");
     }
     if (st == HIXL_OK && q->cm_id->verbs != vc->dev)
       st = hixl__err(HIXL_ERR_TRANSPORT, "verbs: rdmacm routes to %s through another device",
@@ -206,7 +222,7 @@ hixl_status_t hixl__vrb_cm_connect(hixl_peer_t *peer, vrb_peer_t *vp, const hixl
                                    .retry_count = 7, .rnr_retry_count = 7};
       rc = rdma_connect(q->cm_id, &cp);
       st = rc ? hixl__vrb_err(HIXL_ERR_TRANSPORT, "rdma_connect", rc)
-              : cm_wait(vp->cm_ch, RDMA_CM_EVENT_ESTABLISHED, deadline, "connect");
+              : cm_wait(vp->cm_ch, q->cm_id, RDMA_CM_EVENT_ESTABLISHED, deadline, "connect");
     }
     if (st == HIXL_OK)
       q->ready = true;

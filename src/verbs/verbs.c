@@ -170,6 +170,11 @@ static void vrb_ctx_fini(hixl_ctx_t *ctx)
     ibv_destroy_comp_channel(vc->sch);
   if (vc->pd)
     ibv_dealloc_pd(vc->pd);
+#ifdef HIXL_HAVE_RDMACM
+  if (vc->cm_devs)
+    rdma_free_devices(vc->cm_devs); /* dev is librdmacm's */
+  else
+#endif
   if (vc->dev)
     ibv_close_device(vc->dev);
   free(vc->lregs);
@@ -197,6 +202,22 @@ static hixl_status_t vrb_ctx_init(hixl_ctx_t *ctx)
   hixl_status_t st = open_device(ctx, vc);
   if (st != HIXL_OK)
     goto fail;
+#ifdef HIXL_HAVE_RDMACM
+  /* rdma_cm ids carry librdmacm's own device contexts, and a QP must be
+   * made with a PD of its id's context: use librdmacm's context for our
+   * device, so that one PD serves both connection paths. */
+  int ndev = 0;
+  struct ibv_context **cl = rdma_get_devices(&ndev);
+  for (int i = 0; cl && i < ndev; i++)
+    if (strcmp(ibv_get_device_name(cl[i]->device), ibv_get_device_name(vc->dev->device)) == 0) {
+      ibv_close_device(vc->dev);
+      vc->dev = cl[i];
+      vc->cm_devs = cl;
+      break;
+    }
+  if (cl && vc->cm_devs == NULL)
+    rdma_free_devices(cl);
+#endif
   vc->pd = ibv_alloc_pd(vc->dev);
   vc->sch = vc->pd ? ibv_create_comp_channel(vc->dev) : NULL;
   vc->rch = vc->sch ? ibv_create_comp_channel(vc->dev) : NULL;

@@ -98,6 +98,7 @@ typedef struct vrb_ctx {
   /* rdmacm (cm.c): the target's listener and its channel, or NULL. */
   struct rdma_event_channel *cm_ch;
   struct rdma_cm_id *cm_listen;
+  struct ibv_context **cm_devs; /* rdma_get_devices(): dev is one of them */
   uint16_t cm_port;
   int ev_fd; /* epoll over the receive channel and cm_ch: ctx->tp_fd */
   /* The receive side: who may poll rcq (the control thread, or a user in
