@@ -35,6 +35,8 @@ int64_t hixl__now_ns(void);
 /* Deadline helper: -1 forever, 0 now, else now + ms. */
 int64_t hixl__deadline(int timeout_ms);
 bool hixl__expired(int64_t deadline_ns);
+/* hixl__expired for a wait loop at backoff round iter: cheap while it spins. */
+bool hixl__wait_expired(int64_t deadline_ns, unsigned iter);
 /* Back-off for blocking waits: spins, then yields, then sleeps briefly. */
 void hixl__backoff(unsigned *iter);
 

@@ -84,7 +84,7 @@ hixl_status_t hixl_notif_wait(hixl_ctx_t *ctx, hixl_notif_t *out, int timeout_ms
       return HIXL_OK;
     if (n < 0)
       return n;
-    if (timeout_ms == 0 || hixl__expired(deadline))
+    if (timeout_ms == 0 || hixl__wait_expired(deadline, it))
       return hixl__err(HIXL_ERR_TIMEOUT, "hixl_notif_wait: no notification in %d ms",
                        timeout_ms);
     hixl_progress(ctx);

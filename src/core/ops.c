@@ -67,7 +67,7 @@ static hixl_status_t order_after_earlier(const char *fn, hixl_peer_t *peer)
   while (atomic_load_explicit(&peer->completed, memory_order_acquire) < target) {
     if (atomic_load(&peer->state) != HIXL_PEER_UP)
       return hixl__err(HIXL_ERR_PEER_LOST, "%s: peer %s lost while ordering", fn, peer->name);
-    if (hixl__expired(deadline))
+    if (hixl__wait_expired(deadline, it))
       return hixl__err(HIXL_ERR_TIMEOUT, "%s: earlier operations to %s did not complete", fn,
                        peer->name);
     hixl_progress(peer->ctx);

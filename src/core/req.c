@@ -148,7 +148,7 @@ hixl_status_t hixl_req_wait(hixl_req_t *req, int timeout_ms)
     hixl_status_t st = hixl_req_test(req);
     if (st != HIXL_INPROGRESS)
       return st;
-    if (hixl__expired(deadline) || timeout_ms == 0)
+    if (timeout_ms == 0 || hixl__wait_expired(deadline, it))
       return hixl__err(HIXL_ERR_TIMEOUT, "hixl_req_wait: not complete after %d ms", timeout_ms);
     hixl__backoff(&it);
   }
@@ -178,7 +178,7 @@ static hixl_status_t fence_peer(hixl_peer_t *p, int64_t deadline, bool report_lo
     }
     if (atomic_load_explicit(&p->completed, memory_order_acquire) >= target)
       return HIXL_OK;
-    if (hixl__expired(deadline))
+    if (hixl__wait_expired(deadline, it))
       return hixl__err(HIXL_ERR_TIMEOUT, "hixl_fence: %llu operations to %s still in flight",
                        (unsigned long long)(target - atomic_load(&p->completed)), p->name);
     hixl_progress(p->ctx);

@@ -32,6 +32,18 @@ bool hixl__expired(int64_t deadline_ns)
   return deadline_ns != INT64_MAX && hixl__now_ns() >= deadline_ns;
 }
 
+bool hixl__wait_expired(int64_t deadline_ns, unsigned iter)
+{
+  /* While spinning, read the clock one round in 32 only: where the clock
+   * source is not the TSC (virtual machines, emulation) every read is a
+   * system call, and a spinning waiter would mostly be reading the time.
+   * Once the loop yields or sleeps, every round (it costs a syscall then
+   * anyway). */
+  if (deadline_ns == INT64_MAX || (iter < 1024 && iter % 32 != 0))
+    return false;
+  return hixl__now_ns() >= deadline_ns;
+}
+
 void hixl__backoff(unsigned *iter)
 {
   unsigned i = (*iter)++;

@@ -323,8 +323,10 @@ typedef struct {
   vrb_rent_t *rent;
 } vrb_local_t;
 
-static vrb_local_t local_key(vrb_ctx_t *vc, const void *p, size_t len)
+static vrb_local_t local_key(vrb_ctx_t *vc, bool write, const void *p, size_t len)
 {
+  if (write && len <= vc->max_inline) /* sent inline: no key needed */
+    return (vrb_local_t){0, NULL};
   vrb_local_t l = {hixl__vrb_region_lkey(vc, p, len), NULL};
   if (l.lkey == 0 && len > VRB_BOUNCE_SIZE && vc->rcache)
     l.rent = hixl__vrb_rcache_get(vc->rcache, p, len, &l.lkey);
@@ -431,7 +433,7 @@ hixl_status_t hixl__vrb_put(hixl_peer_t *peer, const void *src, size_t len, hixl
                             uint64_t off, hixl_req_t *req)
 {
   vrb_ctx_t *vc = hixl__vc(peer->ctx);
-  transfer(peer->tp, NULL, true, (uint8_t *)(uintptr_t)src, len, local_key(vc, src, len),
+  transfer(peer->tp, NULL, true, (uint8_t *)(uintptr_t)src, len, local_key(vc, true, src, len),
            rmr->base + off, rmr->tp_rkey, NULL, req);
   return HIXL_OK;
 }
@@ -440,7 +442,7 @@ hixl_status_t hixl__vrb_get(hixl_peer_t *peer, void *dst, size_t len, hixl_rmr_t
                             uint64_t off, hixl_req_t *req)
 {
   vrb_ctx_t *vc = hixl__vc(peer->ctx);
-  transfer(peer->tp, NULL, false, dst, len, local_key(vc, dst, len), rmr->base + off,
+  transfer(peer->tp, NULL, false, dst, len, local_key(vc, false, dst, len), rmr->base + off,
            rmr->tp_rkey, NULL, req);
   return HIXL_OK;
 }
@@ -477,7 +479,7 @@ hixl_status_t hixl__vrb_put_imm(hixl_peer_t *peer, const void *src, size_t len,
    * notification SEND carrying the total length.  All on QP 0. */
   vrb_peer_t *vp = peer->tp;
   vrb_ctx_t *vc = hixl__vc(peer->ctx);
-  vrb_local_t l = local_key(vc, src, len);
+  vrb_local_t l = local_key(vc, true, src, len);
   bool one = len <= VRB_MAX_WR_LEN && (l.lkey != 0 || len <= VRB_BOUNCE_SIZE);
   transfer(vp, vp->qps[0], true, (uint8_t *)(uintptr_t)src, len, l, rmr->base + off,
            rmr->tp_rkey, one ? &imm : NULL, req);
@@ -502,7 +504,7 @@ hixl_status_t hixl__vrb_batch(hixl_peer_t *peer, const hixl_xfer_t *xfers, size_
     size_t k = 0;
     for (size_t i = lo; i < hi; i++) {
       const hixl_xfer_t *x = &xfers[i];
-      vrb_local_t l = local_key(vc, x->local, x->len);
+      vrb_local_t l = local_key(vc, is_put, x->local, x->len);
       for (size_t done = 0; done < x->len;) {
         if (k == VRB_CHAIN) {
           submit(q, ops, k);

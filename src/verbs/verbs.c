@@ -898,7 +898,13 @@ static void vrb_on_event(hixl_ctx_t *ctx)
     vc->rcq_armed = false; /* an event disarms it */
   }
   recv_poll(vc);
-  bool user = hixl__now_ns() - atomic_load(&vc->user_poll_ns) < USER_POLL_NS;
+  int64_t now = hixl__now_ns();
+  uint64_t polls = atomic_load_explicit(&vc->user_polls, memory_order_relaxed);
+  if (polls != vc->seen_polls) {
+    vc->seen_polls = polls;
+    vc->user_active_ns = now;
+  }
+  bool user = now - vc->user_active_ns < USER_POLL_NS;
   if (!vc->rcq_armed && !user) {
     ibv_req_notify_cq(vc->rcq, 0);
     vc->rcq_armed = true;
@@ -911,7 +917,9 @@ static void vrb_on_event(hixl_ctx_t *ctx)
 static void vrb_notif_poll(hixl_ctx_t *ctx)
 {
   vrb_ctx_t *vc = VC(ctx);
-  atomic_store_explicit(&vc->user_poll_ns, hixl__now_ns(), memory_order_relaxed);
+  /* A counter, not a clock read: clocks can cost a syscall (see
+   * hixl__wait_expired), and this runs in the notification wait loop. */
+  atomic_fetch_add_explicit(&vc->user_polls, 1, memory_order_relaxed);
   if (pthread_mutex_trylock(&vc->recv_lock) == 0) { /* else someone is at it */
     recv_poll(vc);
     pthread_mutex_unlock(&vc->recv_lock);

@@ -107,7 +107,9 @@ typedef struct vrb_ctx {
   pthread_mutex_t recv_lock;
   struct vrb_rmap { uint32_t qpn; hixl_peer_t *peer; } *rmap;
   size_t n_rmap, cap_rmap;
-  _Atomic int64_t user_poll_ns;
+  _Atomic uint64_t user_polls; /* bumped by every hixl_notif_poll */
+  uint64_t seen_polls;         /* control thread: the count at its last look */
+  int64_t user_active_ns;      /* control thread: when it last saw it move */
   bool rcq_armed;
   /* Receive completions that found a peer's notification ring full: kept
    * (their buffers not reposted, which throttles senders through RNR) and
