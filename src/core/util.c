@@ -57,12 +57,22 @@ bool hixl__wait_expired(int64_t deadline_ns, unsigned iter)
 void hixl__backoff(unsigned *iter)
 {
   unsigned i = (*iter)++;
-  /* Pause, then yield (a busy poll that lets other threads run) for a few
-   * thousand rounds, then sleep.  Waiting for a completion that takes some
-   * tens of microseconds must not fall into the sleep: its granularity
-   * (~50-100 us with timer slack) would dominate the latency. */
-  if (i < 1024) {
+  /* First poll flat out (the caller's poll is the loop body: a completion
+   * that lands within microseconds is seen at once, as perftest sees it),
+   * then pause, then yield (a busy poll that lets other threads run) for a
+   * few thousand rounds, then sleep.  A wait of some tens of microseconds
+   * must not fall into the sleep: its granularity (~50-100 us with timer
+   * slack) would dominate the latency.  (Under emulation PAUSE leaves the
+   * translated code each time; measured on Soft-RoCE/TCG: atomics' p50 went
+   * from 1.18x to 1.03x of ib_atomic_lat without it in the first rounds.) */
+  if (i < 256) {
+    __asm__ volatile("" ::: "memory");
+  } else if (i < 1024) {
+#if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield" ::: "memory");
+#endif
   } else if (i < 8192) {
     sched_yield();
   } else {
