@@ -2,7 +2,7 @@
 # Runs inside the rxe-run guest: the conformance suite (also with 4 QPs per
 # peer, with QPs connected by librdmacm, and with the event-mode progress
 # thread), the bad-input matrix, the
-# 4-rank world, the peer-death test and the demo over the verbs transport,
+# 4-rank world, the peer-death test and the examples over the verbs transport,
 # initiator on rxe0 and target on rxe1.  Usage: suite.sh BUILD_DIR [CASE...]
 set -u
 build=$1
@@ -55,4 +55,6 @@ run world "$build/tests/conformance" verbs world  # 4 ranks, all on rxe0
 run badinput "$build/tests/badinput" verbs
 run peer_death "$build/tests/peer_death" verbs
 run demo "$build/examples/hixl-demo"
+run ps_train "$build/examples/hixl-ps-train" --launch 3 --params 4096 --steps 8
+run kv_transfer "$build/examples/hixl-kv-transfer" --requests 12 --seq-len 16:160 --blocks 128
 exit $fail
