@@ -35,8 +35,8 @@ rows=(
   "write bandwidth 1 MiB (MB/s)|ib_write_bw -s 1048576 -n 40|4|-t put -s 1048576 -n 40|5|1000"
   "read bandwidth 64 KiB (MB/s)|ib_read_bw -s 65536 -n $n|4|-t get -s 65536 -n $n|5|1000"
   "read bandwidth 1 MiB (MB/s)|ib_read_bw -s 1048576 -n 40|4|-t get -s 1048576 -n 40|5|1000"
-  "8 B ping-pong vs ib_write_lat (us)|ib_write_lat -s 8 -n 1000|5|-t pingpong -s 8 -n 1000|3|1"
-  "8 B ping-pong vs ib_send_lat (us)|ib_send_lat -s 8 -n 1000|5|-t pingpong -s 8 -n 1000|3|1"
+  "8 B put ping-pong, polled (us)|ib_write_lat -s 8 -n 1000|5|-t putpoll -s 8 -n 1000|3|1"
+  "8 B put_imm ping-pong vs send (us)|ib_send_lat -s 8 -n 1000|5|-t pingpong -s 8 -n 1000|3|1"
   "fetch-and-add latency (us)|ib_atomic_lat -n 1000|5|-t faa -n 1000|3|1"
   "compare-and-swap latency (us)|ib_atomic_lat -A CMP_AND_SWAP -n 1000|5|-t cas -n 1000|3|1"
 )
@@ -56,6 +56,7 @@ for row in "${rows[@]}"; do
   printf '%-40s %10s %10s %8s\n' "$name" "$p" "$h" "$(ratio "$h" "$p")"
 done
 echo "(bandwidth: perftest BW average vs hixl back to back, both from registered buffers;"
-echo " latency: ib_write_lat/ib_send_lat t_typical is half a ping-pong round trip, as is"
-echo " hixl-perf -t pingpong (put_imm each way, which the target sees as a receive completion"
-echo " like ib_send_lat's); ib_atomic_lat and hixl faa/cas: one atomic and its completion)"
+echo " latency, half a ping-pong round trip: ib_write_lat vs hixl-perf -t putpoll (a put each"
+echo " way, each side spinning on the last word of its own memory), ib_send_lat vs -t pingpong"
+echo " (a put_imm each way, seen by the target as a receive completion, like a send);"
+echo " ib_atomic_lat and hixl faa/cas: one atomic and its completion)"

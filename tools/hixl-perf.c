@@ -3,7 +3,7 @@
  * hixl-perf: latency and bandwidth of hixl operations, with the single-thread
  * memcpy limit measured in the same run beside every figure.
  *
- *   hixl-perf [-t put|get|faa|cas|pingpong] [-s SIZE | -a] [-n ITERS]
+ *   hixl-perf [-t put|get|faa|cas|pingpong|putpoll] [-s SIZE | -a] [-n ITERS]
  *             [-m alloc|reg] [--transport shm|self] [--json FILE] [--quick]
  *
  * By default it forks a target process on this host (shm).  The target
@@ -11,10 +11,13 @@
  * one-sided.  Latency is one operation including its completion, measured
  * per operation (p50/p99); bandwidth is back-to-back operations of one size.
  *
- * pingpong: the method of ib_write_lat and ucx_perftest's put latency.  We
- * put_imm SIZE bytes, the target answers each notification with a put_imm of
- * the same size into our region, and the latency is half the round trip.
- * (The target calls hixl here, by necessity; nothing else does.)
+ * pingpong: we put_imm SIZE bytes, the target answers each notification with
+ * a put_imm of the same size into our region; the latency is half the round
+ * trip (ib_send_lat's method: the target learns of the data from a
+ * completion).  putpoll: ib_write_lat's and ucx_perftest's put latency: we
+ * put SIZE bytes whose last 8 carry a sequence number, the target spins on
+ * that word in its own memory and puts back the same way; half the round
+ * trip.  (In both the target calls hixl, by necessity; nothing else does.)
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -90,6 +93,30 @@ static void serve_pingpong(hixl_ctx_t *ctx, void *addr)
     hixl_rmr_release(back);
 }
 
+/* putpoll target: wait for the sequence number in the last 8 bytes of the
+ * first `size` bytes of our region, put the same back into the initiator's
+ * "perf-back", until the number is all ones.  The size and the peer come in
+ * a hello notification {imm = size}. */
+static void serve_putpoll(hixl_ctx_t *ctx, void *addr)
+{
+  hixl_notif_t n;
+  CK(hixl_notif_wait(ctx, &n, -1));
+  size_t size = n.imm;
+  hixl_rmr_t *back;
+  CK(hixl_rmr_lookup(n.peer, "perf-back", 10000, &back));
+  volatile uint64_t *seq = (volatile uint64_t *)((uint8_t *)addr + size - 8);
+  for (uint64_t want = 1;; want++) {
+    uint64_t v;
+    while ((v = *seq) != want && v != UINT64_MAX)
+      hixl_progress(ctx); /* retires our own puts' completions */
+    if (v == UINT64_MAX)
+      break;
+    CK(hixl_put(n.peer, addr, size, back, 0, 0, NULL));
+  }
+  CK(hixl_fence(ctx, n.peer, -1));
+  hixl_rmr_release(back);
+}
+
 /* The target: a region, published, then idle until told to stop. */
 static int run_target(const char *test, const char *mem, int out_fd, int in_fd,
                       hixl_ctx_t *shared)
@@ -115,6 +142,8 @@ static int run_target(const char *test, const char *mem, int out_fd, int in_fd,
   dprintf(out_fd, "%s\n", hixl_ctx_address(ctx));
   if (strcmp(test, "pingpong") == 0)
     serve_pingpong(ctx, addr);
+  if (strcmp(test, "putpoll") == 0)
+    serve_putpoll(ctx, addr);
   char c;
   while (read(in_fd, &c, 1) < 0 && errno == EINTR)
     ;
@@ -196,9 +225,49 @@ static result_t pingpong(hixl_ctx_t *ctx, hixl_peer_t *peer, hixl_rmr_t *rmr, si
   return r;
 }
 
+/* Half round trips of puts noticed by polling memory (see the top). */
+static result_t putpoll(hixl_ctx_t *ctx, hixl_peer_t *peer, hixl_rmr_t *rmr, size_t size,
+                        long iters, void *buf, void *buf2)
+{
+  result_t r = {.size = size, .iters = iters};
+  if (size < 8)
+    size = r.size = 8;
+  CK(hixl_notify(peer, (uint32_t)size, 0, NULL)); /* hello: the size */
+  double *lat = malloc(sizeof(double) * (size_t)iters);
+  volatile uint64_t *mine = (volatile uint64_t *)((uint8_t *)buf2 + size - 8);
+  uint64_t *out = (uint64_t *)((uint8_t *)buf + size - 8);
+  double t_all = 0;
+  for (long i = -10; i < iters; i++) { /* ten to warm up */
+    uint64_t seq = (uint64_t)(i + 11);
+    *out = seq;
+    double t0 = now_s();
+    CK(hixl_put(peer, buf, size, rmr, 0, 0, NULL));
+    while (*mine != seq)
+      hixl_progress(ctx);
+    double dt = now_s() - t0;
+    if (i >= 0) {
+      lat[i] = dt / 2 * 1e6;
+      t_all += dt;
+    }
+  }
+  *out = UINT64_MAX;
+  CK(hixl_put(peer, buf, size, rmr, 0, 0, NULL));
+  CK(hixl_fence(ctx, peer, -1));
+  qsort(lat, (size_t)iters, sizeof(double), cmp_double);
+  r.p50_us = lat[iters / 2];
+  r.p99_us = lat[(iters * 99) / 100];
+  free(lat);
+  r.gbps = 2.0 * (double)size * (double)iters / t_all / 1e9;
+  r.mops = 2.0 * (double)iters / t_all / 1e6;
+  r.memcpy_gbps = memcpy_gbps(size, iters, buf2, buf);
+  return r;
+}
+
 static result_t measure(const char *test, hixl_ctx_t *ctx, hixl_peer_t *peer, hixl_rmr_t *rmr,
                         size_t size, long iters, void *buf, void *buf2)
 {
+  if (strcmp(test, "putpoll") == 0)
+    return putpoll(ctx, peer, rmr, size, iters, buf, buf2);
   if (strcmp(test, "pingpong") == 0)
     return pingpong(ctx, peer, rmr, size, iters, buf, buf2);
   result_t r = {.size = size, .iters = iters};
@@ -250,7 +319,9 @@ static void usage(void)
   fprintf(stderr,
           "usage: hixl-perf [-t put|get|faa|cas|pingpong] [-s SIZE | -a] [-n ITERS]\n"
           "                 [-m alloc|reg] [--transport shm|self] [--json FILE] [--quick]\n"
-          "  -t pingpong put_imm ping-pong with the target: half round trip (ib_write_lat's method)\n"
+          "  -t pingpong put_imm ping-pong with the target: half round trip (ib_send_lat's method)\n"
+          "  -t putpoll  put ping-pong, each side polling its memory: half round trip\n"
+          "              (ib_write_lat's method)\n"
           "  -a          sweep sizes 8 B .. 64 MiB (default)\n"
           "  -m alloc    target memory from hixl_mem_alloc (mapped: one memcpy per put)\n"
           "  -m reg      target memory from malloc + hixl_mr_reg (CMA on shm)\n"
@@ -284,10 +355,11 @@ int main(int argc, char **argv)
     }
   }
   if (strcmp(test, "put") && strcmp(test, "get") && strcmp(test, "faa") && strcmp(test, "cas") &&
-      strcmp(test, "pingpong"))
+      strcmp(test, "pingpong") && strcmp(test, "putpoll"))
     usage();
-  if (strcmp(test, "pingpong") == 0 && strcmp(transport, "self") == 0) {
-    fprintf(stderr, "hixl-perf: pingpong needs a target process (not --transport self)\n");
+  bool pp = strcmp(test, "pingpong") == 0 || strcmp(test, "putpoll") == 0;
+  if (pp && strcmp(transport, "self") == 0) {
+    fprintf(stderr, "hixl-perf: %s needs a target process (not --transport self)\n", test);
     return 2;
   }
   if (one_size > REGION_LEN || (strcmp(mem, "alloc") && strcmp(mem, "reg")))
@@ -346,8 +418,8 @@ int main(int argc, char **argv)
   size_t sizes[32];
   int nsizes = 0;
   bool atomic = strcmp(test, "faa") == 0 || strcmp(test, "cas") == 0;
-  if (atomic)
-    sizes[nsizes++] = 8;
+  if (atomic || (strcmp(test, "putpoll") == 0 && one_size == 0))
+    sizes[nsizes++] = 8; /* putpoll: the target serves one size per run */
   else if (one_size)
     sizes[nsizes++] = one_size;
   else if (quick)
@@ -397,6 +469,7 @@ int main(int argc, char **argv)
   }
   if (strcmp(test, "pingpong") == 0)
     CK(hixl_notify(peer, PP_STOP, 0, NULL));
+
   CK(hixl_fence(ctx, peer, -1));
   hixl_rmr_release(rmr);
   hixl_mr_dereg(lmr1);
