@@ -474,6 +474,7 @@ static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t 
   case HIXL_MSG_FD_REPLY:
   case HIXL_MSG_ATOMIC_REPLY:
   case HIXL_MSG_VERBS_MR_REPLY:
+  case HIXL_MSG_REGION_GONE_ACK:
     complete_pending_locked(p, m, fd);
     return;
   case HIXL_MSG_LOOKUP:
@@ -487,6 +488,11 @@ static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t 
     for (hixl_rmr_t *r = p->rmrs; r; r = r->next)
       if (r->slot == m->u32[0] && r->rkey == m->u64[0])
         atomic_store(&r->gone, true);
+    /* Acknowledged: the owner's hixl_mr_dereg returns only after this, so
+     * an operation we issue after it fails cleanly here. */
+    memset(out, 0, sizeof(*out));
+    out->type = HIXL_MSG_REGION_GONE_ACK;
+    out->status = HIXL_OK;
     return;
   case HIXL_MSG_WORLD_BARRIER:
     if (m->u64[1] > p->barrier_epoch)

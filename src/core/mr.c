@@ -184,15 +184,31 @@ hixl_status_t hixl_mr_dereg(hixl_mr_t *mr)
   hixl_ctx_t *ctx = mr->ctx;
   pthread_mutex_lock(&ctx->lock);
   mr_unpublish_locked(ctx, mr);
-  /* Peers that cannot read our region table are told (best effort: an
-   * operation already in flight may still land, as the header says). */
-  hixl_msg_t gone = {.type = HIXL_MSG_REGION_GONE};
-  gone.u32[0] = mr->slot;
-  gone.u64[0] = mr->rkey;
+  /* Peers that cannot read our region table (verbs) are told, and we wait
+   * (bounded by the timeout) for each to acknowledge: an operation a peer
+   * issues after this call returns fails there with NOT_REGISTERED instead
+   * of reaching the dead key and breaking its QP.  One already in flight
+   * may still land, as the header says.  Peers never go away before the
+   * context, so the list can be walked after dropping the lock. */
+  size_t nv = 0;
   for (hixl_peer_t *p = ctx->peers; p; p = p->next)
+    nv += p->ops && p->ops->id == HIXL_TP_VERBS && atomic_load(&p->state) == HIXL_PEER_UP;
+  hixl_peer_t **vps = nv ? malloc(nv * sizeof(*vps)) : NULL;
+  size_t k = 0;
+  for (hixl_peer_t *p = ctx->peers; p && vps; p = p->next)
     if (p->ops && p->ops->id == HIXL_TP_VERBS && atomic_load(&p->state) == HIXL_PEER_UP)
-      hixl__send(p, &gone, NULL, 0);
+      vps[k++] = p;
   pthread_mutex_unlock(&ctx->lock);
+  int64_t deadline = hixl__deadline(hixl__ctx_timeout(ctx));
+  for (size_t i = 0; i < k; i++) {
+    hixl_msg_t gone = {.type = HIXL_MSG_REGION_GONE}, ack;
+    gone.u32[0] = mr->slot;
+    gone.u64[0] = mr->rkey;
+    if (hixl__call(vps[i], &gone, HIXL_MSG_REGION_GONE_ACK, &ack, NULL, deadline) != HIXL_OK)
+      hixl_info("hixl_mr_dereg: peer %s did not acknowledge (%s); going on", vps[i]->name,
+                hixl_last_error());
+  }
+  free(vps);
 
   pthread_mutex_lock(&ctx->reg_lock);
   hixl_reg_slot_t *s = &ctx->reg_table[mr->slot];

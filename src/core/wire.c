@@ -31,6 +31,7 @@ static const uint8_t schema[HIXL_MSG_TYPE_MAX][12] = {
     [HIXL_MSG_VERBS_MR] = {F_U32_0, F_U32_1, F_U32_2, F_U64_0, F_U64_1, F_U64_2},
     [HIXL_MSG_VERBS_MR_REPLY] = {F_STATUS, F_U32_0},
     [HIXL_MSG_REGION_GONE] = {F_U32_0, F_U64_0},
+    [HIXL_MSG_REGION_GONE_ACK] = {F_STATUS},
 };
 
 static const char *const type_names[HIXL_MSG_TYPE_MAX] = {
@@ -43,7 +44,7 @@ static const char *const type_names[HIXL_MSG_TYPE_MAX] = {
     [HIXL_MSG_WORLD_BARRIER] = "WORLD_BARRIER", [HIXL_MSG_WORLD_XCHG] = "WORLD_XCHG",
     [HIXL_MSG_VERBS_QP] = "VERBS_QP", [HIXL_MSG_VERBS_QP_REPLY] = "VERBS_QP_REPLY",
     [HIXL_MSG_VERBS_MR] = "VERBS_MR", [HIXL_MSG_VERBS_MR_REPLY] = "VERBS_MR_REPLY",
-    [HIXL_MSG_REGION_GONE] = "REGION_GONE",
+    [HIXL_MSG_REGION_GONE] = "REGION_GONE", [HIXL_MSG_REGION_GONE_ACK] = "REGION_GONE_ACK",
 };
 
 const char *hixl_wire_type_name(unsigned type)

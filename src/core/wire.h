@@ -18,7 +18,7 @@
 #include <stdint.h>
 
 #define HIXL_WIRE_MAGIC 0x4c584948u /* "HIXL" */
-#define HIXL_WIRE_VERSION 2 /* 2: VERBS_QP carries the QP count */
+#define HIXL_WIRE_VERSION 2 /* 2: VERBS_QP carries the QP count; REGION_GONE_ACK */
 #define HIXL_WIRE_HDR 24
 #define HIXL_WIRE_MAX 4096 /* payload bytes; every message is far smaller */
 #define HIXL_WIRE_STR 256  /* string field capacity, NUL included */
@@ -44,6 +44,7 @@ enum hixl_msg_type {
   HIXL_MSG_VERBS_MR,       /* slot, rkey: the region's verbs rkey please */
   HIXL_MSG_VERBS_MR_REPLY, /* status, u32[0] verbs rkey */
   HIXL_MSG_REGION_GONE,    /* u32[0] slot, u64[0] rkey: the owner deregistered it */
+  HIXL_MSG_REGION_GONE_ACK, /* status: the peer has marked it gone */
   HIXL_MSG_TYPE_MAX
 };
 
