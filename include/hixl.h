@@ -162,8 +162,10 @@ hixl_status_t hixl_mr_reg_device(hixl_ctx_t *ctx, void *addr, size_t len, int de
 hixl_status_t hixl_mem_alloc(hixl_ctx_t *ctx, size_t len, hixl_mem_kind_t kind,
                              unsigned access, void **addr_p, hixl_mr_t **mr_p);
 /* Deregister; frees hixl_mem_alloc memory too.  Its rkey is never matched
- * again: later peer operations on it fail with NOT_REGISTERED.  An operation
- * racing with dereg may still land (as with RDMA); quiesce first.
+ * again: peer operations issued after this returns fail with NOT_REGISTERED
+ * (RDMA peers are told and acknowledge first; bounded by the timeout).  An
+ * operation already racing with dereg may still land (as with RDMA);
+ * quiesce first.
  * Errors: INVALID (NULL). */
 hixl_status_t hixl_mr_dereg(hixl_mr_t *mr);
 /* Serialize the region's remote key into buf for out-of-band exchange.
