@@ -29,6 +29,8 @@
  */
 #define _GNU_SOURCE
 #include <getopt.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stddef.h>
 #include <hixl.h>
 #include <stdbool.h>
@@ -133,16 +135,68 @@ static double pct(double *v, int n, int p)
   return v[(n - 1) * p / 100];
 }
 
+/* ------------------------------------------------------------ notifications */
+
+/* Normally each role has its own context and simply waits.  With --self both
+ * roles are threads of one context (the self transport): one notification
+ * queue, so whichever thread takes a notification meant for the other (by
+ * its immediate: descriptors and stop are prefill's, the rest decode's)
+ * leaves it in the other's mailbox. */
+static bool g_shared;
+static pthread_mutex_t g_mbox_lock = PTHREAD_MUTEX_INITIALIZER;
+static hixl_notif_t g_mbox[2][4096];
+static int g_mbox_n[2];
+
+static bool for_prefill(uint32_t imm) { return (imm & IMM_DESC) || imm == IMM_STOP; }
+
+static hixl_status_t take(hixl_ctx_t *ctx, int role /* 0 prefill, 1 decode */, hixl_notif_t *n,
+                          int timeout_ms)
+{
+  if (!g_shared)
+    return hixl_notif_wait(ctx, n, timeout_ms);
+  double until = timeout_ms < 0 ? 1e300 : now_s() + timeout_ms / 1e3;
+  for (;;) {
+    pthread_mutex_lock(&g_mbox_lock);
+    if (g_mbox_n[role] > 0) {
+      *n = g_mbox[role][0];
+      memmove(g_mbox[role], g_mbox[role] + 1, sizeof(hixl_notif_t) * (size_t)--g_mbox_n[role]);
+      pthread_mutex_unlock(&g_mbox_lock);
+      return HIXL_OK;
+    }
+    int got = hixl_notif_poll(ctx, n, 1);
+    if (got == 1 && (for_prefill(n->imm) ? 0 : 1) != role) {
+      int other = 1 - role;
+      if (g_mbox_n[other] == 4096) {
+        fprintf(stderr, "%s: mailbox full\n", g_role);
+        exit(1);
+      }
+      g_mbox[other][g_mbox_n[other]++] = *n;
+      got = 0;
+    }
+    pthread_mutex_unlock(&g_mbox_lock);
+    if (got == 1)
+      return HIXL_OK;
+    if (got < 0)
+      return got;
+    if (now_s() > until)
+      return HIXL_ERR_TIMEOUT;
+    hixl_progress(ctx);
+    sched_yield();
+  }
+}
+
 /* ------------------------------------------------------------ prefill */
 
 /* Prefill: take descriptors, write every layer of every request into the
  * decode pool, one batch (or one put per block) per layer, two layers in
  * flight.  Returns when decode says stop. */
-static int prefill(cfg_t c, const char *addr)
+static int prefill(cfg_t c, const char *addr, hixl_ctx_t *shared)
 {
-  g_role = "prefill";
-  hixl_ctx_t *ctx;
-  CHECK(hixl_ctx_create(NULL, &ctx));
+  hixl_ctx_t *ctx = shared;
+  if (ctx == NULL) {
+    g_role = "prefill";
+    CHECK(hixl_ctx_create(NULL, &ctx));
+  }
   hixl_peer_t *dec;
   CHECK(hixl_connect(ctx, addr, 30000, &dec));
   hixl_rmr_t *pool;
@@ -167,7 +221,7 @@ static int prefill(cfg_t c, const char *addr)
   CHECK(hixl_notify(dec, IMM_HELLO, 0, NULL));
   for (;;) {
     hixl_notif_t n;
-    CHECK(hixl_notif_wait(ctx, &n, -1));
+    CHECK(take(ctx, 0, &n, -1));
     if (n.imm == IMM_STOP)
       break;
     if (!(n.imm & IMM_DESC)) {
@@ -224,7 +278,8 @@ static int prefill(cfg_t c, const char *addr)
   CHECK(hixl_mr_dereg(stmr));
   free(stage);
   hixl_disconnect(dec);
-  hixl_ctx_destroy(ctx);
+  if (shared == NULL)
+    hixl_ctx_destroy(ctx);
   return 0;
 }
 
@@ -292,7 +347,7 @@ static pass_stats_t decode_pass(cfg_t c, hixl_ctx_t *ctx, hixl_peer_t *pre, hixl
     }
     /* Layers arriving, in any order across requests, in order per request. */
     hixl_notif_t n;
-    CHECK(hixl_notif_wait(ctx, &n, 60000));
+    CHECK(take(ctx, 1, &n, 60000));
     uint32_t slot = n.imm >> 8, layer = n.imm & 0xff;
     live_t *L = slot < MAX_SLOTS ? &live[slot] : NULL;
     if (L == NULL || !L->used || layer != L->layers_done) {
@@ -339,11 +394,13 @@ static pass_stats_t decode_pass(cfg_t c, hixl_ctx_t *ctx, hixl_peer_t *pre, hixl
   return ps;
 }
 
-static int decode(cfg_t c, int addr_fd)
+static int decode(cfg_t c, int addr_fd, hixl_ctx_t *shared)
 {
-  g_role = "decode";
-  hixl_ctx_t *ctx;
-  CHECK(hixl_ctx_create(NULL, &ctx));
+  hixl_ctx_t *ctx = shared;
+  if (ctx == NULL) {
+    g_role = "decode";
+    CHECK(hixl_ctx_create(NULL, &ctx));
+  }
   size_t bb = block_bytes(&c);
   size_t pool_bytes = (size_t)c.s.layers * 2 * (size_t)c.blocks * bb;
   uint8_t *pool;
@@ -359,12 +416,12 @@ static int decode(cfg_t c, int addr_fd)
   if (addr_fd >= 0) {
     dprintf(addr_fd, "%s\n", hixl_ctx_address(ctx));
     close(addr_fd);
-  } else {
+  } else if (shared == NULL) {
     printf("decode listening at %s\n", hixl_ctx_address(ctx));
     fflush(stdout);
   }
   hixl_notif_t n;
-  CHECK(hixl_notif_wait(ctx, &n, 60000));
+  CHECK(take(ctx, 1, &n, 60000));
   if (n.imm != IMM_HELLO) {
     fprintf(stderr, "decode: expected prefill's hello\n");
     return 1;
@@ -390,11 +447,20 @@ static int decode(cfg_t c, int addr_fd)
   CHECK(hixl_notify(pre, IMM_STOP, 0, NULL));
   CHECK(hixl_fence(ctx, pre, -1));
   hixl_rmr_release(slots);
-  hixl_ctx_destroy(ctx);
+  if (shared == NULL)
+    hixl_ctx_destroy(ctx);
   return 0;
 }
 
 /* ------------------------------------------------------------ main */
+
+static hixl_ctx_t *g_self_ctx;
+static cfg_t g_self_cfg;
+static void *prefill_thread(void *arg)
+{
+  (void)arg;
+  return prefill(g_self_cfg, hixl_ctx_address(g_self_ctx), g_self_ctx) ? (void *)1 : NULL;
+}
 
 static void usage(void)
 {
@@ -402,7 +468,8 @@ static void usage(void)
           "usage: kv_transfer [--model tiny|llama2-7b|llama2-70b] [--layers L] [--kv-heads H]\n"
           "         [--head-dim D] [--block-tokens B] [--dtype fp16|bf16] [--requests N]\n"
           "         [--seq-len MIN:MAX] [--blocks NB] [--concurrency C]\n"
-          "         [--role decode | --role prefill --connect ADDR]\n");
+          "         [--role decode | --role prefill --connect ADDR | --self]\n"
+          "  --self  both roles as threads of one context (the self transport)\n");
   exit(2);
 }
 
@@ -418,6 +485,7 @@ int main(int argc, char **argv)
       {"requests", required_argument, 0, 'n'},    {"seq-len", required_argument, 0, 's'},
       {"blocks", required_argument, 0, 'b'},      {"concurrency", required_argument, 0, 'c'},
       {"role", required_argument, 0, 'r'},        {"connect", required_argument, 0, 'a'},
+      {"self", no_argument, 0, 'S'},
       {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
   int o;
   while ((o = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -451,6 +519,7 @@ int main(int argc, char **argv)
     case 'c': c.concurrency = atoi(optarg); break;
     case 'r': role = optarg; break;
     case 'a': addr = optarg; break;
+    case 'S': g_shared = true; break;
     default: usage();
     }
   }
@@ -464,11 +533,25 @@ int main(int argc, char **argv)
     usage();
   }
   if (role && strcmp(role, "prefill") == 0)
-    return addr ? prefill(c, addr) : (usage(), 2);
+    return addr ? prefill(c, addr, NULL) : (usage(), 2);
   if (role && strcmp(role, "decode") == 0)
-    return decode(c, -1);
+    return decode(c, -1, NULL);
   if (role)
     usage();
+  if (g_shared) { /* both roles as threads of one context: the self transport */
+    hixl_ctx_t *ctx;
+    CHECK(hixl_ctx_create(NULL, &ctx));
+    g_self_ctx = ctx;
+    g_self_cfg = c;
+    pthread_t th;
+    if (pthread_create(&th, NULL, prefill_thread, NULL) != 0)
+      return 1;
+    int rc = decode(c, -1, ctx);
+    void *prc = NULL;
+    pthread_join(th, &prc);
+    hixl_ctx_destroy(ctx);
+    return rc || prc ? 1 : 0;
+  }
   /* Both, on this host: prefill forked first (no hixl threads yet). */
   int p[2];
   if (pipe(p) != 0)
@@ -481,10 +564,10 @@ int main(int argc, char **argv)
     if (k <= 0)
       _exit(1);
     a[strcspn(a, "\n")] = 0;
-    _exit(prefill(c, a));
+    _exit(prefill(c, a, NULL));
   }
   close(p[0]);
-  int rc = decode(c, p[1]);
+  int rc = decode(c, p[1], NULL);
   int status = 0;
   waitpid(pid, &status, 0);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {

@@ -34,6 +34,8 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -54,7 +56,85 @@
     }                                                                                           \
   } while (0)
 
-static int g_rank = -1;
+static _Thread_local int g_rank = -1;
+
+/* ------------------------------------------------------------ the group */
+
+/* A world of processes (hixl_world_*), or with --self N the ranks as threads
+ * of one context, reaching each other through one self peer. */
+static hixl_world_t *g_world;
+static hixl_peer_t *g_selfpeer;
+static int g_size;
+static pthread_barrier_t g_bar;
+
+static hixl_peer_t *peer_of(int r) { return g_world ? hixl_world_peer(g_world, r) : g_selfpeer; }
+
+static void barrier(void)
+{
+  if (g_world)
+    CHECK(hixl_world_barrier(g_world));
+  else
+    pthread_barrier_wait(&g_bar);
+}
+
+/* Every rank's region of this kind, in rmrs[rank]. */
+static void exchange(hixl_mr_t *mr, hixl_rmr_t **rmrs, const char *what)
+{
+  if (g_world) {
+    CHECK(hixl_world_exchange(g_world, mr, rmrs));
+    return;
+  }
+  char name[64];
+  snprintf(name, sizeof(name), "%s%d", what, g_rank);
+  CHECK(hixl_mr_publish(mr, name));
+  barrier();
+  for (int r = 0; r < g_size; r++) {
+    snprintf(name, sizeof(name), "%s%d", what, r);
+    CHECK(hixl_rmr_lookup(g_selfpeer, name, 10000, &rmrs[r]));
+  }
+  barrier();
+}
+
+/* Immediates carry their destination rank in the top byte: with --self all
+ * ranks share one notification queue, and a thread that takes another
+ * rank's notification leaves it in that rank's mailbox. */
+#define IMM(dest, value) ((uint32_t)(dest) << 24 | (uint32_t)(value))
+#define MAX_SELF 64
+static pthread_mutex_t g_mbox_lock = PTHREAD_MUTEX_INITIALIZER;
+static hixl_notif_t g_mbox[MAX_SELF][64];
+static int g_mbox_n[MAX_SELF];
+
+static void take(hixl_ctx_t *ctx, hixl_notif_t *n)
+{
+  if (g_world) {
+    CHECK(hixl_notif_wait(ctx, n, -1));
+    return;
+  }
+  for (;;) {
+    pthread_mutex_lock(&g_mbox_lock);
+    int got = 0;
+    if (g_mbox_n[g_rank] > 0) {
+      *n = g_mbox[g_rank][0];
+      memmove(g_mbox[g_rank], g_mbox[g_rank] + 1, sizeof(*n) * (size_t)--g_mbox_n[g_rank]);
+      got = 1;
+    } else if (hixl_notif_poll(ctx, n, 1) == 1) {
+      int dest = (int)(n->imm >> 24);
+      if (dest == g_rank) {
+        got = 1;
+      } else if (dest < g_size && g_mbox_n[dest] < 64) {
+        g_mbox[dest][g_mbox_n[dest]++] = *n;
+      } else {
+        fprintf(stderr, "rank %d: notification for rank %d lost\n", g_rank, dest);
+        exit(1);
+      }
+    }
+    pthread_mutex_unlock(&g_mbox_lock);
+    if (got)
+      return;
+    hixl_progress(ctx);
+    sched_yield();
+  }
+}
 
 typedef struct opts {
   size_t params;  /* P */
@@ -63,6 +143,7 @@ typedef struct opts {
   float lr;
   bool onesided, twosided;
   int launch;     /* > 0: fork this many local ranks */
+  int self_ranks; /* > 0: this many ranks as threads of one context (self) */
 } opts_t;
 
 static double now_s(void)
@@ -173,8 +254,8 @@ static void reference(const opts_t *o, int workers, float *w)
 static void wait_notif(hixl_ctx_t *ctx, hixl_peer_t *from, uint32_t want)
 {
   hixl_notif_t n;
-  CHECK(hixl_notif_wait(ctx, &n, -1));
-  if (n.peer != from || n.imm != want) {
+  take(ctx, &n);
+  if ((g_world && n.peer != from) || n.imm != want) {
     fprintf(stderr, "rank %d: unexpected notification imm %u (want %u)\n", g_rank, n.imm, want);
     exit(1);
   }
@@ -186,9 +267,9 @@ typedef struct run_stats {
   float last_loss;
 } run_stats_t;
 
-static run_stats_t onesided(hixl_ctx_t *ctx, hixl_world_t *w, const opts_t *o, float *final_w)
+static run_stats_t onesided(hixl_ctx_t *ctx, const opts_t *o, float *final_w)
 {
-  int size = hixl_world_size(w), workers = size - 1;
+  int size = g_size, workers = size - 1;
   size_t p = o->params;
   size_t pbytes = sizeof(float) * p, gbytes = sizeof(float) * (p + 1);
   unsigned rw = HIXL_ACCESS_READ | HIXL_ACCESS_WRITE;
@@ -204,11 +285,11 @@ static run_stats_t onesided(hixl_ctx_t *ctx, hixl_world_t *w, const opts_t *o, f
   memset(param, 0, pbytes);
   hixl_rmr_t **prm = calloc((size_t)size, sizeof(*prm));
   hixl_rmr_t **grm = calloc((size_t)size, sizeof(*grm));
-  CHECK(hixl_world_exchange(w, pmr, prm));
-  CHECK(hixl_world_exchange(w, gmr, grm));
-  hixl_peer_t *ps = hixl_world_peer(w, 0);
+  exchange(pmr, prm, "param");
+  exchange(gmr, grm, "grad");
+  hixl_peer_t *ps = peer_of(0);
   run_stats_t st = {0};
-  CHECK(hixl_world_barrier(w));
+  barrier();
   double t_start = now_s();
   if (g_rank == 0) {
     float **gk = malloc(sizeof(float *) * (size_t)workers);
@@ -217,15 +298,15 @@ static run_stats_t onesided(hixl_ctx_t *ctx, hixl_world_t *w, const opts_t *o, f
       gk[k] = grad + (p + 1) * (size_t)k;
     /* Version 0: the initial parameters into every worker. */
     for (int r = 1; r < size; r++)
-      CHECK(hixl_put_imm(hixl_world_peer(w, r), param, pbytes, prm[r], 0, 0, 0, NULL));
+      CHECK(hixl_put_imm(peer_of(r), param, pbytes, prm[r], 0, IMM(r, 0), 0, NULL));
     CHECK(hixl_fence(ctx, NULL, -1));
     for (int t = 0; t < o->steps; t++) {
       double t0 = now_s();
       /* N-1 "ready" notifications, in any order. */
       for (int k = 0; k < workers; k++) {
         hixl_notif_t n;
-        CHECK(hixl_notif_wait(ctx, &n, -1));
-        if (n.imm != (uint32_t)t) {
+        take(ctx, &n);
+        if (n.imm != IMM(0, t)) {
           fprintf(stderr, "PS: notification for step %u during step %d\n", n.imm, t);
           exit(1);
         }
@@ -233,7 +314,7 @@ static run_stats_t onesided(hixl_ctx_t *ctx, hixl_world_t *w, const opts_t *o, f
       /* Pull every gradient (all in flight at once), then average. */
       double c0 = now_s();
       for (int r = 1; r < size; r++)
-        CHECK(hixl_get(hixl_world_peer(w, r), gk[r - 1], gbytes, grm[r], 0, 0, &reqs[r - 1]));
+        CHECK(hixl_get(peer_of(r), gk[r - 1], gbytes, grm[r], 0, 0, &reqs[r - 1]));
       for (int k = 0; k < workers; k++) {
         CHECK(hixl_req_wait(reqs[k], -1));
         hixl_req_free(reqs[k]);
@@ -243,8 +324,7 @@ static run_stats_t onesided(hixl_ctx_t *ctx, hixl_world_t *w, const opts_t *o, f
       /* Push version t+1 to everyone; its notification follows the data. */
       c0 = now_s();
       for (int r = 1; r < size; r++)
-        CHECK(hixl_put_imm(hixl_world_peer(w, r), param, pbytes, prm[r], 0, (uint32_t)t + 1, 0,
-                           NULL));
+        CHECK(hixl_put_imm(peer_of(r), param, pbytes, prm[r], 0, IMM(r, t + 1), 0, NULL));
       CHECK(hixl_fence(ctx, NULL, -1));
       st.comm += now_s() - c0;
       double dt = now_s() - t0;
@@ -260,14 +340,14 @@ static run_stats_t onesided(hixl_ctx_t *ctx, hixl_world_t *w, const opts_t *o, f
     free(reqs);
   } else {
     for (int t = 0; t < o->steps; t++) {
-      wait_notif(ctx, ps, (uint32_t)t); /* parameters of version t are here */
+      wait_notif(ctx, ps, IMM(g_rank, t)); /* parameters of version t are here */
       gradient(g_rank, t, o, param, grad);
-      CHECK(hixl_notify(ps, (uint32_t)t, 0, NULL));
+      CHECK(hixl_notify(ps, IMM(0, t), 0, NULL));
     }
-    wait_notif(ctx, ps, (uint32_t)o->steps); /* the last version */
+    wait_notif(ctx, ps, IMM(g_rank, o->steps)); /* the last version */
   }
   st.seconds = now_s() - t_start;
-  CHECK(hixl_world_barrier(w));
+  barrier();
   for (int r = 0; r < size; r++) {
     hixl_rmr_release(prm[r]);
     hixl_rmr_release(grm[r]);
@@ -300,9 +380,9 @@ static void io_all(int fd, void *buf, size_t n, bool out)
 
 /* The baseline: the same steps, the same bytes, moved with send/recv over
  * TCP (what a two-sided collective library does at its core). */
-static run_stats_t twosided(hixl_world_t *w, const opts_t *o, int port, float *final_w)
+static run_stats_t twosided(const opts_t *o, int port, float *final_w)
 {
-  int size = hixl_world_size(w), workers = size - 1;
+  int size = g_size, workers = size - 1;
   size_t p = o->params;
   size_t pbytes = sizeof(float) * p, gbytes = sizeof(float) * (p + 1);
   run_stats_t st = {0};
@@ -317,7 +397,7 @@ static run_stats_t twosided(hixl_world_t *w, const opts_t *o, int port, float *f
       fprintf(stderr, "PS: two-sided listen on %d: %s\n", port, strerror(errno));
       exit(1);
     }
-    CHECK(hixl_world_barrier(w)); /* listening */
+    barrier(); /* listening */
     for (int k = 0; k < workers; k++) {
       int fd = accept(ls, NULL, NULL);
       int r = 0;
@@ -331,7 +411,7 @@ static run_stats_t twosided(hixl_world_t *w, const opts_t *o, int port, float *f
     }
     close(ls);
   } else {
-    CHECK(hixl_world_barrier(w));
+    barrier();
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     inet_pton(AF_INET, host, &a.sin_addr);
@@ -390,7 +470,7 @@ static run_stats_t twosided(hixl_world_t *w, const opts_t *o, int port, float *f
       close(fds[r]);
   free(fds);
   free(param);
-  CHECK(hixl_world_barrier(w));
+  barrier();
   return st;
 }
 
@@ -456,12 +536,24 @@ static int launch(int n, int argc, char **argv)
 
 /* ------------------------------------------------------------ main */
 
+static int rank_main(hixl_ctx_t *ctx, const opts_t *op);
+static int g_tport; /* the two-sided run's TCP port */
+static opts_t g_opts;
+static hixl_ctx_t *g_self_ctx;
+
+static void *rank_thread(void *arg)
+{
+  g_rank = (int)(intptr_t)arg;
+  return rank_main(g_self_ctx, &g_opts) ? (void *)1 : NULL;
+}
+
 static void usage(void)
 {
   fprintf(stderr,
           "usage: ps_train [--launch N] [--params P] [--steps S] [--batch B] [--lr LR]\n"
           "                [--mode onesided|twosided|both]\n"
           "  --launch N  fork N local ranks (else RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)\n"
+          "  --self N    N ranks as threads of one context (the self transport)\n"
           "  --params P  model size (default 65536; 100000000 works, slowly)\n");
   exit(2);
 }
@@ -474,11 +566,13 @@ int main(int argc, char **argv)
       {"launch", required_argument, 0, 'L'}, {"params", required_argument, 0, 'P'},
       {"steps", required_argument, 0, 'S'},  {"batch", required_argument, 0, 'B'},
       {"lr", required_argument, 0, 'l'},     {"mode", required_argument, 0, 'm'},
-      {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
+      {"self", required_argument, 0, 'T'},   {"help", no_argument, 0, 'h'},
+      {0, 0, 0, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
     switch (c) {
     case 'L': o.launch = atoi(optarg); break;
+    case 'T': o.self_ranks = atoi(optarg); break;
     case 'P': o.params = strtoull(optarg, NULL, 10); break;
     case 'S': o.steps = atoi(optarg); break;
     case 'B': o.batch = atoi(optarg); break;
@@ -499,10 +593,46 @@ int main(int argc, char **argv)
 
   hixl_ctx_t *ctx;
   CHECK(hixl_ctx_create(NULL, &ctx));
-  hixl_world_t *w;
-  CHECK(hixl_world_create(ctx, -1, -1, NULL, &w));
-  g_rank = hixl_world_rank(w);
-  int size = hixl_world_size(w);
+  if (o.self_ranks) { /* ranks as threads of this context */
+    if (o.self_ranks < 2 || o.self_ranks > MAX_SELF)
+      usage();
+    g_size = o.self_ranks;
+    CHECK(hixl_connect(ctx, hixl_ctx_address(ctx), 10000, &g_selfpeer));
+    pthread_barrier_init(&g_bar, NULL, (unsigned)g_size);
+    g_tport = free_port();
+    g_opts = o;
+    g_self_ctx = ctx;
+    pthread_t *th = calloc((size_t)g_size, sizeof(pthread_t));
+    for (intptr_t r = 1; r < g_size; r++)
+      pthread_create(&th[r], NULL, rank_thread, (void *)r);
+    g_rank = 0;
+    int rc = rank_main(ctx, &o);
+    for (int r = 1; r < g_size; r++) {
+      void *trc = NULL;
+      pthread_join(th[r], &trc);
+      rc |= trc != NULL;
+    }
+    free(th);
+    hixl_disconnect(g_selfpeer);
+    hixl_ctx_destroy(ctx);
+    return rc;
+  }
+  CHECK(hixl_world_create(ctx, -1, -1, NULL, &g_world));
+  g_rank = hixl_world_rank(g_world);
+  g_size = hixl_world_size(g_world);
+  const char *mp = getenv("MASTER_PORT");
+  g_tport = (mp ? atoi(mp) : 29500) + 1;
+  int rc = rank_main(ctx, &o);
+  hixl_world_destroy(g_world);
+  hixl_ctx_destroy(ctx);
+  return rc;
+}
+
+/* One rank's part, after the group is formed. */
+static int rank_main(hixl_ctx_t *ctx, const opts_t *op)
+{
+  opts_t o = *op;
+  int size = g_size;
   if (size < 2) {
     fprintf(stderr, "ps_train: needs at least 2 ranks (a PS and a worker)\n");
     return 2;
@@ -518,17 +648,15 @@ int main(int argc, char **argv)
   if (g_rank == 0)
     printf("ps_train: %d workers, %zu parameters, %d steps, batch %d, lr %g, over %s\n",
            workers, o.params, o.steps, o.batch, o.lr,
-           hixl_peer_transport(hixl_world_peer(w, 1)));
+           hixl_peer_transport(peer_of(1)));
   run_stats_t s1 = {0}, s2 = {0};
   if (o.onesided) {
     if (g_rank == 0)
       printf("one-sided (workers notify; the PS gets gradients and puts parameters):\n");
-    s1 = onesided(ctx, w, &o, one);
+    s1 = onesided(ctx, &o, one);
   }
-  if (o.twosided) {
-    const char *mp = getenv("MASTER_PORT");
-    s2 = twosided(w, &o, (mp ? atoi(mp) : 29500) + 1, two);
-  }
+  if (o.twosided)
+    s2 = twosided(&o, g_tport, two);
   int rc = 0;
   if (g_rank == 0) {
     if (o.onesided)
@@ -558,7 +686,5 @@ int main(int argc, char **argv)
   }
   free(one);
   free(two);
-  hixl_world_destroy(w);
-  hixl_ctx_destroy(ctx);
   return rc;
 }
