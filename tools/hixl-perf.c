@@ -191,6 +191,20 @@ static double memcpy_gbps(size_t size, long iters, void *a, void *b)
   return (double)size * (double)iters / (now_s() - t0) / 1e9;
 }
 
+/* The figures of a ping-pong: lat[] holds r.iters half round trips (us),
+ * t_all the sum of the whole round trips (s); two messages per round. */
+static result_t pingpong_result(result_t r, double *lat, double t_all, void *buf, void *buf2)
+{
+  qsort(lat, (size_t)r.iters, sizeof(double), cmp_double);
+  r.p50_us = lat[r.iters / 2];
+  r.p99_us = lat[(r.iters * 99) / 100];
+  free(lat);
+  r.gbps = 2.0 * (double)r.size * (double)r.iters / t_all / 1e9;
+  r.mops = 2.0 * (double)r.iters / t_all / 1e6;
+  r.memcpy_gbps = memcpy_gbps(r.size, r.iters, buf2, buf);
+  return r;
+}
+
 /* Half round trips of put_imm ping-pongs (see the top). */
 static result_t pingpong(hixl_ctx_t *ctx, hixl_peer_t *peer, hixl_rmr_t *rmr, size_t size,
                          long iters, void *buf, void *buf2)
@@ -215,14 +229,7 @@ static result_t pingpong(hixl_ctx_t *ctx, hixl_peer_t *peer, hixl_rmr_t *rmr, si
       t_all += dt;
     }
   }
-  qsort(lat, (size_t)lat_n, sizeof(double), cmp_double);
-  r.p50_us = lat[lat_n / 2];
-  r.p99_us = lat[(lat_n * 99) / 100];
-  free(lat);
-  r.gbps = 2.0 * (double)size * (double)iters / t_all / 1e9;
-  r.mops = 2.0 * (double)iters / t_all / 1e6;
-  r.memcpy_gbps = memcpy_gbps(size, iters, buf2, buf);
-  return r;
+  return pingpong_result(r, lat, t_all, buf, buf2);
 }
 
 /* Half round trips of puts noticed by polling memory (see the top). */
@@ -253,14 +260,7 @@ static result_t putpoll(hixl_ctx_t *ctx, hixl_peer_t *peer, hixl_rmr_t *rmr, siz
   *out = UINT64_MAX;
   CK(hixl_put(peer, buf, size, rmr, 0, 0, NULL));
   CK(hixl_fence(ctx, peer, -1));
-  qsort(lat, (size_t)iters, sizeof(double), cmp_double);
-  r.p50_us = lat[iters / 2];
-  r.p99_us = lat[(iters * 99) / 100];
-  free(lat);
-  r.gbps = 2.0 * (double)size * (double)iters / t_all / 1e9;
-  r.mops = 2.0 * (double)iters / t_all / 1e6;
-  r.memcpy_gbps = memcpy_gbps(size, iters, buf2, buf);
-  return r;
+  return pingpong_result(r, lat, t_all, buf, buf2);
 }
 
 static result_t measure(const char *test, hixl_ctx_t *ctx, hixl_peer_t *peer, hixl_rmr_t *rmr,
