@@ -45,40 +45,32 @@ typedef struct cm_private {
   uint32_t magic;
 } cm_private_t;
 
-/* The IP address behind our GID (RoCE: IPv4-mapped or IPv6), or false. */
-static bool gid_addr(const vrb_ctx_t *vc, uint16_t port, struct sockaddr_storage *ss)
+/* A 16-byte address (IPv4-mapped or IPv6, as in a RoCE GID) as a sockaddr. */
+static void addr16(const uint8_t *g, uint16_t port, struct sockaddr_storage *ss)
 {
-  memset(ss, 0, sizeof(*ss));
-  const uint8_t *g = vc->gid.raw;
   static const uint8_t v4map[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  memset(ss, 0, sizeof(*ss));
   if (memcmp(g, v4map, 12) == 0) {
     struct sockaddr_in *in = (struct sockaddr_in *)ss;
     in->sin_family = AF_INET;
     in->sin_port = htons(port);
     memcpy(&in->sin_addr, g + 12, 4);
-    return true;
+  } else {
+    struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)ss;
+    in6->sin6_family = AF_INET6;
+    in6->sin6_port = htons(port);
+    memcpy(&in6->sin6_addr, g, 16);
   }
+}
+
+/* The IP address behind our GID (RoCE: IPv4-mapped or IPv6), or false. */
+static bool gid_addr(const vrb_ctx_t *vc, uint16_t port, struct sockaddr_storage *ss)
+{
+  const uint8_t *g = vc->gid.raw;
   if (g[0] == 0xfe && (g[1] & 0xc0) == 0x80) /* link-local: needs a scope, skip */
     return false;
-  struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)ss;
-  in6->sin6_family = AF_INET6;
-  in6->sin6_port = htons(port);
-  memcpy(&in6->sin6_addr, g, 16);
+  addr16(g, port, ss);
   return true;
-}
-
-static uint8_t ack_timeout(void)
-{
-  const char *to = getenv("HIXL_VERBS_TIMEOUT");
-  return (uint8_t)(to && atoi(to) > 0 && atoi(to) < 32 ? atoi(to) : 17);
-}
-
-static struct ibv_qp_init_attr qp_attr(vrb_ctx_t *vc, vrb_peer_t *vp)
-{
-  return (struct ibv_qp_init_attr){
-      .send_cq = vc->scqs[vp->scq].cq, .recv_cq = vc->rcq, .srq = vc->srq,
-      .qp_type = IBV_QPT_RC,
-      .cap = {.max_send_wr = VRB_SQ_DEPTH, .max_send_sge = 1, .max_inline_data = VRB_INLINE}};
 }
 
 hixl_status_t hixl__vrb_cm_init(hixl_ctx_t *ctx, vrb_ctx_t *vc)
@@ -153,19 +145,7 @@ hixl_status_t hixl__vrb_cm_connect(hixl_peer_t *peer, vrb_peer_t *vp, const hixl
   if (!gid_addr(vc, 0, &src))
     return hixl__err(HIXL_ERR_TRANSPORT, "verbs: rdmacm: our GID has no IP address");
   /* The target's listener: its address in IPv6 form (IPv4-mapped). */
-  memset(&dst, 0, sizeof(dst));
-  static const uint8_t v4map[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-  if (memcmp(r->blob, v4map, 12) == 0) {
-    struct sockaddr_in *in = (struct sockaddr_in *)&dst;
-    in->sin_family = AF_INET;
-    in->sin_port = htons((uint16_t)r->u64[3]);
-    memcpy(&in->sin_addr, r->blob + 12, 4);
-  } else {
-    struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&dst;
-    in6->sin6_family = AF_INET6;
-    in6->sin6_port = htons((uint16_t)r->u64[3]);
-    memcpy(&in6->sin6_addr, r->blob, 16);
-  }
+  addr16(r->blob, (uint16_t)r->u64[3], &dst);
   vp->cm_ch = rdma_create_event_channel();
   if (vp->cm_ch == NULL)
     return hixl__vrb_err(HIXL_ERR_TRANSPORT, "rdma_create_event_channel", 0);
@@ -202,17 +182,15 @@ hixl_status_t hixl__vrb_cm_connect(hixl_peer_t *peer, vrb_peer_t *vp, const hixl
       st = hixl__err(HIXL_ERR_TRANSPORT, "verbs: rdmacm routes to %s through another device",
                      peer->name);
     if (st == HIXL_OK) {
-      uint8_t t = ack_timeout();
+      uint8_t t = hixl__vrb_ack_timeout();
       rdma_set_option(q->cm_id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &t, sizeof(t));
-      struct ibv_qp_init_attr qa = qp_attr(vc, vp);
+      struct ibv_qp_init_attr qa = hixl__vrb_qp_attr(vc, vp);
       rc = rdma_create_qp(q->cm_id, vc->pd, &qa);
       if (rc) {
         st = hixl__vrb_err(HIXL_ERR_NOMEM, "rdma_create_qp", rc);
       } else {
         q->qp = q->cm_id->qp;
-        uint32_t mi = qa.cap.max_inline_data < VRB_INLINE ? qa.cap.max_inline_data : VRB_INLINE;
-        if (vc->max_inline == 0 || mi < vc->max_inline)
-          vc->max_inline = mi;
+        hixl__vrb_note_inline(vc, qa.cap.max_inline_data);
       }
     }
     if (st == HIXL_OK) {
@@ -255,8 +233,8 @@ static struct rdma_cm_id *on_request(hixl_ctx_t *ctx, vrb_ctx_t *vc, struct rdma
     rdma_reject(id, NULL, 0);
     return id;
   }
-  struct ibv_qp_init_attr qa = qp_attr(vc, vp);
-  uint8_t t = ack_timeout();
+  struct ibv_qp_init_attr qa = hixl__vrb_qp_attr(vc, vp);
+  uint8_t t = hixl__vrb_ack_timeout();
   rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &t, sizeof(t));
   if (rdma_create_qp(id, vc->pd, &qa) != 0) {
     hixl__vrb_err(HIXL_ERR_NOMEM, "rdma_create_qp", 0);

@@ -42,6 +42,15 @@ static void release_bounce(vrb_peer_t *vp, int b)
     vp->bounce_free[vp->n_bounce_free++] = b;
 }
 
+/* Give back what a descriptor holds (vp->lock held). */
+static void release_wqe(vrb_peer_t *vp, vrb_wqe_t *e)
+{
+  release_bounce(vp, e->bounce);
+  if (e->rent)
+    hixl__vrb_rcache_put(e->rent);
+  e->rent = NULL;
+}
+
 /* Retire one descriptor (vp->lock held). */
 static void retire_one(vrb_ctx_t *vc, vrb_peer_t *vp, vrb_wqe_t *e, hixl_status_t st)
 {
@@ -55,10 +64,7 @@ static void retire_one(vrb_ctx_t *vc, vrb_peer_t *vp, vrb_wqe_t *e, hixl_status_
     }
     req->old_p = NULL; /* written above; complete must not overwrite it */
   }
-  release_bounce(vp, e->bounce);
-  if (e->rent)
-    hixl__vrb_rcache_put(e->rent);
-  e->rent = NULL;
+  release_wqe(vp, e);
   e->q->tail++;
   atomic_fetch_sub(&vp->outstanding, 1);
   hixl__req_part_done(req, st);
@@ -94,6 +100,19 @@ static void fail_op(vrb_peer_t *vp, vrb_op_t *o, hixl_status_t st)
     hixl__vrb_rcache_put(o->rent);
   atomic_fetch_sub(&vp->outstanding, 1);
   hixl__req_part_done(o->req, st);
+}
+
+/* Fail everything waiting in q's software queue (the QP is in error or the
+ * peer gone: it would never be posted); the nodes become spares, which
+ * vp_free frees (vp->lock held). */
+static void fail_queued(vrb_peer_t *vp, vrb_qp_t *q)
+{
+  while (q->pend_head) {
+    vrb_op_t *o = pend_pop(q);
+    fail_op(vp, o, HIXL_ERR_PEER_LOST);
+    o->next = vp->op_free;
+    vp->op_free = o;
+  }
 }
 
 /* ------------------------------------------------------------ posting */
@@ -199,10 +218,7 @@ static size_t post_ops(vrb_qp_t *q, vrb_op_t *const *ops, size_t n)
       hixl_status_t st = hixl__vrb_err(HIXL_ERR_TRANSPORT, "ibv_post_send", rc);
       for (int i = k - 1; i >= k - nbad; i--) {
         vrb_wqe_t *e = &q->wqe[(first_head + (uint32_t)i) % VRB_SQ_DEPTH];
-        release_bounce(vp, e->bounce);
-        if (e->rent)
-          hixl__vrb_rcache_put(e->rent);
-        e->rent = NULL;
+        release_wqe(vp, e);
         q->head--;
         atomic_fetch_sub(&vp->outstanding, 1);
         hixl__req_part_done(e->req, st);
@@ -253,11 +269,11 @@ static void submit(vrb_qp_t *q, vrb_op_t *ops, size_t n)
   bool up = atomic_load(&vp->peer->state) == HIXL_PEER_UP;
   bool woke = false;
   for (; i < n; i++) {
-    vrb_op_t *node = up ? op_node(vp) : NULL;
     if (!up) { /* closing: nobody would ever post it */
       fail_op(vp, &ops[i], HIXL_ERR_PEER_LOST);
       continue;
     }
+    vrb_op_t *node = op_node(vp);
     if (node == NULL) {
       fail_op(vp, &ops[i], hixl__err(HIXL_ERR_NOMEM, "verbs: no memory to queue a request"));
       continue;
@@ -589,17 +605,10 @@ static void complete(vrb_ctx_t *vc, vrb_wqe_t *e, hixl_status_t st)
   /* Every QP of the peer: the bounce buffers just freed are shared. */
   bool ok = st == HIXL_OK && atomic_load(&vp->peer->state) == HIXL_PEER_UP;
   for (int i = 0; i < vp->nq; i++) {
-    vrb_qp_t *qq = vp->qps[i];
-    if (ok) {
-      drain(qq);
-      continue;
-    }
-    while (qq->pend_head) { /* a QP in error or the peer gone: never goes */
-      vrb_op_t *o = pend_pop(qq);
-      fail_op(vp, o, HIXL_ERR_PEER_LOST);
-      o->next = vp->op_free;
-      vp->op_free = o;
-    }
+    if (ok)
+      drain(vp->qps[i]);
+    else
+      fail_queued(vp, vp->qps[i]);
   }
   pthread_mutex_unlock(&vp->lock);
 }
@@ -630,14 +639,8 @@ bool hixl__vrb_drain_peer(vrb_peer_t *vp)
   vrb_ctx_t *vc = hixl__vc(ctx);
   /* Nothing queued is posted any more. */
   pthread_mutex_lock(&vp->lock);
-  for (int i = 0; i < vp->nq; i++) {
-    vrb_qp_t *q = vp->qps[i];
-    while (q->pend_head) {
-      vrb_op_t *o = pend_pop(q);
-      fail_op(vp, o, HIXL_ERR_PEER_LOST);
-      free(o);
-    }
-  }
+  for (int i = 0; i < vp->nq; i++)
+    fail_queued(vp, vp->qps[i]);
   pthread_mutex_unlock(&vp->lock);
   /* The QPs are in ERROR: the flush completes what was posted (the last
    * request of every post is signaled, so its flush retires the rest). */

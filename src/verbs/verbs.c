@@ -447,6 +447,33 @@ static int cq_room(vrb_ctx_t *vc, int nq)
   return pick;
 }
 
+/* How every QP of vp is made (in-band here, rdmacm in cm.c). */
+struct ibv_qp_init_attr hixl__vrb_qp_attr(const vrb_ctx_t *vc, const vrb_peer_t *vp)
+{
+  return (struct ibv_qp_init_attr){
+      .send_cq = vc->scqs[vp->scq].cq, .recv_cq = vc->rcq, .srq = vc->srq,
+      .qp_type = IBV_QPT_RC,
+      .cap = {.max_send_wr = VRB_SQ_DEPTH, .max_send_sge = 1, .max_inline_data = VRB_INLINE}};
+}
+
+void hixl__vrb_note_inline(vrb_ctx_t *vc, uint32_t granted)
+{
+  /* What the device granted, up to what an op can carry (vrb_op_t); the
+   * smallest any QP got, so an inline op fits whichever QP it goes on. */
+  uint32_t mi = granted < VRB_INLINE ? granted : VRB_INLINE;
+  if (vc->max_inline == 0 || mi < vc->max_inline)
+    vc->max_inline = mi;
+}
+
+uint8_t hixl__vrb_ack_timeout(void)
+{
+  /* Local ACK timeout 4.096 us * 2^t per try, 7 tries, then the peer is
+   * lost.  Default 17 (0.5 s a try): generous enough for Soft-RoCE under
+   * emulation; real fabrics usually run 14.  HIXL_VERBS_TIMEOUT overrides. */
+  const char *to = getenv("HIXL_VERBS_TIMEOUT");
+  return (uint8_t)(to && atoi(to) > 0 && atoi(to) < 32 ? atoi(to) : 17);
+}
+
 /* A peer with nq QP slots; make_qps: create them (in-band), else rdmacm
  * creates them as it connects. */
 static vrb_peer_t *vp_new(hixl_peer_t *peer, int nq, bool make_qps)
@@ -488,16 +515,13 @@ static vrb_peer_t *vp_new(hixl_peer_t *peer, int nq, bool make_qps)
     q->amo = vp->amo + (size_t)i * VRB_SQ_DEPTH;
     for (int k = 0; k < VRB_SQ_DEPTH; k++)
       q->wqe[k].q = q;
-    struct ibv_qp_init_attr qa = {
-        .send_cq = vc->scqs[vp->scq].cq, .recv_cq = vc->rcq, .srq = vc->srq, .qp_type = IBV_QPT_RC,
-        .cap = {.max_send_wr = VRB_SQ_DEPTH, .max_send_sge = 1, .max_inline_data = VRB_INLINE}};
     if (!make_qps)
       continue;
+    struct ibv_qp_init_attr qa = hixl__vrb_qp_attr(vc, vp);
     q->qp = ibv_create_qp(vc->pd, &qa);
     if (q->qp == NULL)
       break;
-    /* What the device granted, up to what an op can carry (vrb_op_t). */
-    vc->max_inline = qa.cap.max_inline_data < VRB_INLINE ? qa.cap.max_inline_data : VRB_INLINE;
+    hixl__vrb_note_inline(vc, qa.cap.max_inline_data);
   }
   int made = 0;
   for (int i = 0; i < vp->nq; i++)
@@ -572,11 +596,7 @@ static hixl_status_t qp_connect(vrb_ctx_t *vc, struct ibv_qp *qp, const hixl_msg
   memset(&a, 0, sizeof(a));
   a.qp_state = IBV_QPS_RTS;
   a.sq_psn = my_psn;
-  /* Local ACK timeout 4.096 us * 2^t per try, 7 tries, then the peer is
-   * lost.  Default 17 (0.5 s a try): generous enough for Soft-RoCE under
-   * emulation; real fabrics usually run 14.  HIXL_VERBS_TIMEOUT overrides. */
-  const char *to = getenv("HIXL_VERBS_TIMEOUT");
-  a.timeout = (uint8_t)(to && atoi(to) > 0 && atoi(to) < 32 ? atoi(to) : 17);
+  a.timeout = hixl__vrb_ack_timeout();
   a.retry_cnt = 7;
   a.rnr_retry = 7; /* receiver not ready: retry forever (throttles notifications) */
   a.max_rd_atomic = 16;

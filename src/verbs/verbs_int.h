@@ -210,6 +210,12 @@ int hixl__vrb_progress(hixl_ctx_t *ctx);
  * false: some never flushed (their completions may still come: keep vp). */
 bool hixl__vrb_drain_peer(vrb_peer_t *vp);
 
+/* The attributes every QP of vp is created with; the inline size a new QP
+ * was granted; the ACK timeout exponent (HIXL_VERBS_TIMEOUT). */
+struct ibv_qp_init_attr hixl__vrb_qp_attr(const vrb_ctx_t *vc, const vrb_peer_t *vp);
+void hixl__vrb_note_inline(vrb_ctx_t *vc, uint32_t granted);
+uint8_t hixl__vrb_ack_timeout(void);
+
 /* Notifications arriving on qpn are the peer's (its QP 0); 0 on failure. */
 bool hixl__vrb_rmap_add(vrb_ctx_t *vc, uint32_t qpn, hixl_peer_t *peer);
 
