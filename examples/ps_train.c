@@ -380,7 +380,7 @@ static void io_all(int fd, void *buf, size_t n, bool out)
 
 /* The baseline: the same steps, the same bytes, moved with send/recv over
  * TCP (what a two-sided collective library does at its core). */
-static run_stats_t twosided(const opts_t *o, int port, float *final_w)
+static run_stats_t twosided(hixl_ctx_t *ctx, const opts_t *o, float *final_w)
 {
   int size = g_size, workers = size - 1;
   size_t p = o->params;
@@ -392,12 +392,17 @@ static run_stats_t twosided(const opts_t *o, int port, float *final_w)
   if (g_rank == 0) {
     int ls = socket(AF_INET, SOCK_STREAM, 0);
     setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    if (bind(ls, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(ls, size) != 0) {
-      fprintf(stderr, "PS: two-sided listen on %d: %s\n", port, strerror(errno));
+    /* Any free port, told to each worker in a notification: a fixed one
+     * (MASTER_PORT + 1 was) can be anybody's ephemeral port. */
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    socklen_t alen = sizeof(a);
+    if (bind(ls, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(ls, size) != 0 ||
+        getsockname(ls, (struct sockaddr *)&a, &alen) != 0) {
+      fprintf(stderr, "PS: two-sided listen: %s\n", strerror(errno));
       exit(1);
     }
-    barrier(); /* listening */
+    for (int r = 1; r < size; r++)
+      CHECK(hixl_notify(peer_of(r), IMM(r, ntohs(a.sin_port)), 0, NULL));
     for (int k = 0; k < workers; k++) {
       int fd = accept(ls, NULL, NULL);
       int r = 0;
@@ -411,9 +416,10 @@ static run_stats_t twosided(const opts_t *o, int port, float *final_w)
     }
     close(ls);
   } else {
-    barrier();
+    hixl_notif_t n;
+    take(ctx, &n); /* the PS's port */
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(n.imm & 0xffff))};
     inet_pton(AF_INET, host, &a.sin_addr);
     if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
       fprintf(stderr, "rank %d: two-sided connect: %s\n", g_rank, strerror(errno));
@@ -537,7 +543,6 @@ static int launch(int n, int argc, char **argv)
 /* ------------------------------------------------------------ main */
 
 static int rank_main(hixl_ctx_t *ctx, const opts_t *op);
-static int g_tport; /* the two-sided run's TCP port */
 static opts_t g_opts;
 static hixl_ctx_t *g_self_ctx;
 
@@ -599,7 +604,6 @@ int main(int argc, char **argv)
     g_size = o.self_ranks;
     CHECK(hixl_connect(ctx, hixl_ctx_address(ctx), 10000, &g_selfpeer));
     pthread_barrier_init(&g_bar, NULL, (unsigned)g_size);
-    g_tport = free_port();
     g_opts = o;
     g_self_ctx = ctx;
     pthread_t *th = calloc((size_t)g_size, sizeof(pthread_t));
@@ -620,8 +624,6 @@ int main(int argc, char **argv)
   CHECK(hixl_world_create(ctx, -1, -1, NULL, &g_world));
   g_rank = hixl_world_rank(g_world);
   g_size = hixl_world_size(g_world);
-  const char *mp = getenv("MASTER_PORT");
-  g_tport = (mp ? atoi(mp) : 29500) + 1;
   int rc = rank_main(ctx, &o);
   hixl_world_destroy(g_world);
   hixl_ctx_destroy(ctx);
@@ -656,7 +658,7 @@ static int rank_main(hixl_ctx_t *ctx, const opts_t *op)
     s1 = onesided(ctx, &o, one);
   }
   if (o.twosided)
-    s2 = twosided(&o, g_tport, two);
+    s2 = twosided(ctx, &o, two);
   int rc = 0;
   if (g_rank == 0) {
     if (o.onesided)
