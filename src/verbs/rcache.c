@@ -14,11 +14,15 @@
  * available, there is no cache and such buffers go through bounce buffers:
  * slower, never wrong.
  *
- * The remaining window: the kernel lets munmap return as soon as the monitor
- * has read the event, not when it has dropped the entry; a thread that maps
- * new memory at the very same address and posts from it within those few
- * microseconds could still hit the old entry.  libfabric's uffd monitor has
- * the same window.  Set HIXL_VERBS_RCACHE=0 to take no such chance.
+ * No window: the kernel lets munmap (madvise, mremap) return as soon as the
+ * monitor has read the event, not when it has dropped the entry, so the
+ * monitor reads events only while holding the cache lock and drops the
+ * entries before releasing it.  A lookup after munmap returns therefore
+ * waits for the drop.  (libfabric's uffd monitor reads first and locks
+ * after: a thread that maps new memory at the same address and posts from
+ * it at once can hit the old entry there.  The conformance case `remap`
+ * caught exactly that here under load.)  HIXL_VERBS_RCACHE=0 turns the
+ * cache off.
  *
  * Entries are page-aligned, never overlap (an entry a new range overlaps is
  * dropped first), sorted by start, reference counted (every posted work
@@ -62,6 +66,7 @@ struct vrb_rcache {
   pthread_t monitor;
   bool monitor_started;
   _Atomic uint64_t hits, misses, invalidated;
+  unsigned test_delay_us; /* HIXL_VERBS_RCACHE_TEST_DELAY_US: see monitor_main */
 };
 
 static size_t page_size(void)
@@ -160,11 +165,19 @@ static void *monitor_main(void *arg)
       break;
     if (pf[1].revents)
       break;
+    /* Lock, then read (the fd is non-blocking): see the top. */
     struct uffd_msg msg[16];
-    ssize_t got = read(rc->uffd, msg, sizeof(msg));
-    if (got <= 0)
-      continue;
     pthread_mutex_lock(&rc->lock);
+    ssize_t got = read(rc->uffd, msg, sizeof(msg));
+    if (got <= 0) {
+      pthread_mutex_unlock(&rc->lock);
+      continue;
+    }
+    /* For the tests: a monitor descheduled right after its read.  Without
+     * the lock held across read and drop, `conformance remap` then fails
+     * every time. */
+    if (rc->test_delay_us)
+      usleep(rc->test_delay_us);
     for (size_t i = 0; i < (size_t)got / sizeof(msg[0]); i++) {
       uintptr_t s = 0, e = 0;
       switch (msg[i].event) {
@@ -236,6 +249,9 @@ vrb_rcache_t *hixl__vrb_rcache_new(struct ibv_pd *pd)
   long v;
   if (e && hixl__parse_int(e, 0, 1L << 50, &v) == 0)
     rc->max_bytes = (size_t)v;
+  e = getenv("HIXL_VERBS_RCACHE_TEST_DELAY_US");
+  if (e && hixl__parse_int(e, 0, 1000000, &v) == 0)
+    rc->test_delay_us = (unsigned)v;
   pthread_mutex_init(&rc->lock, NULL);
   if (rc->stop_fd < 0 || pthread_create(&rc->monitor, NULL, monitor_main, rc) != 0)
     goto fail;

@@ -46,6 +46,10 @@ if [ $# -eq 0 ]; then
   done
   run "batch+rdmacm+4qps" env HIXL_VERBS_CM=rdmacm HIXL_VERBS_QPS=4 \
     "$build/tests/conformance" verbs batch
+  # The registration cache's monitor descheduled for 200 ms after reading an
+  # unmap event: a lookup must still never use the old registration.
+  run "remap+slow_monitor" env HIXL_VERBS_RCACHE_TEST_DELAY_US=200000 \
+    "$build/tests/conformance" verbs remap
   # The progress thread in event mode (sleeps on the send CQ's channel).
   for c in fence flood; do
     run "$c+event_progress" env HIXL_PROGRESS_THREAD=2 "$build/tests/conformance" verbs "$c"
