@@ -1,39 +1,62 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * hixl-perf: latency and bandwidth of hixl operations, with the single-thread
- * memcpy limit measured in the same run beside every figure.
+ * hixl-perf: latency, bandwidth and message rate of hixl operations, with the
+ * single-thread memcpy limit measured in the same run beside every figure.
+ * In the spirit of ib_write_bw / ucx_perftest / nixlbench; see
+ * docs/performance.md for every option and how to read the output.
  *
- *   hixl-perf [-t put|get|faa|cas|pingpong|putpoll] [-s SIZE | -a] [-n ITERS]
- *             [-m alloc|reg] [--transport shm|self] [--json FILE] [--quick]
+ * Roles: by default one process forks the target locally (the initiator
+ * connects to it over whatever transport hixl picks: shm on one host);
+ * `--server` runs only the target and prints its address, `--client ADDR`
+ * only the initiator.  The target registers one region ("perf") and serves:
+ * every operation is one-sided except the ping-pong tests, where the target
+ * answers (by necessity).  It is steered by notifications whose top nibble
+ * is 0xF (CTL_*), so one server serves every test of a client.
  *
- * By default it forks a target process on this host (shm).  The target
- * registers a 64 MiB region and then does nothing: every operation is
- * one-sided.  Latency is one operation including its completion, measured
- * per operation (p50/p99); bandwidth is back-to-back operations of one size.
+ * Latency: one operation at a time, each timed with its completion (a fence:
+ * on shm the op has completed at return, on verbs this waits for the ACK or
+ * the response); p50/p99.  Bandwidth and message rate: a window of W
+ * operations outstanding (-w; each with its request, the oldest waited for
+ * when the window is full), as ib_write_bw's tx depth.
  *
  * pingpong: we put_imm SIZE bytes, the target answers each notification with
  * a put_imm of the same size into our region; the latency is half the round
- * trip (ib_send_lat's method: the target learns of the data from a
- * completion).  putpoll: ib_write_lat's and ucx_perftest's put latency: we
- * put SIZE bytes whose last 8 carry a sequence number, the target spins on
- * that word in its own memory and puts back the same way; half the round
- * trip.  (In both the target calls hixl, by necessity; nothing else does.)
+ * trip (ib_send_lat's method).  putpoll: ib_write_lat's and ucx_perftest's
+ * put latency: we put SIZE bytes whose last 8 carry a sequence number, the
+ * target spins on that word in its own memory and puts back the same way;
+ * half the round trip.
+ *
+ * put_batch / get_batch: B (-b) blocks of SIZE, scattered on both sides
+ * (random block slots, as a paged KV cache), under one request; printed
+ * beside one contiguous put (get) of the same bytes in the same run.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <getopt.h>
 #include <hixl.h>
 #include <math.h>
+#include <signal.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
-#define REGION_LEN ((size_t)64 << 20)
-#define PP_STOP 0xffffffffu
+#define MIN_REGION ((size_t)64 << 20)
+/* Target control notifications: top nibble 0xF, command in bits 24..27. */
+#define CTL 0xf0000000u
+#define CTL_SINK (CTL | 1u << 24)    /* drop data notifications (default) */
+#define CTL_ECHO (CTL | 2u << 24)    /* answer each with a put_imm back */
+#define CTL_PUTPOLL (CTL | 3u << 24) /* | size: serve one putpoll run */
+#define CTL_STOP 0xffffffffu         /* end of the session */
+#define MAX_LAT_ITERS 20000
+
+/* ------------------------------------------------------------------ clock */
 
 static double mono_s(void)
 {
@@ -66,6 +89,8 @@ static double now_s(void) { return mono_s(); }
 static void die(const char *what, hixl_status_t st)
 {
   fprintf(stderr, "hixl-perf: %s: %s (%s)\n", what, hixl_strerror(st), hixl_last_error());
+  if (st == HIXL_ERR_NOT_REGISTERED)
+    fprintf(stderr, "hixl-perf: (with --client: is the server's --region large enough?)\n");
   exit(1);
 }
 #define CK(call)                                                                                \
@@ -75,51 +100,121 @@ static void die(const char *what, hixl_status_t st)
       die(#call, s_);                                                                           \
   } while (0)
 
-/* pingpong target: answer each notification with a put_imm of its length
- * into the initiator's "perf-back" region, until PP_STOP. */
-static void serve_pingpong(hixl_ctx_t *ctx, void *addr)
+/* ----------------------------------------------------------------- options */
+
+enum { T_PUT, T_GET, T_PUT_IMM, T_PUT_BATCH, T_GET_BATCH, T_FAA, T_CAS, T_PINGPONG, T_PUTPOLL };
+static const char *const test_names[] = {"put", "get",  "put_imm",  "put_batch", "get_batch",
+                                         "faa", "cas",  "pingpong", "putpoll"};
+#define NTESTS (int)(sizeof(test_names) / sizeof(test_names[0]))
+
+typedef struct cfg {
+  int test;
+  size_t size;     /* 0: sweep */
+  size_t max_size; /* sweep up to this */
+  long iters;      /* 0: by size */
+  long warmup;
+  int window;
+  int batch;
+  bool lat, bw;
+  const char *mem; /* target memory: alloc | reg */
+  const char *transport;
+  bool server;
+  const char *client; /* address, or NULL */
+  size_t region;      /* target region bytes */
+  const char *json;
+  bool quick;
+  int cpu_init, cpu_target; /* --cpus; -1: not pinned */
+  size_t sizes[40]; /* what will be measured */
+  int nsizes;
+} cfg_t;
+
+static bool is_atomic(int t) { return t == T_FAA || t == T_CAS; }
+static bool is_pingpong(int t) { return t == T_PINGPONG || t == T_PUTPOLL; }
+static bool is_batch(int t) { return t == T_PUT_BATCH || t == T_GET_BATCH; }
+
+/* The sizes to measure: atomics 8 B; -s one; else 8 B by 4x up to --max
+ * bytes per operation (a batch's blocks together), or up to 1 MiB by 128x
+ * with --quick.  putpoll needs 8 B for its sequence word. */
+static void pick_sizes(cfg_t *c)
 {
-  hixl_rmr_t *back = NULL;
-  for (;;) {
-    hixl_notif_t n;
-    CK(hixl_notif_wait(ctx, &n, -1));
-    if (n.imm == PP_STOP)
-      break;
-    if (back == NULL)
-      CK(hixl_rmr_lookup(n.peer, "perf-back", 10000, &back));
-    CK(hixl_put_imm(n.peer, addr, n.len ? n.len : 8, back, 0, n.imm, 0, NULL));
-  }
-  if (back)
-    hixl_rmr_release(back);
+  size_t blocks = is_batch(c->test) ? (size_t)c->batch : 1;
+  size_t max = c->quick ? (size_t)1 << 20 : c->max_size, step = c->quick ? 128 : 4;
+  c->nsizes = 0;
+  if (is_atomic(c->test))
+    c->sizes[c->nsizes++] = 8;
+  else if (c->size)
+    c->sizes[c->nsizes++] = c->size;
+  else
+    for (size_t s = 8; s * blocks <= max && c->nsizes < 40; s *= step)
+      c->sizes[c->nsizes++] = s;
+  if (c->nsizes == 0) /* a batch bigger than --max: its smallest blocks */
+    c->sizes[c->nsizes++] = 8;
+  for (int i = 0; i < c->nsizes; i++)
+    if (c->test == T_PUTPOLL && c->sizes[i] < 8)
+      c->sizes[i] = 8;
 }
 
-/* putpoll target: wait for the sequence number in the last 8 bytes of the
- * first `size` bytes of our region, put the same back into the initiator's
- * "perf-back", until the number is all ones.  The size and the peer come in
- * a hello notification {imm = size}. */
-static void serve_putpoll(hixl_ctx_t *ctx, void *addr)
+/* Bytes a side needs: the largest transfer (a batch's 2B block slots), and
+ * at least 1 MiB + 4 KiB for the data check; page-rounded. */
+static size_t bytes_needed(const cfg_t *c)
 {
-  hixl_notif_t n;
-  CK(hixl_notif_wait(ctx, &n, -1));
-  size_t size = n.imm;
-  hixl_rmr_t *back;
-  CK(hixl_rmr_lookup(n.peer, "perf-back", 10000, &back));
+  size_t need = ((size_t)1 << 20) + 4096;
+  for (int i = 0; i < c->nsizes; i++) {
+    size_t s = c->sizes[i] * (is_batch(c->test) ? 2 * (size_t)c->batch : 1);
+    need = s > need ? s : need;
+  }
+  return (need + 4095) & ~(size_t)4095;
+}
+
+/* ------------------------------------------------------------------ target */
+
+/* putpoll: wait for the sequence number in the last 8 bytes of the first
+ * `size` bytes of our region, put the same back into the initiator's
+ * "perf-back", until the number is all ones. */
+static void serve_putpoll(hixl_ctx_t *ctx, hixl_peer_t *peer, hixl_rmr_t *back, void *addr,
+                          size_t size)
+{
   volatile uint64_t *seq = (volatile uint64_t *)((uint8_t *)addr + size - 8);
   for (uint64_t want = 1;; want++) {
     uint64_t v;
     while ((v = *seq) != want && v != UINT64_MAX)
       hixl_progress(ctx); /* retires our own puts' completions */
+    CK(hixl_put(peer, addr, size, back, 0, 0, NULL)); /* the last one says "seen" */
     if (v == UINT64_MAX)
       break;
-    CK(hixl_put(n.peer, addr, size, back, 0, 0, NULL));
   }
-  CK(hixl_fence(ctx, n.peer, -1));
-  hixl_rmr_release(back);
+  CK(hixl_fence(ctx, peer, -1));
+  *seq = 0; /* the next run starts from 1 again */
 }
 
-/* The target: a region, published, then idle until told to stop. */
-static int run_target(const char *test, const char *mem, int out_fd, int in_fd,
-                      hixl_ctx_t *shared)
+/* Serve one initiator until CTL_STOP.  Data notifications are dropped or,
+ * after CTL_ECHO, answered; CTL_PUTPOLL runs the putpoll responder. */
+static void serve(hixl_ctx_t *ctx, void *addr)
+{
+  hixl_rmr_t *back = NULL;
+  bool echo = false;
+  for (;;) {
+    hixl_notif_t n;
+    CK(hixl_notif_wait(ctx, &n, -1));
+    if ((n.imm & CTL) == CTL && back == NULL && n.imm != CTL_STOP)
+      CK(hixl_rmr_lookup(n.peer, "perf-back", 10000, &back));
+    if (n.imm == CTL_STOP)
+      break;
+    if (n.imm == CTL_ECHO || n.imm == CTL_SINK)
+      echo = n.imm == CTL_ECHO;
+    else if ((n.imm & 0xff000000u) == CTL_PUTPOLL)
+      serve_putpoll(ctx, n.peer, back, addr, n.imm & 0xffffffu);
+    else if (echo)
+      CK(hixl_put_imm(n.peer, addr, n.len ? n.len : 8, back, 0, n.imm, 0, NULL));
+  }
+  if (back)
+    hixl_rmr_release(back);
+}
+
+/* The target: one region, published as "perf", its address written to
+ * out_fd (or printed with --server); then serve.  shared: the --transport
+ * self case, where the target is our own context and serves nobody. */
+static int run_target(const cfg_t *c, int out_fd, hixl_ctx_t *shared)
 {
   hixl_ctx_t *ctx = shared;
   if (ctx == NULL)
@@ -127,31 +222,55 @@ static int run_target(const char *test, const char *mem, int out_fd, int in_fd,
   hixl_mr_t *mr;
   void *addr = NULL, *to_free = NULL;
   unsigned acc = HIXL_ACCESS_READ | HIXL_ACCESS_WRITE | HIXL_ACCESS_ATOMIC;
-  if (strcmp(mem, "reg") == 0) {
-    if (posix_memalign(&to_free, 4096, REGION_LEN) != 0)
+  if (strcmp(c->mem, "reg") == 0) {
+    if (posix_memalign(&to_free, 4096, c->region) != 0) {
+      fprintf(stderr, "hixl-perf: no memory for a %zu-byte region\n", c->region);
       return 1;
+    }
     addr = to_free;
-    memset(addr, 0, REGION_LEN);
-    CK(hixl_mr_reg(ctx, addr, REGION_LEN, acc, &mr));
+    memset(addr, 0, c->region);
+    CK(hixl_mr_reg(ctx, addr, c->region, acc, &mr));
   } else {
-    CK(hixl_mem_alloc(ctx, REGION_LEN, HIXL_MEM_HOST, acc, &addr, &mr));
+    CK(hixl_mem_alloc(ctx, c->region, HIXL_MEM_HOST, acc, &addr, &mr));
   }
   CK(hixl_mr_publish(mr, "perf"));
   if (shared)
-    return 0; /* same context: nothing to wait for */
-  dprintf(out_fd, "%s\n", hixl_ctx_address(ctx));
-  if (strcmp(test, "pingpong") == 0)
-    serve_pingpong(ctx, addr);
-  if (strcmp(test, "putpoll") == 0)
-    serve_putpoll(ctx, addr);
-  char c;
-  while (read(in_fd, &c, 1) < 0 && errno == EINTR)
-    ;
+    return 0;
+  if (out_fd >= 0) {
+    dprintf(out_fd, "%s\n", hixl_ctx_address(ctx));
+    close(out_fd);
+  } else {
+    printf("hixl-perf server: %s (region %zu bytes, %s memory); waiting for a client\n",
+           hixl_ctx_address(ctx), c->region, c->mem);
+    fflush(stdout);
+  }
+  serve(ctx, addr);
   hixl_mr_dereg(mr);
   free(to_free);
   hixl_ctx_destroy(ctx);
   return 0;
 }
+
+/* --------------------------------------------------------------- initiator */
+
+typedef struct result {
+  size_t size; /* bytes per operation (per block for batches) */
+  long iters, lat_iters;
+  double p50_us, p99_us, gbps, mops, memcpy_gbps;
+  double contig_gbps; /* batches: one put/get of the same bytes */
+} result_t;
+
+typedef struct bench {
+  const cfg_t *c;
+  hixl_ctx_t *ctx;
+  hixl_peer_t *peer;
+  hixl_rmr_t *rmr;
+  uint8_t *buf, *buf2; /* local: source of puts, destination of gets / echoes */
+  size_t buf_len;
+  hixl_req_t **win; /* window of requests */
+  uint64_t *olds;   /* atomics' results, one per window slot */
+  hixl_xfer_t *xf;  /* batch entries */
+} bench_t;
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -159,28 +278,30 @@ static int cmp_double(const void *a, const void *b)
   return x < y ? -1 : x > y;
 }
 
-typedef struct result {
-  size_t size;
-  long iters;
-  double p50_us, p99_us, gbps, mops, memcpy_gbps;
-} result_t;
-
-static hixl_status_t one_op(const char *test, hixl_peer_t *peer, hixl_rmr_t *rmr, void *buf,
-                            size_t size, uint64_t off)
+static void percentiles(result_t *r, double *lat, long n)
 {
-  /* Written when the atomic completes, which may be after we return (atomics
-   * the owner executes): it must outlive the call. */
-  static uint64_t old;
-  if (strcmp(test, "put") == 0)
-    return hixl_put(peer, buf, size, rmr, off, 0, NULL);
-  if (strcmp(test, "get") == 0)
-    return hixl_get(peer, buf, size, rmr, off, 0, NULL);
-  if (strcmp(test, "faa") == 0)
-    return hixl_atomic_faa(peer, rmr, off & ~7ull, 1, &old, 0, NULL);
-  return hixl_atomic_cas(peer, rmr, off & ~7ull, 0, 1, &old, 0, NULL);
+  qsort(lat, (size_t)n, sizeof(double), cmp_double);
+  r->p50_us = lat[n / 2];
+  r->p99_us = lat[(n * 99) / 100];
+  r->lat_iters = n;
 }
 
-static double memcpy_gbps(size_t size, long iters, void *a, void *b)
+/* Issue operation i of the test (slot: its window slot, for atomics' old
+ * values); req_p NULL for none. */
+static hixl_status_t issue(bench_t *b, int test, size_t size, long slot, hixl_req_t **req_p)
+{
+  switch (test) {
+  case T_PUT: return hixl_put(b->peer, b->buf, size, b->rmr, 0, 0, req_p);
+  case T_GET: return hixl_get(b->peer, b->buf2, size, b->rmr, 0, 0, req_p);
+  case T_PUT_IMM: return hixl_put_imm(b->peer, b->buf, size, b->rmr, 0, 1, 0, req_p);
+  case T_PUT_BATCH: return hixl_put_batch(b->peer, b->xf, (size_t)b->c->batch, NULL, 0, req_p);
+  case T_GET_BATCH: return hixl_get_batch(b->peer, b->xf, (size_t)b->c->batch, 0, req_p);
+  case T_FAA: return hixl_atomic_faa(b->peer, b->rmr, 0, 1, &b->olds[slot], 0, req_p);
+  default: return hixl_atomic_cas(b->peer, b->rmr, 0, 0, 1, &b->olds[slot], 0, req_p);
+  }
+}
+
+static double memcpy_gbps(size_t size, long iters, void *a, const void *b)
 {
   memcpy(a, b, size); /* warm */
   double t0 = now_s();
@@ -191,37 +312,71 @@ static double memcpy_gbps(size_t size, long iters, void *a, void *b)
   return (double)size * (double)iters / (now_s() - t0) / 1e9;
 }
 
-/* The figures of a ping-pong: lat[] holds r.iters half round trips (us),
- * t_all the sum of the whole round trips (s); two messages per round. */
-static result_t pingpong_result(result_t r, double *lat, double t_all, void *buf, void *buf2)
+/* Latency: each operation alone, with its completion. */
+static void measure_lat(bench_t *b, int test, size_t size, long n, result_t *r)
 {
-  qsort(lat, (size_t)r.iters, sizeof(double), cmp_double);
-  r.p50_us = lat[r.iters / 2];
-  r.p99_us = lat[(r.iters * 99) / 100];
+  double *lat = malloc(sizeof(double) * (size_t)n);
+  for (long i = 0; i < b->c->warmup; i++)
+    CK(issue(b, test, size, 0, NULL));
+  CK(hixl_fence(b->ctx, b->peer, -1));
+  for (long i = 0; i < n; i++) {
+    double t0 = now_s();
+    hixl_status_t st = issue(b, test, size, 0, NULL);
+    st = st ? st : hixl_fence(b->ctx, b->peer, -1);
+    lat[i] = (now_s() - t0) * 1e6;
+    if (st != HIXL_OK)
+      die(test_names[test], st);
+  }
+  percentiles(r, lat, n);
   free(lat);
-  r.gbps = 2.0 * (double)r.size * (double)r.iters / t_all / 1e9;
-  r.mops = 2.0 * (double)r.iters / t_all / 1e6;
-  r.memcpy_gbps = memcpy_gbps(r.size, r.iters, buf2, buf);
-  return r;
+}
+
+/* Bandwidth / rate: n operations with up to W outstanding; returns seconds. */
+static double run_window(bench_t *b, int test, size_t size, long n)
+{
+  int w = b->c->window;
+  double t0 = now_s();
+  for (long i = 0; i < n; i++) {
+    long slot = i % w;
+    if (b->win[slot]) {
+      hixl_status_t st = hixl_req_wait(b->win[slot], -1);
+      if (st != HIXL_OK)
+        die(test_names[test], st);
+      hixl_req_free(b->win[slot]);
+      b->win[slot] = NULL;
+    }
+    hixl_status_t st = issue(b, test, size, slot, &b->win[slot]);
+    if (st != HIXL_OK)
+      die(test_names[test], st);
+  }
+  for (int k = 0; k < w; k++)
+    if (b->win[k]) {
+      hixl_status_t st = hixl_req_wait(b->win[k], -1);
+      if (st != HIXL_OK)
+        die(test_names[test], st);
+      hixl_req_free(b->win[k]);
+      b->win[k] = NULL;
+    }
+  CK(hixl_fence(b->ctx, b->peer, -1)); /* put_imm's notifications, too */
+  return now_s() - t0;
 }
 
 /* Half round trips of put_imm ping-pongs (see the top). */
-static result_t pingpong(hixl_ctx_t *ctx, hixl_peer_t *peer, hixl_rmr_t *rmr, size_t size,
-                         long iters, void *buf, void *buf2)
+static void pingpong(bench_t *b, size_t size, long n, result_t *r)
 {
-  result_t r = {.size = size, .iters = iters};
-  long lat_n = iters;
-  double *lat = malloc(sizeof(double) * (size_t)lat_n);
+  CK(hixl_notify(b->peer, CTL_ECHO, 0, NULL));
+  double *lat = malloc(sizeof(double) * (size_t)n);
   double t_all = 0;
-  for (long i = -10; i < lat_n; i++) { /* ten to warm up */
+  for (long i = -b->c->warmup; i < n; i++) {
+    uint32_t imm = (uint32_t)(i & 0x7fffffff);
     double t0 = now_s();
-    CK(hixl_put_imm(peer, buf, size, rmr, 0, (uint32_t)(i & 0x7fffffff), 0, NULL));
-    hixl_notif_t n;
-    CK(hixl_notif_wait(ctx, &n, -1));
+    CK(hixl_put_imm(b->peer, b->buf, size, b->rmr, 0, imm, 0, NULL));
+    hixl_notif_t nt;
+    CK(hixl_notif_wait(b->ctx, &nt, -1));
     double dt = now_s() - t0;
-    if (n.imm != (uint32_t)(i & 0x7fffffff) || n.len != size) {
-      fprintf(stderr, "hixl-perf: pingpong: got {%u, %zu}, want {%ld, %zu}\n", n.imm, n.len, i,
-              size);
+    if (nt.imm != imm || nt.len != size) {
+      fprintf(stderr, "hixl-perf: pingpong: got {%u, %zu}, want {%u, %zu}\n", nt.imm, nt.len,
+              imm, size);
       exit(1);
     }
     if (i >= 0) {
@@ -229,260 +384,451 @@ static result_t pingpong(hixl_ctx_t *ctx, hixl_peer_t *peer, hixl_rmr_t *rmr, si
       t_all += dt;
     }
   }
-  return pingpong_result(r, lat, t_all, buf, buf2);
+  CK(hixl_notify(b->peer, CTL_SINK, 0, NULL));
+  percentiles(r, lat, n);
+  free(lat);
+  r->gbps = 2.0 * (double)size * (double)n / t_all / 1e9;
+  r->mops = 2.0 * (double)n / t_all / 1e6;
 }
 
 /* Half round trips of puts noticed by polling memory (see the top). */
-static result_t putpoll(hixl_ctx_t *ctx, hixl_peer_t *peer, hixl_rmr_t *rmr, size_t size,
-                        long iters, void *buf, void *buf2)
+static void putpoll(bench_t *b, size_t size, long n, result_t *r)
 {
-  result_t r = {.size = size, .iters = iters};
-  if (size < 8)
-    size = r.size = 8;
-  CK(hixl_notify(peer, (uint32_t)size, 0, NULL)); /* hello: the size */
-  double *lat = malloc(sizeof(double) * (size_t)iters);
-  volatile uint64_t *mine = (volatile uint64_t *)((uint8_t *)buf2 + size - 8);
-  uint64_t *out = (uint64_t *)((uint8_t *)buf + size - 8);
+  CK(hixl_notify(b->peer, CTL_PUTPOLL | (uint32_t)size, 0, NULL));
+  double *lat = malloc(sizeof(double) * (size_t)n);
+  volatile uint64_t *mine = (volatile uint64_t *)(b->buf2 + size - 8);
+  uint64_t *out = (uint64_t *)(b->buf + size - 8);
+  *mine = 0;
   double t_all = 0;
-  for (long i = -10; i < iters; i++) { /* ten to warm up */
-    uint64_t seq = (uint64_t)(i + 11);
+  long warm = b->c->warmup;
+  for (long i = -warm; i < n; i++) {
+    uint64_t seq = (uint64_t)(i + warm + 1);
     *out = seq;
     double t0 = now_s();
-    CK(hixl_put(peer, buf, size, rmr, 0, 0, NULL));
+    CK(hixl_put(b->peer, b->buf, size, b->rmr, 0, 0, NULL));
     while (*mine != seq)
-      hixl_progress(ctx);
+      hixl_progress(b->ctx);
     double dt = now_s() - t0;
     if (i >= 0) {
       lat[i] = dt / 2 * 1e6;
       t_all += dt;
     }
   }
+  /* The end, and its echo: afterwards the target no longer watches the word
+   * (the next test may overwrite it). */
   *out = UINT64_MAX;
-  CK(hixl_put(peer, buf, size, rmr, 0, 0, NULL));
-  CK(hixl_fence(ctx, peer, -1));
-  return pingpong_result(r, lat, t_all, buf, buf2);
+  CK(hixl_put(b->peer, b->buf, size, b->rmr, 0, 0, NULL));
+  while (*mine != UINT64_MAX)
+    hixl_progress(b->ctx);
+  CK(hixl_fence(b->ctx, b->peer, -1));
+  percentiles(r, lat, n);
+  free(lat);
+  r->gbps = 2.0 * (double)size * (double)n / t_all / 1e9;
+  r->mops = 2.0 * (double)n / t_all / 1e6;
 }
 
-static result_t measure(const char *test, hixl_ctx_t *ctx, hixl_peer_t *peer, hixl_rmr_t *rmr,
-                        size_t size, long iters, void *buf, void *buf2)
+/* Scatter B blocks of size over both sides: a random permutation of 2B
+ * slots on each side, so no two blocks are adjacent in order. */
+static void setup_batch(bench_t *b, size_t size)
 {
-  if (strcmp(test, "putpoll") == 0)
-    return putpoll(ctx, peer, rmr, size, iters, buf, buf2);
-  if (strcmp(test, "pingpong") == 0)
-    return pingpong(ctx, peer, rmr, size, iters, buf, buf2);
+  int nb = b->c->batch;
+  size_t slots = 2 * (size_t)nb;
+  uint32_t *perm = malloc(sizeof(uint32_t) * slots);
+  uint64_t seed = 0x9e3779b97f4a7c15ull;
+  for (int side = 0; side < 2; side++) {
+    for (size_t k = 0; k < slots; k++)
+      perm[k] = (uint32_t)k;
+    for (size_t k = slots - 1; k > 0; k--) { /* Fisher-Yates, xorshift */
+      seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+      size_t j = seed % (k + 1);
+      uint32_t t = perm[k];
+      perm[k] = perm[j], perm[j] = t;
+    }
+    for (int k = 0; k < nb; k++) {
+      if (side == 0)
+        b->xf[k].local = (b->c->test == T_PUT_BATCH ? b->buf : b->buf2) + perm[k] * size;
+      else
+        b->xf[k].off = perm[k] * size;
+      b->xf[k].rmr = b->rmr;
+      b->xf[k].len = size;
+    }
+  }
+  free(perm);
+}
+
+static result_t measure(bench_t *b, size_t size, long iters)
+{
+  const cfg_t *c = b->c;
   result_t r = {.size = size, .iters = iters};
-  bool atomic = strcmp(test, "faa") == 0 || strcmp(test, "cas") == 0;
-  /* Latency: each op timed alone, with its completion (a fence: on shm the
-   * op itself has completed, on verbs this waits for the ACK or response). */
-  long lat_n = iters < 2000 ? iters : 2000;
-  double *lat = malloc(sizeof(double) * (size_t)lat_n);
-  for (long i = 0; i < 10; i++)
-    one_op(test, peer, rmr, buf, size, 0);
-  CK(hixl_fence(ctx, peer, -1));
-  for (long i = 0; i < lat_n; i++) {
-    double t0 = now_s();
-    hixl_status_t st = one_op(test, peer, rmr, buf, size, 0);
-    st = st ? st : hixl_fence(ctx, peer, -1);
-    lat[i] = (now_s() - t0) * 1e6;
-    if (st != HIXL_OK)
-      die(test, st);
+  long lat_n = iters < MAX_LAT_ITERS ? iters : MAX_LAT_ITERS;
+  size_t bytes = size * (is_batch(c->test) ? (size_t)c->batch : 1);
+  if (c->test == T_PINGPONG) {
+    pingpong(b, size, lat_n, &r);
+  } else if (c->test == T_PUTPOLL) {
+    putpoll(b, size, lat_n, &r);
+  } else {
+    if (is_batch(c->test))
+      setup_batch(b, size);
+    if (c->lat)
+      measure_lat(b, c->test, size, lat_n, &r);
+    if (c->bw) {
+      run_window(b, c->test, size, c->warmup < iters ? c->warmup : iters);
+      double dt = run_window(b, c->test, size, iters);
+      r.gbps = (is_atomic(c->test) ? 8.0 : (double)bytes) * (double)iters / dt / 1e9;
+      r.mops = (double)iters / dt / 1e6;
+      if (is_batch(c->test)) { /* one contiguous op of the same bytes */
+        int one = c->test == T_PUT_BATCH ? T_PUT : T_GET;
+        run_window(b, one, bytes, c->warmup < iters ? c->warmup : iters);
+        r.contig_gbps = (double)bytes * (double)iters / run_window(b, one, bytes, iters) / 1e9;
+      }
+    }
   }
-  qsort(lat, (size_t)lat_n, sizeof(double), cmp_double);
-  r.p50_us = lat[lat_n / 2];
-  r.p99_us = lat[(lat_n * 99) / 100];
-  free(lat);
-  /* Bandwidth / rate: back to back, one fence at the end. */
-  double t0 = now_s();
-  for (long i = 0; i < iters; i++) {
-    hixl_status_t st = one_op(test, peer, rmr, buf, size, 0);
-    if (st != HIXL_OK)
-      die(test, st);
-  }
-  CK(hixl_fence(ctx, peer, -1));
-  double dt = now_s() - t0;
-  r.gbps = atomic ? 8.0 * (double)iters / dt / 1e9 : (double)size * (double)iters / dt / 1e9;
-  r.mops = (double)iters / dt / 1e6;
-  r.memcpy_gbps = memcpy_gbps(size, iters, buf2, buf);
+  r.memcpy_gbps = memcpy_gbps(bytes, iters < 100000 ? iters : 100000, b->buf2, b->buf);
   return r;
 }
 
-static long iters_for(size_t size, bool quick)
+static long iters_for(size_t bytes, bool quick)
 {
   /* About 256 MiB moved per size (less when quick), at least 20 ops. */
-  long n = (long)(((size_t)(quick ? 16 : 256) << 20) / (size ? size : 1));
+  long n = (long)(((size_t)(quick ? 16 : 256) << 20) / (bytes ? bytes : 1));
   long max = quick ? 2000 : 200000;
   return n < 20 ? 20 : n > max ? max : n;
 }
 
-static void usage(void)
+/* The data really moved: a pattern put, read back with a get, compared. */
+static bool check_data(bench_t *b)
 {
-  fprintf(stderr,
-          "usage: hixl-perf [-t put|get|faa|cas|pingpong] [-s SIZE | -a] [-n ITERS]\n"
-          "                 [-m alloc|reg] [--transport shm|self] [--json FILE] [--quick]\n"
-          "  -t pingpong put_imm ping-pong with the target: half round trip (ib_send_lat's method)\n"
-          "  -t putpoll  put ping-pong, each side polling its memory: half round trip\n"
-          "              (ib_write_lat's method)\n"
-          "  -a          sweep sizes 8 B .. 64 MiB (default)\n"
-          "  -m alloc    target memory from hixl_mem_alloc (mapped: one memcpy per put)\n"
-          "  -m reg      target memory from malloc + hixl_mr_reg (CMA on shm)\n"
-          "  --quick     few iterations; checks that numbers are sane (for the test suite)\n");
-  exit(2);
+  size_t n = b->buf_len < ((size_t)1 << 20) ? b->buf_len : (size_t)1 << 20;
+  for (size_t k = 0; k < n; k++)
+    b->buf[k] = (uint8_t)(k * 7 + 3);
+  CK(hixl_put(b->peer, b->buf, n, b->rmr, 4096, 0, NULL));
+  CK(hixl_fence(b->ctx, b->peer, -1));
+  CK(hixl_get(b->peer, b->buf2, n, b->rmr, 4096, 0, NULL));
+  CK(hixl_fence(b->ctx, b->peer, -1));
+  if (memcmp(b->buf, b->buf2, n) != 0) {
+    fprintf(stderr, "hixl-perf: data check failed\n");
+    return false;
+  }
+  return true;
 }
 
-int main(int argc, char **argv)
+static void print_row(const cfg_t *c, const result_t *r, FILE *jf, bool first)
 {
-  const char *test = "put", *mem = "alloc", *transport = "shm", *json = NULL;
-  size_t one_size = 0;
-  long iters = 0;
-  bool quick = false;
-  static const struct option opts[] = {{"transport", required_argument, 0, 'T'},
-                                       {"json", required_argument, 0, 'j'},
-                                       {"quick", no_argument, 0, 'q'},
-                                       {"help", no_argument, 0, 'h'},
-                                       {0, 0, 0, 0}};
-  int c;
-  while ((c = getopt_long(argc, argv, "t:s:an:m:h", opts, NULL)) != -1) {
-    switch (c) {
-    case 't': test = optarg; break;
-    case 's': one_size = strtoull(optarg, NULL, 0); break;
-    case 'a': one_size = 0; break;
-    case 'n': iters = atol(optarg); break;
-    case 'm': mem = optarg; break;
-    case 'T': transport = optarg; break;
-    case 'j': json = optarg; break;
-    case 'q': quick = true; break;
-    default: usage();
-    }
+  char p50[32] = "-", p99[32] = "-", gb[32] = "-", mo[32] = "-", ra[32] = "-";
+  if (r->lat_iters) {
+    snprintf(p50, sizeof(p50), "%.3f", r->p50_us);
+    snprintf(p99, sizeof(p99), "%.3f", r->p99_us);
   }
-  if (strcmp(test, "put") && strcmp(test, "get") && strcmp(test, "faa") && strcmp(test, "cas") &&
-      strcmp(test, "pingpong") && strcmp(test, "putpoll"))
-    usage();
-  bool pp = strcmp(test, "pingpong") == 0 || strcmp(test, "putpoll") == 0;
-  if (pp && strcmp(transport, "self") == 0) {
-    fprintf(stderr, "hixl-perf: %s needs a target process (not --transport self)\n", test);
-    return 2;
+  if (r->mops > 0) {
+    snprintf(gb, sizeof(gb), "%.4g", r->gbps);
+    snprintf(mo, sizeof(mo), "%.4g", r->mops);
+    snprintf(ra, sizeof(ra), "%.3g", r->gbps / r->memcpy_gbps);
   }
-  if (one_size > REGION_LEN || (strcmp(mem, "alloc") && strcmp(mem, "reg")))
-    usage();
+  printf("%10zu %8ld %10s %10s %10s %10s %12.4g %8s", r->size, r->iters, p50, p99, gb, mo,
+         r->memcpy_gbps, ra);
+  if (is_batch(c->test) && r->contig_gbps > 0)
+    printf(" %12.4g %8.3g", r->contig_gbps, r->gbps / r->contig_gbps);
+  printf("\n");
+  fflush(stdout);
+  if (!jf)
+    return;
+  fprintf(jf, "%s{\"size\":%zu,\"iters\":%ld", first ? "" : ",", r->size, r->iters);
+  if (r->lat_iters)
+    fprintf(jf, ",\"p50_us\":%.4f,\"p99_us\":%.4f", r->p50_us, r->p99_us);
+  if (r->mops > 0)
+    fprintf(jf, ",\"gbps\":%.4f,\"mops\":%.4f", r->gbps, r->mops);
+  fprintf(jf, ",\"memcpy_gbps\":%.4f", r->memcpy_gbps);
+  if (r->contig_gbps > 0)
+    fprintf(jf, ",\"contig_gbps\":%.4f", r->contig_gbps);
+  fprintf(jf, "}");
+}
 
-  clock_init();
-  hixl_ctx_t *ctx = NULL;
-  char addr[128] = {0};
-  pid_t pid = -1;
-  int to_target[2] = {-1, -1};
-  if (strcmp(transport, "self") == 0) {
-    CK(hixl_ctx_create(NULL, &ctx));
-    run_target(test, mem, -1, -1, ctx);
-    snprintf(addr, sizeof(addr), "%s", hixl_ctx_address(ctx));
-  } else {
-    int from_target[2];
-    if (pipe(from_target) || pipe(to_target))
-      return 1;
-    pid = fork();
-    if (pid == 0) {
-      close(from_target[0]);
-      close(to_target[1]);
-      /* Two RDMA devices on one host (Soft-RoCE tests): the target's own. */
-      const char *dev = getenv("HIXL_PERF_TARGET_NET_DEV");
-      if (dev)
-        setenv("HIXL_NET_DEV", dev, 1);
-      _exit(run_target(test, mem, from_target[1], to_target[0], NULL));
-    }
-    close(from_target[1]);
-    close(to_target[0]);
-    ssize_t n = read(from_target[0], addr, sizeof(addr) - 1);
-    if (n <= 0)
-      return 1;
-    addr[strcspn(addr, "\n")] = 0;
-    close(from_target[0]);
-    /* Our context only now: fork before any hixl thread exists. */
-    CK(hixl_ctx_create(NULL, &ctx));
-  }
-  hixl_peer_t *peer;
-  hixl_rmr_t *rmr;
-  CK(hixl_connect(ctx, addr, 10000, &peer));
-  CK(hixl_rmr_lookup(peer, "perf", 10000, &rmr));
+static bool sane(const cfg_t *c, const result_t *r)
+{
+  bool ok = isfinite(r->memcpy_gbps) && r->memcpy_gbps > 0;
+  if (r->lat_iters)
+    ok = ok && r->p50_us > 0 && r->p99_us >= r->p50_us && isfinite(r->p99_us);
+  if (c->bw || is_pingpong(c->test))
+    ok = ok && isfinite(r->gbps) && r->gbps > 0 && r->mops > 0;
+  if (is_batch(c->test) && c->bw)
+    ok = ok && isfinite(r->contig_gbps) && r->contig_gbps > 0;
+  return ok;
+}
 
-  void *buf, *buf2;
-  if (posix_memalign(&buf, 4096, REGION_LEN) || posix_memalign(&buf2, 4096, REGION_LEN))
-    return 1;
-  memset(buf, 1, REGION_LEN);
-  memset(buf2, 2, REGION_LEN);
-  /* Registered local buffers, as a zero-copy user would have them (RDMA
-   * transports then need no bounce copies). */
+static int run_initiator(const cfg_t *c, hixl_ctx_t *ctx, const char *addr)
+{
+  bench_t b = {.c = c, .ctx = ctx};
+  CK(hixl_connect(ctx, addr, 10000, &b.peer));
+  CK(hixl_rmr_lookup(b.peer, "perf", 10000, &b.rmr));
+
+  /* Local buffers big enough for the largest transfer (batches: 2B slots),
+   * registered as a zero-copy user would have them (RDMA transports then
+   * need no bounce copies), of the same kind as the target's: the ping-pongs'
+   * answers land in buf2 ("perf-back"), so with -m alloc it must be memory a
+   * same-host target maps, not reaches with a system call per put. */
+  b.buf_len = bytes_needed(c);
   hixl_mr_t *lmr1, *lmr2;
-  CK(hixl_mr_reg(ctx, buf, REGION_LEN, 0, &lmr1));
-  CK(hixl_mr_reg(ctx, buf2, REGION_LEN, HIXL_ACCESS_WRITE, &lmr2));
-  CK(hixl_mr_publish(lmr2, "perf-back")); /* pingpong: the target answers here */
+  if (strcmp(c->mem, "alloc") == 0) {
+    CK(hixl_mem_alloc(ctx, b.buf_len, HIXL_MEM_HOST, 0, (void **)&b.buf, &lmr1));
+    CK(hixl_mem_alloc(ctx, b.buf_len, HIXL_MEM_HOST, HIXL_ACCESS_WRITE, (void **)&b.buf2, &lmr2));
+  } else {
+    if (posix_memalign((void **)&b.buf, 4096, b.buf_len) ||
+        posix_memalign((void **)&b.buf2, 4096, b.buf_len)) {
+      fprintf(stderr, "hixl-perf: no memory for 2 x %zu bytes\n", b.buf_len);
+      return 1;
+    }
+    CK(hixl_mr_reg(ctx, b.buf, b.buf_len, 0, &lmr1));
+    CK(hixl_mr_reg(ctx, b.buf2, b.buf_len, HIXL_ACCESS_WRITE, &lmr2));
+  }
+  memset(b.buf, 1, b.buf_len);
+  memset(b.buf2, 2, b.buf_len);
+  CK(hixl_mr_publish(lmr2, "perf-back")); /* ping-pongs: the target answers here */
+  b.win = calloc((size_t)c->window, sizeof(*b.win));
+  b.olds = calloc((size_t)c->window, sizeof(*b.olds));
+  b.xf = calloc((size_t)c->batch, sizeof(*b.xf));
 
-  size_t sizes[32];
-  int nsizes = 0;
-  bool atomic = strcmp(test, "faa") == 0 || strcmp(test, "cas") == 0;
-  if (atomic || (strcmp(test, "putpoll") == 0 && one_size == 0))
-    sizes[nsizes++] = 8; /* putpoll: the target serves one size per run */
-  else if (one_size)
-    sizes[nsizes++] = one_size;
-  else if (quick)
-    for (size_t s = 8; s <= (1u << 20); s *= 128)
-      sizes[nsizes++] = s;
-  else
-    for (size_t s = 8; s <= REGION_LEN; s *= 4)
-      sizes[nsizes++] = s;
-
-  printf("# hixl-perf %s over %s (peer memory: %s), memcpy measured in the same run\n", test,
-         hixl_peer_transport(peer), mem);
-  printf("%10s %8s %10s %10s %10s %10s %12s %8s\n", "size", "iters", "p50(us)", "p99(us)",
-         "GB/s", "Mops/s", "memcpy GB/s", "ratio");
-  FILE *jf = json ? fopen(json, "w") : NULL;
+  const char *tp = hixl_peer_transport(b.peer);
+  printf("# hixl-perf %s over %s (target memory: %s, window %d", test_names[c->test], tp,
+         c->mem, c->window);
+  if (is_batch(c->test))
+    printf(", %d scattered blocks per batch", c->batch);
+  printf("); memcpy measured in the same run\n");
+  printf("%10s %8s %10s %10s %10s %10s %12s %8s", "size", "iters", "p50(us)", "p99(us)", "GB/s",
+         "Mops/s", "memcpy GB/s", "ratio");
+  if (is_batch(c->test))
+    printf(" %12s %8s", "contig GB/s", "batch/1");
+  printf("\n");
+  FILE *jf = NULL;
+  if (c->json && (jf = fopen(c->json, "w")) == NULL) {
+    fprintf(stderr, "hixl-perf: %s: %s\n", c->json, strerror(errno));
+    return 1;
+  }
   if (jf)
-    fprintf(jf, "{\"test\":\"%s\",\"transport\":\"%s\",\"mem\":\"%s\",\"results\":[", test,
-            hixl_peer_transport(peer), mem);
-  bool sane = true;
-  for (int i = 0; i < nsizes; i++) {
-    long n = iters ? iters : iters_for(sizes[i], quick);
-    result_t r = measure(test, ctx, peer, rmr, sizes[i], n, buf, buf2);
-    printf("%10zu %8ld %10.3f %10.3f %10.4g %10.4g %12.4g %8.3g\n", r.size, r.iters, r.p50_us,
-           r.p99_us, r.gbps, r.mops, r.memcpy_gbps, r.gbps / r.memcpy_gbps);
-    if (jf)
-      fprintf(jf,
-              "%s{\"size\":%zu,\"iters\":%ld,\"p50_us\":%.4f,\"p99_us\":%.4f,\"gbps\":%.4f,"
-              "\"mops\":%.4f,\"memcpy_gbps\":%.4f}",
-              i ? "," : "", r.size, r.iters, r.p50_us, r.p99_us, r.gbps, r.mops, r.memcpy_gbps);
-    sane = sane && isfinite(r.gbps) && r.gbps > 0 && r.p50_us > 0 && r.p99_us >= r.p50_us;
+    fprintf(jf,
+            "{\"tool\":\"hixl-perf\",\"test\":\"%s\",\"transport\":\"%s\",\"mem\":\"%s\","
+            "\"window\":%d,\"batch\":%d,\"results\":[",
+            test_names[c->test], tp, c->mem, c->window, is_batch(c->test) ? c->batch : 1);
+  bool ok = true;
+  for (int i = 0; i < c->nsizes; i++) {
+    size_t bytes = c->sizes[i] * (is_batch(c->test) ? (size_t)c->batch : 1);
+    long n = c->iters ? c->iters : iters_for(bytes, c->quick);
+    result_t r = measure(&b, c->sizes[i], n);
+    print_row(c, &r, jf, i == 0);
+    ok = ok && sane(c, &r);
   }
   if (jf) {
     fprintf(jf, "]}\n");
     fclose(jf);
   }
-  /* The data really moved: write a pattern, read it back. */
-  if (!atomic) {
-    size_t n = 1 << 20;
-    for (size_t k = 0; k < n; k++)
-      ((unsigned char *)buf)[k] = (unsigned char)(k * 7 + 3);
-    CK(hixl_put(peer, buf, n, rmr, 4096, 0, NULL));
-    CK(hixl_get(peer, buf2, n, rmr, 4096, 0, NULL));
-    CK(hixl_fence(ctx, peer, -1));
-    if (memcmp(buf, buf2, n) != 0) {
-      fprintf(stderr, "hixl-perf: data check failed\n");
-      sane = false;
-    }
-  }
-  if (strcmp(test, "pingpong") == 0)
-    CK(hixl_notify(peer, PP_STOP, 0, NULL));
-
-  CK(hixl_fence(ctx, peer, -1));
-  hixl_rmr_release(rmr);
+  if (!is_atomic(c->test))
+    ok = check_data(&b) && ok;
+  CK(hixl_fence(ctx, b.peer, -1));
+  CK(hixl_notify(b.peer, CTL_STOP, 0, NULL));
+  CK(hixl_fence(ctx, b.peer, -1));
+  hixl_rmr_release(b.rmr);
   hixl_mr_dereg(lmr1);
   hixl_mr_dereg(lmr2);
-  hixl_disconnect(peer);
-  if (pid > 0) {
-    close(to_target[1]);
-    waitpid(pid, NULL, 0);
+  if (strcmp(c->mem, "alloc") != 0) {
+    free(b.buf);
+    free(b.buf2);
   }
-  hixl_ctx_destroy(ctx);
-  free(buf);
-  free(buf2);
-  if (!sane)
+  hixl_disconnect(b.peer);
+  free(b.win);
+  free(b.olds);
+  free(b.xf);
+  if (!ok)
     fprintf(stderr, "hixl-perf: insane result\n");
-  return sane ? 0 : 1;
+  return ok ? 0 : 1;
+}
+
+/* ------------------------------------------------------------------- main */
+
+static void usage(void)
+{
+  fprintf(stderr,
+          "usage: hixl-perf [-t TEST] [-s SIZE | -a [--max SIZE]] [-n ITERS] [-W WARMUP]\n"
+          "                 [-w WINDOW] [-b BLOCKS] [--lat | --bw] [-m alloc|reg]\n"
+          "                 [--transport NAME] [--server | --client ADDR] [--region BYTES]\n"
+          "                 [--json FILE] [--quick]\n"
+          "  -t TEST     put get put_imm put_batch get_batch faa cas pingpong putpoll\n"
+          "              pingpong: put_imm each way, half round trip (ib_send_lat's method)\n"
+          "              putpoll: put each way, each side polling its memory, half round\n"
+          "              trip (ib_write_lat's and ucp_put_lat's method)\n"
+          "  -s SIZE     one size (bytes; k/m/g suffixes); per block for batches\n"
+          "  -a          sweep sizes 8 B .. --max (default 64m) by 4x (the default)\n"
+          "  -n ITERS    operations per size (default: about 256 MiB moved)\n"
+          "  -W WARMUP   operations before timing (default 16)\n"
+          "  -w WINDOW   operations outstanding in bandwidth mode (default 64)\n"
+          "  -b BLOCKS   blocks per batch (default 1024)\n"
+          "  --lat/--bw  only latency / only bandwidth (default both)\n"
+          "  -m alloc    memory from hixl_mem_alloc, both sides (shm maps it: a memcpy per put)\n"
+          "  -m reg      memory from malloc + hixl_mr_reg, both sides (CMA on shm)\n"
+          "  --transport self|shm|verbs|...  (self: one process, no target)\n"
+          "  --server    run the target only, print its address, serve one client\n"
+          "  --client A  run the initiator only, against a --server at address A\n"
+          "  --region B  target region size (default: 64m, or what the sizes need)\n"
+          "  --cpus I,T  pin the initiator to CPU I and the target to CPU T\n"
+          "  --json FILE write the results as JSON\n"
+          "  --quick     few iterations; checks that numbers are sane (test suite)\n");
+  exit(2);
+}
+
+/* Pin the calling process (and the threads it will start) to one CPU. */
+static void pin(int cpu)
+{
+  if (cpu < 0)
+    return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  if (sched_setaffinity(0, sizeof(set), &set) != 0)
+    fprintf(stderr, "hixl-perf: cannot pin to CPU %d: %s\n", cpu, strerror(errno));
+}
+
+static size_t parse_size(const char *s)
+{
+  char *end;
+  unsigned long long v = strtoull(s, &end, 0);
+  switch (*end) {
+  case 'k': case 'K': v <<= 10; end++; break;
+  case 'm': case 'M': v <<= 20; end++; break;
+  case 'g': case 'G': v <<= 30; end++; break;
+  default: break;
+  }
+  if (*end || end == s) {
+    fprintf(stderr, "hixl-perf: bad size '%s'\n", s);
+    exit(2);
+  }
+  return (size_t)v;
+}
+
+int main(int argc, char **argv)
+{
+  cfg_t c = {.test = T_PUT, .max_size = (size_t)64 << 20, .warmup = 16, .window = 64,
+             .batch = 1024, .lat = true, .bw = true, .mem = "alloc", .transport = NULL,
+             .cpu_init = -1, .cpu_target = -1};
+  static const struct option opts[] = {{"transport", required_argument, 0, 'T'},
+                                       {"json", required_argument, 0, 'j'},
+                                       {"quick", no_argument, 0, 'q'},
+                                       {"lat", no_argument, 0, 'L'},
+                                       {"bw", no_argument, 0, 'B'},
+                                       {"max", required_argument, 0, 'M'},
+                                       {"server", no_argument, 0, 'S'},
+                                       {"client", required_argument, 0, 'C'},
+                                       {"region", required_argument, 0, 'R'},
+                                       {"cpus", required_argument, 0, 'P'},
+                                       {"help", no_argument, 0, 'h'},
+                                       {0, 0, 0, 0}};
+  int o;
+  const char *test = "put";
+  while ((o = getopt_long(argc, argv, "t:s:an:W:w:b:m:h", opts, NULL)) != -1) {
+    switch (o) {
+    case 't': test = optarg; break;
+    case 's': c.size = parse_size(optarg); break;
+    case 'a': c.size = 0; break;
+    case 'n': c.iters = atol(optarg); break;
+    case 'W': c.warmup = atol(optarg); break;
+    case 'w': c.window = atoi(optarg); break;
+    case 'b': c.batch = atoi(optarg); break;
+    case 'm': c.mem = optarg; break;
+    case 'T': c.transport = optarg; break;
+    case 'j': c.json = optarg; break;
+    case 'q': c.quick = true; break;
+    case 'L': c.bw = false; break;
+    case 'B': c.lat = false; break;
+    case 'M': c.max_size = parse_size(optarg); break;
+    case 'S': c.server = true; break;
+    case 'C': c.client = optarg; break;
+    case 'R': c.region = parse_size(optarg); break;
+    case 'P':
+      if (sscanf(optarg, "%d,%d", &c.cpu_init, &c.cpu_target) != 2)
+        usage();
+      break;
+    default: usage();
+    }
+  }
+  c.test = -1;
+  for (int i = 0; i < NTESTS; i++)
+    if (strcmp(test, test_names[i]) == 0)
+      c.test = i;
+  if (c.test < 0 || optind != argc || c.iters < 0 || c.warmup < 0 || c.window < 1 ||
+      c.window > 65536 || c.batch < 1 || c.batch > (1 << 20) || (!c.lat && !c.bw) ||
+      (strcmp(c.mem, "alloc") && strcmp(c.mem, "reg")) || (c.server && c.client) ||
+      c.max_size < 8)
+    usage();
+  bool self = c.transport && strcmp(c.transport, "self") == 0;
+  if (is_pingpong(c.test) && self) {
+    fprintf(stderr, "hixl-perf: %s needs a target process (not --transport self)\n", test);
+    return 2;
+  }
+  if (c.transport && !self)
+    setenv("HIXL_TRANSPORTS", c.transport, 1);
+  pick_sizes(&c);
+  size_t need = bytes_needed(&c);
+  if (c.region == 0)
+    c.region = need > MIN_REGION ? need : MIN_REGION;
+  else if (!c.client && c.region < need) {
+    fprintf(stderr, "hixl-perf: --region %zu is smaller than the %zu bytes the test needs\n",
+            c.region, need);
+    return 2;
+  }
+  c.region = (c.region + 4095) & ~(size_t)4095;
+
+  clock_init();
+  if (c.server) {
+    pin(c.cpu_target);
+    return run_target(&c, -1, NULL);
+  }
+  hixl_ctx_t *ctx = NULL;
+  char addr[256] = {0};
+  pid_t pid = -1;
+  if (c.client) {
+    snprintf(addr, sizeof(addr), "%s", c.client);
+  } else if (self) {
+    CK(hixl_ctx_create(NULL, &ctx));
+    if (run_target(&c, -1, ctx) != 0)
+      return 1;
+    snprintf(addr, sizeof(addr), "%s", hixl_ctx_address(ctx));
+  } else {
+    int from_target[2];
+    if (pipe(from_target))
+      return 1;
+    pid_t parent = getpid();
+    pid = fork();
+    if (pid == 0) {
+      close(from_target[0]);
+      prctl(PR_SET_PDEATHSIG, SIGTERM); /* never outlive the initiator */
+      if (getppid() != parent)
+        _exit(1);
+      pin(c.cpu_target);
+      /* Two RDMA devices on one host (Soft-RoCE tests): the target's own. */
+      const char *dev = getenv("HIXL_PERF_TARGET_NET_DEV");
+      if (dev)
+        setenv("HIXL_NET_DEV", dev, 1);
+      _exit(run_target(&c, from_target[1], NULL));
+    }
+    close(from_target[1]);
+    ssize_t n = read(from_target[0], addr, sizeof(addr) - 1);
+    close(from_target[0]);
+    if (n <= 0) {
+      fprintf(stderr, "hixl-perf: the target did not start\n");
+      waitpid(pid, NULL, 0);
+      return 1;
+    }
+    addr[strcspn(addr, "\n")] = 0;
+  }
+  pin(c.cpu_init);
+  if (ctx == NULL) /* only now: fork before any hixl thread exists */
+    CK(hixl_ctx_create(NULL, &ctx));
+  int rc = run_initiator(&c, ctx, addr);
+  hixl_ctx_destroy(ctx);
+  if (pid > 0) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      fprintf(stderr, "hixl-perf: the target failed (status %#x)\n", status);
+      rc = 1;
+    }
+  }
+  return rc;
 }
