@@ -121,6 +121,10 @@ struct hixl_req {
 
 /* Take a request from ctx's pool (no malloc unless the pool grows). */
 hixl_req_t *hixl__req_get(hixl_ctx_t *ctx, hixl_peer_t *peer);
+/* The request handed out for every operation that completed inside its call
+ * (shm and self, mostly): shared, immutable, complete; freeing it does
+ * nothing.  A window of such requests then costs no pool traffic. */
+extern hixl_req_t hixl__req_done;
 /* Complete: store status (and old value), count it on the peer. */
 void hixl__req_complete(hixl_req_t *req, hixl_status_t st, uint64_t old);
 /* Drop the caller's reference (user free, or an internal request). */

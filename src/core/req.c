@@ -116,9 +116,11 @@ void hixl__req_release(hixl_req_t *req)
     pool_push(req->ctx, req);
 }
 
+hixl_req_t hixl__req_done = {.status = HIXL_OK, .flags = HIXL_REQF_DONE};
+
 void hixl_req_free(hixl_req_t *req)
 {
-  if (req == NULL)
+  if (req == NULL || req == &hixl__req_done)
     return;
   hixl__req_release(req);
 }
@@ -142,10 +144,13 @@ hixl_status_t hixl_req_wait(hixl_req_t *req, int timeout_ms)
 {
   if (req == NULL)
     return hixl__err(HIXL_ERR_INVALID, "hixl_req_wait: NULL request");
+  hixl_status_t st = hixl_req_test(req);
+  if (st != HIXL_INPROGRESS) /* done already: no clock read */
+    return st;
   int64_t deadline = hixl__deadline(timeout_ms);
   unsigned it = 0;
   for (;;) {
-    hixl_status_t st = hixl_req_test(req);
+    st = hixl_req_test(req);
     if (st != HIXL_INPROGRESS)
       return st;
     if (timeout_ms == 0 || hixl__wait_expired(deadline, it))

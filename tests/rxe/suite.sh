@@ -58,6 +58,13 @@ fi
 run world "$build/tests/conformance" verbs world  # 4 ranks, all on rxe0
 run badinput "$build/tests/badinput" verbs
 run peer_death "$build/tests/peer_death" verbs
+# hixl-perf over verbs (target on rxe1): the tests the shm suite runs, and
+# the two-host roles.
+for t in "put_imm" "put_batch -b 16" "get_batch -b 16" "putpoll -s 64" "cas"; do
+  # shellcheck disable=SC2086
+  run "hixl-perf-${t%% *}" env HIXL_PERF_TARGET_NET_DEV=rxe1 "$build/tools/hixl-perf" --quick -t $t
+done
+run hixl-perf-server-client "$(dirname "$0")/../tools/perf_server_client.sh" "$build/tools/hixl-perf"
 run demo "$build/examples/hixl-demo"
 run ps_train "$build/examples/hixl-ps-train" --launch 3 --params 4096 --steps 8
 run kv_transfer "$build/examples/hixl-kv-transfer" --requests 12 --seq-len 16:160 --blocks 128
