@@ -15,6 +15,7 @@
 #include "config.h"
 #include "hixl_int.h"
 
+static pthread_once_t copy_once = PTHREAD_ONCE_INIT;
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
 
 
@@ -91,6 +92,7 @@ static char *dup_opt(const char *s) { return s ? strdup(s) : NULL; }
 hixl_status_t hixl_ctx_create(const hixl_config_t *cfg_in, hixl_ctx_t **ctx_p)
 {
   pthread_once(&log_once, hixl__log_init);
+  pthread_once(&copy_once, hixl__copy_init);
   if (ctx_p == NULL)
     return hixl__err(HIXL_ERR_INVALID, "hixl_ctx_create: NULL ctx_p");
   hixl_config_t defaults;

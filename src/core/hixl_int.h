@@ -435,5 +435,8 @@ uint64_t hixl__random64(void);
 int hixl__memfd(const char *name, size_t len);
 /* The one data mover of self and shm (see util.c). */
 void hixl__copy(void *dst, const void *src, size_t len);
+/* Sets the size from which hixl__copy streams (HIXL_COPY_STREAM_MIN, else
+ * half the last-level cache); called once, by the first hixl_ctx_create. */
+void hixl__copy_init(void);
 
 #endif /* HIXL_INT_H */
