@@ -180,10 +180,20 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "bench-out"))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="few sizes and iterations")
+    ap.add_argument("--report", metavar="SAMPLES_JSON",
+                    help="no measuring: print the tables and charts of an earlier run")
     ap.add_argument("--verbs", action="store_true",
                     help="also run bench/verbs-vs-perftest.sh in the Soft-RoCE guest")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
+    if a.report:
+        with open(a.report) as f:
+            saved = json.load(f)
+        samples = {(x["op"], x["size"]): x["samples"] for x in saved}
+        a.rounds = max(len(v) for x in saved for v in x["samples"].values())
+        report(samples, sorted({x["size"] for x in saved if "bandwidth" in x["op"]
+                                and "batch" not in x["op"]}), a)
+        return
     sizes = [8, 4096, 65536, 1 << 20] if a.quick else \
         [8, 64, 512, 4096, 65536, 1 << 20, 16 << 20, 64 << 20]
     mpi_exe = mpi_build(a.out)
@@ -316,11 +326,31 @@ def report(samples, sizes, a):
     log("results: %s/results.json and charts %s/*.png" % (a.out, a.out))
 
 
+def gnuplot(script):
+    if run(["gnuplot", "-e", script]) is None:  # no cairo: the plain png terminal
+        run(["gnuplot", "-e", script.replace("pngcairo", "png")])
+
+
 def charts(res, out):
-    """One PNG per operation: every column against size (log-log)."""
+    """One PNG per swept operation (every column against size, log-log) and
+    one bar chart of the single-size ones (the 8-byte latencies)."""
     if shutil.which("gnuplot") is None:
         log("no gnuplot: no charts (apt-get install gnuplot-nox)")
         return
+    single = [(op, rows[0]) for op, rows in res["ops"].items()
+              if len(rows) == 1 and "latency" in op]
+    if single:
+        dat = os.path.join(out, "latency.dat")
+        with open(dat, "w") as f:
+            for op, r in single:
+                f.write('"%s" %s\n' % (op.replace(" latency", ""), " ".join(
+                    str(r.get(c, "NaN")) for c in ("hixl", "ucx", "mpi"))))
+        gnuplot("set terminal pngcairo size 900,540; set output '%s';"
+                "set style data histograms; set style histogram clustered; set style fill solid;"
+                "set grid ytics; set ylabel 'us (p50)'; set yrange [0:*];"
+                "set title '8-byte latencies (same run, medians; lower is better)';"
+                "plot '%s' using 2:xtic(1) title 'hixl', '' using 3 title 'ucx',"
+                " '' using 4 title 'mpi'" % (os.path.join(out, "latency.png"), dat))
     for op, rows in res["ops"].items():
         if len(rows) < 2:
             continue
@@ -338,9 +368,7 @@ def charts(res, out):
                   "set xlabel 'bytes'; set ylabel '%s'; set title '%s (same run, medians)';"
                   "plot %s" % (os.path.join(out, name + ".png"),
                                "us" if "latency" in op else "GB/s", op, plot))
-        if run(["gnuplot", "-e", script]) is None:
-            script = script.replace("pngcairo", "png")
-            run(["gnuplot", "-e", script])
+        gnuplot(script)
 
 
 if __name__ == "__main__":

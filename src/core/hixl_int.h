@@ -203,7 +203,8 @@ typedef struct hixl_transport_ops {
    * (target-side work: verbs receive completions -> notifications). */
   void (*on_event)(hixl_ctx_t *ctx);
   /* Optional (NULL: the core issues each element, then notify): a whole
-   * checked batch, with its notification {*imm, total} when imm is set. */
+   * checked batch of total bytes, with its notification {*imm, total} when
+   * imm is set. */
   hixl_status_t (*batch)(hixl_peer_t *peer, const hixl_xfer_t *xfers, size_t n, bool is_put,
                          const uint32_t *imm, uint64_t total, hixl_req_t *req);
   /* Optional, for the progress thread's event mode (HIXL_PROGRESS_THREAD=2):
@@ -435,6 +436,12 @@ uint64_t hixl__random64(void);
 int hixl__memfd(const char *name, size_t len);
 /* The one data mover of self and shm (see util.c). */
 void hixl__copy(void *dst, const void *src, size_t len);
+/* The streaming copy itself (any size; memcpy off x86-64) and the fence that
+ * must follow a run of them before completion is reported. */
+void hixl__copy_stream(void *dst, const void *src, size_t len);
+void hixl__copy_fence(void);
+/* hixl__copy streams from this many bytes up (SIZE_MAX: never). */
+extern size_t hixl__stream_min;
 /* Sets the size from which hixl__copy streams (HIXL_COPY_STREAM_MIN, else
  * half the last-level cache); called once, by the first hixl_ctx_create. */
 void hixl__copy_init(void);

@@ -319,5 +319,5 @@ hixl_status_t hixl_get_batch(hixl_peer_t *peer, const hixl_xfer_t *xfers, size_t
   if (st != HIXL_OK)
     return st;
   PRE("hixl_get_batch", peer, flags);
-  ASYNC_OR_SYNC(peer, req_p, batch_issue(peer, xfers, n, false, NULL, 0, req));
+  ASYNC_OR_SYNC(peer, req_p, batch_issue(peer, xfers, n, false, NULL, total, req));
 }

@@ -193,9 +193,13 @@ void hixl__copy_init(void)
     hixl__stream_min = (size_t)1 << 20;
 }
 
+/* Non-temporal stores; the caller fences (hixl__copy_fence) before the data
+ * may be reported complete. */
 static void copy_stream(uint8_t *d, const uint8_t *s, size_t len)
 {
   size_t head = (16 - ((uintptr_t)d & 15)) & 15; /* to a 16-byte aligned d */
+  if (head > len)
+    head = len;
   memcpy(d, s, head);
   d += head, s += head, len -= head;
   for (size_t n = len / 64; n; n--, d += 64, s += 64) {
@@ -208,20 +212,28 @@ static void copy_stream(uint8_t *d, const uint8_t *s, size_t len)
     _mm_stream_si128((__m128i *)(void *)(d + 32), c);
     _mm_stream_si128((__m128i *)(void *)(d + 48), e);
   }
-  /* Streaming stores are weakly ordered: fence them before anything that
-   * says "done" (a notification, a completion) can be seen. */
-  _mm_sfence();
   memcpy(d, s, len % 64);
 }
 
+void hixl__copy_stream(void *dst, const void *src, size_t len) { copy_stream(dst, src, len); }
+
+void hixl__copy_fence(void) { _mm_sfence(); }
+
 void hixl__copy(void *dst, const void *src, size_t len)
 {
-  if (len >= hixl__stream_min)
+  if (len >= hixl__stream_min) {
     copy_stream(dst, src, len);
-  else
+    /* Streaming stores are weakly ordered: fence them before anything that
+     * says "done" (a notification, a completion) can be seen. */
+    _mm_sfence();
+  } else {
     memcpy(dst, src, len);
+  }
 }
 #else
+size_t hixl__stream_min = SIZE_MAX;
 void hixl__copy_init(void) {}
+void hixl__copy_stream(void *dst, const void *src, size_t len) { memcpy(dst, src, len); }
+void hixl__copy_fence(void) {}
 void hixl__copy(void *dst, const void *src, size_t len) { memcpy(dst, src, len); }
 #endif

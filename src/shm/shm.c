@@ -276,23 +276,37 @@ static hixl_status_t cma_error(hixl_peer_t *peer, const char *call, int e)
                    e == EPERM ? " (ptrace permission; use hixl_mem_alloc memory)" : "");
 }
 
-/* Cross-memory attach: loop over partial transfers. */
-static hixl_status_t cma(hixl_peer_t *peer, bool write, void *local, uint64_t remote, size_t len)
+/* Cross-memory attach of cnt elements whose local and remote lengths pair
+ * up (l[i].iov_len == r[i].iov_len); loops over partial transfers, which the
+ * kernel may end anywhere (advancing both lists in step). */
+static hixl_status_t cma_v(hixl_peer_t *peer, bool write, struct iovec *l, struct iovec *r,
+                           size_t cnt)
 {
-  while (len > 0) {
-    struct iovec l = {local, len}, r = {(void *)(uintptr_t)remote, len};
-    ssize_t n = write ? process_vm_writev(peer->remote_pid, &l, 1, &r, 1, 0)
-                      : process_vm_readv(peer->remote_pid, &l, 1, &r, 1, 0);
+  while (cnt > 0) {
+    ssize_t n = write ? process_vm_writev(peer->remote_pid, l, cnt, r, cnt, 0)
+                      : process_vm_readv(peer->remote_pid, l, cnt, r, cnt, 0);
     if (n < 0 && errno == EINTR)
       continue;
     if (n <= 0)
       return cma_error(peer, write ? "process_vm_writev" : "process_vm_readv",
                        n < 0 ? errno : EFAULT);
-    local = (uint8_t *)local + n;
-    remote += (uint64_t)n;
-    len -= (size_t)n;
+    size_t done = (size_t)n;
+    while (cnt > 0 && done >= l->iov_len) {
+      done -= l->iov_len;
+      l++, r++, cnt--;
+    }
+    if (cnt > 0 && done > 0) { /* part of the first remaining element went */
+      l->iov_base = (uint8_t *)l->iov_base + done, l->iov_len -= done;
+      r->iov_base = (uint8_t *)r->iov_base + done, r->iov_len -= done;
+    }
   }
   return HIXL_OK;
+}
+
+static hixl_status_t cma(hixl_peer_t *peer, bool write, void *local, uint64_t remote, size_t len)
+{
+  struct iovec l = {local, len}, r = {(void *)(uintptr_t)remote, len};
+  return cma_v(peer, write, &l, &r, 1);
 }
 
 static HIXL_HOT hixl_status_t shm_put(hixl_peer_t *peer, const void *src, size_t len,
@@ -321,6 +335,47 @@ static hixl_status_t shm_notify(hixl_peer_t *peer, uint32_t imm, uint64_t len, h
 {
   (void)req;
   return hixl__notify_push(peer, ((shm_peer_t *)peer->tp)->outbox, imm, len);
+}
+
+/* A batch: blocks in mapped regions copied directly, streamed when the batch
+ * as a whole is as large as a copy that hixl__copy would stream (1024 x 16
+ * KiB blocks are one 16 MiB transfer to the caches); blocks in unmapped
+ * regions gathered into one process_vm_writev/readv per IOV_MAX of them
+ * instead of a system call each.  Then the notification, after all. */
+static hixl_status_t shm_batch(hixl_peer_t *peer, const hixl_xfer_t *x, size_t n, bool is_put,
+                               const uint32_t *imm, uint64_t total, hixl_req_t *req)
+{
+  enum { CMA_IOV = 256 }; /* per system call (IOV_MAX is 1024); 8 KiB of stack */
+  struct iovec lv[CMA_IOV], rv[CMA_IOV];
+  size_t k = 0;
+  bool stream = total >= hixl__stream_min;
+  hixl_status_t st = HIXL_OK;
+  for (size_t i = 0; i < n && st == HIXL_OK; i++) {
+    const hixl_rmr_t *r = x[i].rmr;
+    if (hixl_likely(r->map != NULL)) {
+      uint8_t *p = r->map + x[i].off;
+      void *dst = is_put ? p : x[i].local;
+      const void *src = is_put ? (const void *)x[i].local : p;
+      if (stream)
+        hixl__copy_stream(dst, src, x[i].len);
+      else
+        hixl__copy(dst, src, x[i].len);
+      continue;
+    }
+    lv[k] = (struct iovec){x[i].local, x[i].len};
+    rv[k] = (struct iovec){(void *)(uintptr_t)(r->base + x[i].off), x[i].len};
+    if (++k == CMA_IOV) {
+      st = cma_v(peer, is_put, lv, rv, k);
+      k = 0;
+    }
+  }
+  if (stream)
+    hixl__copy_fence();
+  if (st == HIXL_OK && k)
+    st = cma_v(peer, is_put, lv, rv, k);
+  if (st == HIXL_OK && imm)
+    st = shm_notify(peer, *imm, total, req);
+  return st;
 }
 
 static hixl_status_t shm_atomic(hixl_peer_t *peer, hixl_rmr_t *r, uint64_t off, int op,
@@ -382,6 +437,7 @@ const hixl_transport_ops_t hixl__shm_ops = {
     .get = shm_get,
     .put_imm = hixl__tp_put_imm_sync,
     .notify = shm_notify,
+    .batch = shm_batch,
     .atomic = shm_atomic,
     .progress = shm_progress,
     .on_event = hixl__tp_on_event_none,

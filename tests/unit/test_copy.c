@@ -3,10 +3,12 @@
  * non-temporal stores from it up.  With the threshold forced down to 64
  * bytes every alignment of source and destination, every length up to 600
  * and a few large odd ones take the streaming path; each copy must equal
- * memcpy's and touch no byte outside [dst, dst + len). */
+ * memcpy's and touch no byte outside [dst, dst + len).  The same for the
+ * streaming copy called directly at every length (what shm batches do). */
 #define _GNU_SOURCE
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
@@ -24,13 +26,20 @@ static void fill(uint8_t *p, size_t n, unsigned seed)
 }
 
 /* Copy len bytes from src+so to dst+do_ and check the whole dst buffer. */
+static bool g_direct; /* call hixl__copy_stream itself (as a batch does) */
+
 static void check(uint8_t *src, uint8_t *dst, uint8_t *want, size_t cap, size_t so, size_t do_,
                   size_t len)
 {
   memset(dst, 0xee, cap);
   memcpy(want, dst, cap);
   memcpy(want + GUARD + do_, src + so, len);
-  hixl__copy(dst + GUARD + do_, src + so, len);
+  if (g_direct) {
+    hixl__copy_stream(dst + GUARD + do_, src + so, len);
+    hixl__copy_fence();
+  } else {
+    hixl__copy(dst + GUARD + do_, src + so, len);
+  }
   if (memcmp(dst, want, cap) != 0) {
     size_t i = 0;
     while (dst[i] == want[i])
@@ -78,6 +87,16 @@ static void test_memcpy_only(void **state)
   run_matrix();
 }
 
+/* The streaming copy at every size, as shm batches call it for each block
+ * (blocks smaller than the alignment head included). */
+static void test_stream_direct(void **state)
+{
+  (void)state;
+  g_direct = true;
+  run_matrix();
+  g_direct = false;
+}
+
 static void test_default_threshold(void **state)
 {
   (void)state;
@@ -91,6 +110,7 @@ int main(void)
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_streaming),
       cmocka_unit_test(test_memcpy_only),
+      cmocka_unit_test(test_stream_direct),
       cmocka_unit_test(test_default_threshold),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
