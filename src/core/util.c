@@ -137,15 +137,16 @@ int hixl__memfd(const char *name, size_t len)
  * Data mover: every put and get of shm and self goes through here.
  *
  * From hixl__stream_min bytes up it copies with non-temporal (streaming)
- * stores.  glibc's memcpy keeps ordinary stores up to about the size of the
- * last-level cache and beyond (here up to between 16 and 64 MiB): such a copy
- * evicts everything, writes every destination line back, and reaches 6-8
- * GB/s on this 2-vCPU EPYC (8 MiB L3), where streaming stores reach 10-20
- * GB/s: 2.4x at 4 MiB, 1.6-1.8x at 8-16 MiB, even at 64 MiB (measured with a
- * stand-alone loop beside memcpy, medians of three runs; docs/performance.md
- * has the hixl-perf figures).  Below half the last-level cache the
- * destination is better left in cache (the reader is next), and memcpy wins
- * or ties (0.7-0.95x for streaming at 256 KiB-2 MiB).
+ * stores.  glibc's memcpy keeps ordinary stores up to 3/4 of the last-level
+ * cache size cpuid reports (the whole package's 64 MiB here, where the VM's
+ * CPUs really share 8 MiB): such a copy evicts everything, writes every
+ * destination line back, and reaches 6-8 GB/s on this 2-vCPU EPYC, where
+ * streaming stores reach 10-20 GB/s: 2.4x at 4 MiB, 1.6x at 8-48 MiB
+ * (measured with a stand-alone loop beside memcpy, medians of three runs;
+ * docs/performance.md has the hixl-perf figures).  Below half the cache CPU 0
+ * really shares the destination is better left in cache (the reader is
+ * next), and memcpy wins or ties (0.7-0.95x for streaming at 256 KiB-2 MiB).
+ * Above glibc's own threshold memcpy streams too, slightly better.
  *
  * A first attempt at avoiding glibc's slow path for (dst - src) % 64 in
  * {8, 16} measured 0.5x of memcpy on this machine (the slow path did not
@@ -155,6 +156,11 @@ int hixl__memfd(const char *name, size_t len)
 #include <emmintrin.h>
 
 size_t hixl__stream_min = SIZE_MAX;
+/* From here up glibc's memcpy streams by itself (from 3/4 of the cache size
+ * it believes in: 48 MiB here, measured between 48 and 64 MiB), with a
+ * 4-page loop that beats ours by a few percent (0.94-1.0 measured at 64 MiB):
+ * leave those sizes to it. */
+static size_t stream_max = SIZE_MAX;
 
 /* The largest cache CPU 0 sees, from sysfs: the slice it really shares.
  * sysconf(_SC_LEVEL3_CACHE_SIZE) reports the whole package here (64 MiB,
@@ -185,12 +191,16 @@ void hixl__copy_init(void)
   long v;
   if (e && hixl__parse_int(e, 0, LONG_MAX, &v) == 0) {
     hixl__stream_min = v ? (size_t)v : SIZE_MAX; /* 0: never */
+    stream_max = SIZE_MAX;
     return;
   }
   size_t llc = last_level_cache();
   hixl__stream_min = llc ? llc / 2 : (size_t)4 << 20;
   if (hixl__stream_min < ((size_t)1 << 20))
     hixl__stream_min = (size_t)1 << 20;
+  long glibc_l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  if (glibc_l3 > 0 && (size_t)glibc_l3 / 4 * 3 > hixl__stream_min)
+    stream_max = (size_t)glibc_l3 / 4 * 3;
 }
 
 /* Non-temporal stores; the caller fences (hixl__copy_fence) before the data
@@ -221,7 +231,7 @@ void hixl__copy_fence(void) { _mm_sfence(); }
 
 void hixl__copy(void *dst, const void *src, size_t len)
 {
-  if (len >= hixl__stream_min) {
+  if (len >= hixl__stream_min && len < stream_max) {
     copy_stream(dst, src, len);
     /* Streaming stores are weakly ordered: fence them before anything that
      * says "done" (a notification, a completion) can be seen. */
