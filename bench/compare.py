@@ -19,6 +19,7 @@ OUT/results.json and one chart per operation (gnuplot) to OUT/*.png, and a
 verdict per target of issue #5.  Every figure is the median over --rounds.
 
   bench/compare.py [--build build] [--out bench-out] [--rounds 3] [--quick]
+                   [--sizes 8,4k,64m] [--report OUT/samples.json] [--verbs]
 
 Processes are pinned as shared/BASELINES.md did: initiators on CPU 1,
 targets on CPU 0 (hixl-perf --cpus, taskset for UCX, --bind-to core for MPI).
@@ -164,8 +165,19 @@ def mpi(exe, sizes):
 # ---------------------------------------------------------------- driver
 
 def iters_for(size, quick):
+    """About 256 MiB moved per size, at least 64 operations (a 64 MiB copy
+    takes 7 ms here: fewer make a run of 20 a hostage to one hiccup)."""
     n = ((16 if quick else 256) << 20) // size
-    return max(20, min(n, 2000 if quick else 200000))
+    return max(20 if quick else 64, min(n, 2000 if quick else 200000))
+
+
+def parse_sizes(text):
+    out = []
+    for t in text.split(","):
+        t = t.strip().lower()
+        mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(t[-1:], 1)
+        out.append(int(t.rstrip("kmg")) * mult)
+    return out
 
 
 def median(vals):
@@ -180,6 +192,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "bench-out"))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="few sizes and iterations")
+    ap.add_argument("--sizes", help="comma-separated sizes (k/m/g), instead of 8 B .. 64 MiB")
     ap.add_argument("--report", metavar="SAMPLES_JSON",
                     help="no measuring: print the tables and charts of an earlier run")
     ap.add_argument("--verbs", action="store_true",
@@ -194,7 +207,7 @@ def main():
         report(samples, sorted({x["size"] for x in saved if "bandwidth" in x["op"]
                                 and "batch" not in x["op"]}), a)
         return
-    sizes = [8, 4096, 65536, 1 << 20] if a.quick else \
+    sizes = parse_sizes(a.sizes) if a.sizes else [8, 4096, 65536, 1 << 20] if a.quick else \
         [8, 64, 512, 4096, 65536, 1 << 20, 16 << 20, 64 << 20]
     mpi_exe = mpi_build(a.out)
     log("sizes %s, %d rounds; every figure a median" % (sizes, a.rounds))
