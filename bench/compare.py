@@ -333,7 +333,8 @@ def report(samples, sizes, a):
         json.dump(res, f, indent=1)
     charts(res, a.out)
     if a.verbs:
-        out = run([os.path.join(ROOT, "tests", "rxe", "rxe-run"), "--share", ROOT, "--",
+        out = run([os.path.join(ROOT, "tests", "rxe", "rxe-run"), "--cache",
+                   os.path.join(a.build, "rxe-cache"), "--share", ROOT, "--",
                    os.path.join(ROOT, "bench", "verbs-vs-perftest.sh"), a.build], timeout=3600)
         print("\n## verbs over Soft-RoCE beside perftest\n" + (out or "(the guest run failed)"))
     log("results: %s/results.json and charts %s/*.png" % (a.out, a.out))
