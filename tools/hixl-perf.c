@@ -211,6 +211,8 @@ static void serve(hixl_ctx_t *ctx, void *addr)
     hixl_rmr_release(back);
 }
 
+static void *g_self_mem; /* --transport self, -m reg: the target's region */
+
 /* The target: one region, published as "perf", its address written to
  * out_fd (or printed with --server); then serve.  shared: the --transport
  * self case, where the target is our own context and serves nobody. */
@@ -234,8 +236,10 @@ static int run_target(const cfg_t *c, int out_fd, hixl_ctx_t *shared)
     CK(hixl_mem_alloc(ctx, c->region, HIXL_MEM_HOST, acc, &addr, &mr));
   }
   CK(hixl_mr_publish(mr, "perf"));
-  if (shared)
+  if (shared) {
+    g_self_mem = to_free; /* freed by main after the context */
     return 0;
+  }
   if (out_fd >= 0) {
     dprintf(out_fd, "%s\n", hixl_ctx_address(ctx));
     close(out_fd);
@@ -824,6 +828,7 @@ int main(int argc, char **argv)
     CK(hixl_ctx_create(NULL, &ctx));
   int rc = run_initiator(&c, ctx, addr);
   hixl_ctx_destroy(ctx);
+  free(g_self_mem);
   if (pid > 0) {
     int status = 0;
     waitpid(pid, &status, 0);
