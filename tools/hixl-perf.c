@@ -362,6 +362,18 @@ static void measure_lat(bench_t *b, int test, size_t size, long n, result_t *r)
   free(lat);
 }
 
+/* Wait for the request in a window slot, if any, and free it. */
+static void retire(bench_t *b, int test, long slot)
+{
+  if (b->win[slot] == NULL)
+    return;
+  hixl_status_t st = hixl_req_wait(b->win[slot], -1);
+  if (st != HIXL_OK)
+    die(test_names[test], st);
+  hixl_req_free(b->win[slot]);
+  b->win[slot] = NULL;
+}
+
 /* Bandwidth / rate: n operations with up to W outstanding; returns seconds. */
 static double run_window(bench_t *b, int test, size_t size, long n)
 {
@@ -369,27 +381,25 @@ static double run_window(bench_t *b, int test, size_t size, long n)
   double t0 = now_s();
   for (long i = 0; i < n; i++) {
     long slot = i % w;
-    if (b->win[slot]) {
-      hixl_status_t st = hixl_req_wait(b->win[slot], -1);
-      if (st != HIXL_OK)
-        die(test_names[test], st);
-      hixl_req_free(b->win[slot]);
-      b->win[slot] = NULL;
-    }
+    retire(b, test, slot);
     hixl_status_t st = issue(b, test, size, slot, &b->win[slot]);
     if (st != HIXL_OK)
       die(test_names[test], st);
   }
   for (int k = 0; k < w; k++)
-    if (b->win[k]) {
-      hixl_status_t st = hixl_req_wait(b->win[k], -1);
-      if (st != HIXL_OK)
-        die(test_names[test], st);
-      hixl_req_free(b->win[k]);
-      b->win[k] = NULL;
-    }
+    retire(b, test, k);
   CK(hixl_fence(b->ctx, b->peer, -1)); /* put_imm's notifications, too */
   return now_s() - t0;
+}
+
+/* The figures of a ping-pong: lat[] holds n half round trips (us), t_all
+ * the sum of the whole round trips (s); two messages per round. */
+static void pingpong_figures(result_t *r, double *lat, long n, size_t size, double t_all)
+{
+  percentiles(r, lat, n);
+  free(lat);
+  r->gbps = 2.0 * (double)size * (double)n / t_all / 1e9;
+  r->mops = 2.0 * (double)n / t_all / 1e6;
 }
 
 /* Half round trips of put_imm ping-pongs (see the top). */
@@ -416,10 +426,7 @@ static void pingpong(bench_t *b, size_t size, long n, result_t *r)
     }
   }
   CK(hixl_notify(b->peer, CTL_SINK, 0, NULL));
-  percentiles(r, lat, n);
-  free(lat);
-  r->gbps = 2.0 * (double)size * (double)n / t_all / 1e9;
-  r->mops = 2.0 * (double)n / t_all / 1e6;
+  pingpong_figures(r, lat, n, size, t_all);
 }
 
 /* Half round trips of puts noticed by polling memory (see the top). */
@@ -452,10 +459,7 @@ static void putpoll(bench_t *b, size_t size, long n, result_t *r)
   while (*mine != UINT64_MAX)
     hixl_progress(b->ctx);
   CK(hixl_fence(b->ctx, b->peer, -1));
-  percentiles(r, lat, n);
-  free(lat);
-  r->gbps = 2.0 * (double)size * (double)n / t_all / 1e9;
-  r->mops = 2.0 * (double)n / t_all / 1e6;
+  pingpong_figures(r, lat, n, size, t_all);
 }
 
 /* Scatter B blocks of size over both sides: a random permutation of 2B
