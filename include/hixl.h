@@ -151,16 +151,39 @@ typedef enum { HIXL_MEM_HOST = 0, HIXL_MEM_DEVICE = 1 } hixl_mem_kind_t;
  * regions). */
 hixl_status_t hixl_mr_reg(hixl_ctx_t *ctx, void *addr, size_t len, unsigned access,
                           hixl_mr_t **mr_p);
-/* Register device memory (GPU / NPU).  Until the device shim lands this
- * returns NO_DEVICE. */
+/* Register device memory (GPU / NPU) of device device_id: memory of the
+ * process's device backend (hixl_device_backend()).  The region works on
+ * every transport and may be the remote side of puts and gets from any
+ * peer; see docs/device.md for how each transport reaches it.  Atomics on
+ * device regions need the NIC (verbs with dmabuf or peer memory); elsewhere
+ * they fail with UNSUPPORTED.  hixl_mr_reg on device memory does the same
+ * as this with the memory's own device.
+ * Errors: INVALID (NULL, zero len, unknown access bits, addr is host memory
+ * or memory of another device, the range runs past its device allocation),
+ * NO_DEVICE (no device backend, or no device device_id), NOMEM. */
 hixl_status_t hixl_mr_reg_device(hixl_ctx_t *ctx, void *addr, size_t len, int device_id,
                                  unsigned access, hixl_mr_t **mr_p);
-/* Allocate len bytes of the memory every transport shares best (host:
- * page-aligned, zeroed, memfd-backed so same-host peers map it directly) and
- * register it.  Freed by hixl_mr_dereg.  HIXL_MEM_DEVICE returns NO_DEVICE
- * until the device shim lands.  Errors: INVALID, NOMEM, NO_DEVICE. */
+/* Allocate len bytes of the memory every transport shares best and register
+ * it.  HIXL_MEM_HOST: page-aligned, zeroed, memfd-backed so same-host peers
+ * map it directly.  HIXL_MEM_DEVICE: device memory of the calling thread's
+ * current device (CUDA: the current context's; Ascend: aclrtGetDevice;
+ * emulated: 0), from the device runtime.  Freed by hixl_mr_dereg.
+ * Errors: INVALID, NOMEM, NO_DEVICE (HIXL_MEM_DEVICE without a backend). */
 hixl_status_t hixl_mem_alloc(hixl_ctx_t *ctx, size_t len, hixl_mem_kind_t kind,
                              unsigned access, void **addr_p, hixl_mr_t **mr_p);
+/* Copy len bytes between any two buffers, host or device, in any
+ * direction, through the device runtime where one side is device memory;
+ * returns when the bytes are at dst.  The only way the CPU reaches emulated
+ * device memory (HIXL_DEVICE=emulated), and a convenience elsewhere.
+ * len 0 is a no-op.  Errors: INVALID (NULL, a device range running past its
+ * allocation), TRANSPORT (the runtime failed). */
+hixl_status_t hixl_mem_copy(void *dst, const void *src, size_t len);
+/* Whether addr is host or device memory, and of which device (-1 for
+ * host; device_p may be NULL).  Errors: INVALID (NULL addr or kind_p). */
+hixl_status_t hixl_mem_query(const void *addr, hixl_mem_kind_t *kind_p, int *device_p);
+/* The device backend of this process: "cuda", "ascend", "emulated" or
+ * "none" (chosen once, by HIXL_DEVICE; see docs/device.md).  Static storage. */
+const char *hixl_device_backend(void);
 /* Deregister; frees hixl_mem_alloc memory too.  Its rkey is never matched
  * again: peer operations issued after this returns fail with NOT_REGISTERED
  * (RDMA peers are told and acknowledge first; bounded by the timeout).  An

@@ -457,8 +457,9 @@ static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t 
       close(fds[i]);
     return;
   }
-  /* Only FD_REPLY may carry an fd once connected. */
-  if (m->nfds > (m->type == HIXL_MSG_FD_REPLY ? 1 : 0)) {
+  /* Only FD_REPLY and DEV_IPC_REPLY may carry an fd once connected. */
+  if (m->nfds >
+      (m->type == HIXL_MSG_FD_REPLY || m->type == HIXL_MSG_DEV_IPC_REPLY ? 1 : 0)) {
     for (int i = 0; i < m->nfds; i++)
       close(fds[i]);
     proto_error_locked(p, "unexpected file descriptors", m->type);
@@ -472,6 +473,7 @@ static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t 
     return;
   case HIXL_MSG_LOOKUP_REPLY:
   case HIXL_MSG_FD_REPLY:
+  case HIXL_MSG_DEV_IPC_REPLY:
   case HIXL_MSG_ATOMIC_REPLY:
   case HIXL_MSG_VERBS_MR_REPLY:
   case HIXL_MSG_REGION_GONE_ACK:
@@ -479,6 +481,7 @@ static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t 
     return;
   case HIXL_MSG_LOOKUP:
   case HIXL_MSG_FD_REQ:
+  case HIXL_MSG_DEV_IPC_REQ:
   case HIXL_MSG_ATOMIC:
   case HIXL_MSG_VERBS_MR:
     hixl__serve(p, m, out, out_fds, n_out);

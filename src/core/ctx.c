@@ -93,6 +93,7 @@ hixl_status_t hixl_ctx_create(const hixl_config_t *cfg_in, hixl_ctx_t **ctx_p)
 {
   pthread_once(&log_once, hixl__log_init);
   pthread_once(&copy_once, hixl__copy_init);
+  hixl__dev_init(); /* cheap without a runtime; needed before any buffer is looked at */
   if (ctx_p == NULL)
     return hixl__err(HIXL_ERR_INVALID, "hixl_ctx_create: NULL ctx_p");
   hixl_config_t defaults;

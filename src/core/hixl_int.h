@@ -79,7 +79,8 @@ struct hixl_mr {
   uint64_t rkey;
   int memfd;      /* >= 0: backing memfd (hixl_mem_alloc or inside one) */
   uint64_t fd_off; /* offset of addr inside memfd */
-  bool owns_mem;  /* hixl_mem_alloc: unmap and close on dereg */
+  bool owns_mem;  /* hixl_mem_alloc: unmap and close (device: free) on dereg */
+  int device;     /* device memory: its device id; host memory: -1 */
   void *tp[4];    /* per-transport registration (verbs: its ibv_mr) */
   struct hixl_mr *next; /* ctx->mrs */
 };
@@ -422,9 +423,50 @@ void hixl__quarantine_locked(hixl_ctx_t *ctx, void *obj);
 
 void hixl__mrs_destroy(hixl_ctx_t *ctx);
 
-/* device/device.c: the device-memory shim (backends land with the device
- * issue); NO_DEVICE with a message until then. */
-hixl_status_t hixl__dev_check(int device_id);
+/* device/: the device-memory shim (device/device.h has the backends).
+ *
+ * hixl__dev_any turns true when device memory can exist in this process (a
+ * real runtime was found, or emulated memory was allocated or imported);
+ * until then no operation looks at its buffers twice.  Transports test
+ * local buffers with hixl__is_dev() and remote regions with
+ * HIXL_REGF_DEVICE. */
+typedef struct hixl_dev_range {
+  uintptr_t base; /* the device allocation holding the address */
+  size_t len;
+  int device;
+} hixl_dev_range_t;
+extern _Atomic bool hixl__dev_any;
+/* Select and initialise the backend (once per process; cheap when absent). */
+void hixl__dev_init(void);
+bool hixl__dev_lookup(const void *p, hixl_dev_range_t *r);
+static inline bool hixl__is_dev(const void *p)
+{
+  return hixl_unlikely(atomic_load_explicit(&hixl__dev_any, memory_order_relaxed)) &&
+         hixl__dev_lookup(p, NULL);
+}
+/* fn's local buffer [p, p+len): INVALID when it starts in device memory and
+ * runs past that allocation (checked before anything moves). */
+hixl_status_t hixl__dev_check_local(const char *fn, const void *p, size_t len);
+/* Copy between any two buffers, host or device. */
+hixl_status_t hixl__dev_copy(void *dst, const void *src, size_t len);
+/* Allocation (hixl_mem_alloc) and the checks of hixl_mr_reg_device. */
+hixl_status_t hixl__dev_alloc(size_t len, int *device_p, void **p_p);
+void hixl__dev_free(void *p);
+hixl_status_t hixl__dev_check_reg(const char *fn, const void *p, size_t len, int device);
+/* IPC for same-host peers (shm): the owner exports the allocation holding
+ * [p, p+len) for process importer; *off_p is p's offset in it.  The
+ * importer maps it (the fd in h, if any, is consumed). */
+struct hixl_dev_ipc;
+hixl_status_t hixl__dev_ipc_export(const void *p, size_t len, pid_t importer,
+                                   struct hixl_dev_ipc *h, uint64_t *off_p);
+hixl_status_t hixl__dev_ipc_import(struct hixl_dev_ipc *h, void **base_p);
+void hixl__dev_ipc_close(void *base);
+/* For NIC registration: a dmabuf fd (+ offset) or a host address ibv_reg_mr
+ * pins; HIXL_DEVICE_RDMA=0 turns both off (the NIC never touches device
+ * memory: local buffers are staged, device regions are not offered). */
+bool hixl__dev_rdma_allowed(void);
+hixl_status_t hixl__dev_dmabuf(const void *p, size_t len, int *fd_p, uint64_t *off_p);
+void *hixl__dev_nic_addr(const void *p);
 
 /* notif.c: push a notification into a peer's ring, waiting (bounded by the
  * context timeout) while it is full. */

@@ -15,6 +15,7 @@
 
 #include "hixl_int.h"
 #include "rkey.h"
+#include "../device/device.h"
 
 #define ACCESS_ALL (HIXL_ACCESS_READ | HIXL_ACCESS_WRITE | HIXL_ACCESS_ATOMIC)
 
@@ -27,7 +28,7 @@ void hixl__quarantine_locked(hixl_ctx_t *ctx, void *obj)
 }
 
 static hixl_status_t reg_common(hixl_ctx_t *ctx, void *addr, size_t len, unsigned access,
-                                int memfd, uint64_t fd_off, bool owns, uint32_t flags,
+                                int memfd, uint64_t fd_off, bool owns, int device,
                                 hixl_mr_t **mr_p)
 {
   hixl_mr_t *mr = calloc(1, sizeof(*mr));
@@ -50,12 +51,12 @@ static hixl_status_t reg_common(hixl_ctx_t *ctx, void *addr, size_t len, unsigne
   ctx->reg_hint = slot + 1;
   *mr = (hixl_mr_t){.magic = HIXL_MAGIC_MR, .ctx = ctx, .addr = addr, .len = len,
                     .access = access, .slot = slot, .rkey = hixl__random64(), .memfd = memfd,
-                    .fd_off = fd_off, .owns_mem = owns};
+                    .fd_off = fd_off, .owns_mem = owns, .device = device};
   hixl_reg_slot_t *s = &ctx->reg_table[slot];
   s->base = (uint64_t)(uintptr_t)addr;
   s->len = len;
   s->access = access;
-  s->flags = flags | (memfd >= 0 ? HIXL_REGF_MEMFD : 0);
+  s->flags = (device >= 0 ? HIXL_REGF_DEVICE : 0) | (memfd >= 0 ? HIXL_REGF_MEMFD : 0);
   atomic_store_explicit(&s->rkey, mr->rkey, memory_order_release);
   ctx->slot_mr[slot] = mr;
   mr->next = ctx->mrs;
@@ -76,7 +77,7 @@ static hixl_status_t reg_common(hixl_ctx_t *ctx, void *addr, size_t len, unsigne
     }
   }
   hixl_debug("registered %p+%zu access %u slot %u%s", addr, len, access, slot,
-             memfd >= 0 ? " (memfd)" : "");
+             device >= 0 ? " (device)" : memfd >= 0 ? " (memfd)" : "");
   *mr_p = mr;
   return HIXL_OK;
 }
@@ -103,19 +104,23 @@ hixl_status_t hixl_mr_reg(hixl_ctx_t *ctx, void *addr, size_t len, unsigned acce
   hixl_status_t st = check_reg_args("hixl_mr_reg", ctx, addr, len, access, mr_p);
   if (st != HIXL_OK)
     return st;
+  /* Device memory passed here is registered as what it is. */
+  hixl_dev_range_t dr;
+  if (hixl__is_dev(addr) && hixl__dev_lookup(addr, &dr))
+    return hixl_mr_reg_device(ctx, addr, len, dr.device, access, mr_p);
   /* Inside memory we allocated?  Then peers can map it too. */
   int memfd = -1;
   uint64_t fd_off = 0;
   pthread_mutex_lock(&ctx->reg_lock);
   for (hixl_mr_t *m = ctx->mrs; m; m = m->next)
-    if (m->owns_mem && (uint8_t *)addr >= (uint8_t *)m->addr &&
+    if (m->owns_mem && m->device < 0 && (uint8_t *)addr >= (uint8_t *)m->addr &&
         (uint8_t *)addr + len <= (uint8_t *)m->addr + m->len) {
       memfd = fcntl(m->memfd, F_DUPFD_CLOEXEC, 0);
       fd_off = (uint64_t)((uint8_t *)addr - (uint8_t *)m->addr);
       break;
     }
   pthread_mutex_unlock(&ctx->reg_lock);
-  st = reg_common(ctx, addr, len, access, memfd, fd_off, false, 0, mr_p);
+  st = reg_common(ctx, addr, len, access, memfd, fd_off, false, -1, mr_p);
   if (st != HIXL_OK && memfd >= 0)
     close(memfd);
   return st;
@@ -125,9 +130,11 @@ hixl_status_t hixl_mr_reg_device(hixl_ctx_t *ctx, void *addr, size_t len, int de
                                  unsigned access, hixl_mr_t **mr_p)
 {
   hixl_status_t st = check_reg_args("hixl_mr_reg_device", ctx, addr, len, access, mr_p);
+  if (st == HIXL_OK)
+    st = hixl__dev_check_reg("hixl_mr_reg_device", addr, len, device_id);
   if (st != HIXL_OK)
     return st;
-  return hixl__dev_check(device_id);
+  return reg_common(ctx, addr, len, access, -1, 0, false, device_id, mr_p);
 }
 
 hixl_status_t hixl_mem_alloc(hixl_ctx_t *ctx, size_t len, hixl_mem_kind_t kind, unsigned access,
@@ -138,8 +145,18 @@ hixl_status_t hixl_mem_alloc(hixl_ctx_t *ctx, size_t len, hixl_mem_kind_t kind, 
   hixl_status_t st = check_reg_args("hixl_mem_alloc", ctx, addr_p, len, access, mr_p);
   if (st != HIXL_OK)
     return st;
-  if (kind == HIXL_MEM_DEVICE)
-    return hixl__dev_check(0);
+  if (kind == HIXL_MEM_DEVICE) {
+    void *p;
+    int device;
+    if ((st = hixl__dev_alloc(len, &device, &p)) != HIXL_OK)
+      return st;
+    if ((st = reg_common(ctx, p, len, access, -1, 0, true, device, mr_p)) != HIXL_OK) {
+      hixl__dev_free(p);
+      return st;
+    }
+    *addr_p = p;
+    return HIXL_OK;
+  }
   if (kind != HIXL_MEM_HOST)
     return hixl__err(HIXL_ERR_INVALID, "hixl_mem_alloc: unknown memory kind %d", (int)kind);
   size_t page = (size_t)sysconf(_SC_PAGESIZE);
@@ -157,7 +174,7 @@ hixl_status_t hixl_mem_alloc(hixl_ctx_t *ctx, size_t len, hixl_mem_kind_t kind, 
     return hixl__err(HIXL_ERR_NOMEM, "hixl_mem_alloc: mmap of %zu bytes: %s", map_len,
                      strerror(e));
   }
-  st = reg_common(ctx, p, len, access, fd, 0, true, 0, mr_p);
+  st = reg_common(ctx, p, len, access, fd, 0, true, -1, mr_p);
   if (st != HIXL_OK) {
     munmap(p, map_len);
     close(fd);
@@ -227,7 +244,9 @@ hixl_status_t hixl_mr_dereg(hixl_mr_t *mr)
       hixl__transports[i]->mr_dereg(mr);
   /* Unmapping under reg_lock: a peer's atomic executed by our control
    * thread holds reg_lock, so it never touches freed memory. */
-  if (mr->owns_mem) {
+  if (mr->owns_mem && mr->device >= 0) {
+    hixl__dev_free(mr->addr);
+  } else if (mr->owns_mem) {
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     munmap(mr->addr, (mr->len + page - 1) & ~(page - 1));
   }
@@ -253,7 +272,7 @@ static void mr_to_info(const hixl_mr_t *mr, hixl_rkey_info_t *k)
   *k = (hixl_rkey_info_t){.ctx_id = mr->ctx->id, .rkey = mr->rkey,
                           .base = (uint64_t)(uintptr_t)mr->addr, .len = mr->len,
                           .slot = mr->slot, .access = mr->access,
-                          .flags = mr->memfd >= 0 ? HIXL_REGF_MEMFD : 0};
+                          .flags = mr->ctx->reg_table[mr->slot].flags};
 }
 
 hixl_status_t hixl_mr_pack(const hixl_mr_t *mr, void *buf, size_t *len_p)
@@ -496,6 +515,35 @@ void hixl__serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out, int *o
     pthread_mutex_unlock(&ctx->reg_lock);
     return;
   }
+  case HIXL_MSG_DEV_IPC_REQ: {
+    /* A same-host peer maps a device region through the backend's IPC. */
+    out->type = HIXL_MSG_DEV_IPC_REPLY;
+    out->status = HIXL_ERR_NOT_REGISTERED;
+    if (peer->ops != &hixl__shm_ops)
+      return;
+    pthread_mutex_lock(&ctx->reg_lock);
+    hixl_mr_t *mr = live_mr(ctx, m->u32[0], m->u64[0]);
+    hixl_dev_ipc_t h;
+    uint64_t off;
+    if (mr && mr->device >= 0) {
+      out->status = hixl__dev_ipc_export(mr->addr, mr->len, peer->remote_pid, &h, &off);
+      if (out->status == HIXL_OK) {
+        out->u32[0] = (uint32_t)h.device;
+        out->u64[0] = off;
+        out->u64[1] = h.alloc_len;
+        memcpy(out->blob, h.bytes, h.len);
+        out->blob_len = h.len;
+        if (h.fd >= 0) {
+          out_fds[0] = h.fd;
+          *n_out = 1;
+        }
+      } else {
+        hixl_info("device IPC export for %s: %s", peer->name, hixl_last_error());
+      }
+    }
+    pthread_mutex_unlock(&ctx->reg_lock);
+    return;
+  }
   case HIXL_MSG_ATOMIC: {
     out->type = HIXL_MSG_ATOMIC_REPLY;
     uint64_t off = m->u64[1];
@@ -505,6 +553,8 @@ void hixl__serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out, int *o
     /* Checked again here: the initiator's checks are not trusted. */
     if (mr == NULL || off > mr->len || mr->len - off < 8)
       out->status = HIXL_ERR_NOT_REGISTERED;
+    else if (mr->device >= 0) /* the CPU cannot run an atomic in device memory */
+      out->status = HIXL_ERR_UNSUPPORTED;
     else if (!(mr->access & HIXL_ACCESS_ATOMIC))
       out->status = HIXL_ERR_ACCESS;
     else if (((uintptr_t)mr->addr + off) % 8 != 0 || (op != HIXL_AMO_FAA && op != HIXL_AMO_CAS))
@@ -527,6 +577,8 @@ void hixl__serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out, int *o
                         m->u32[2]) == HIXL_OK) {
       out->u32[0] = hixl__verbs_mr_rkey(mr);
       out->status = HIXL_OK;
+    } else if (mr && peer->ops->id == HIXL_TP_VERBS && mr->device >= 0) {
+      out->status = HIXL_ERR_UNSUPPORTED; /* device memory our NIC cannot reach */
     }
     pthread_mutex_unlock(&ctx->reg_lock);
     return;

@@ -49,6 +49,12 @@ static inline hixl_status_t check_remote(const char *fn, hixl_peer_t *peer, hixl
   return HIXL_OK;
 }
 
+/* Device memory exists in this process: local buffers are looked at. */
+static inline bool dev_any(void)
+{
+  return atomic_load_explicit(&hixl__dev_any, memory_order_relaxed);
+}
+
 static inline hixl_status_t check_flags(const char *fn, unsigned flags)
 {
   if (hixl_unlikely(flags & ~(unsigned)HIXL_OP_ORDERED))
@@ -145,6 +151,8 @@ HIXL_HOT hixl_status_t hixl_put(hixl_peer_t *peer, const void *src, size_t len, 
     st = check_remote("hixl_put", peer, dst, off, len, HIXL_ACCESS_WRITE);
   if (hixl_unlikely(st == HIXL_OK && src == NULL))
     st = hixl__err(HIXL_ERR_INVALID, "hixl_put: NULL src");
+  if (hixl_unlikely(st == HIXL_OK && dev_any()))
+    st = hixl__dev_check_local("hixl_put", src, len);
   if (hixl_unlikely(st != HIXL_OK))
     return st;
   PRE("hixl_put", peer, flags);
@@ -159,6 +167,8 @@ HIXL_HOT hixl_status_t hixl_get(hixl_peer_t *peer, void *dst, size_t len, hixl_r
     st = check_remote("hixl_get", peer, src, off, len, HIXL_ACCESS_READ);
   if (hixl_unlikely(st == HIXL_OK && dst == NULL))
     st = hixl__err(HIXL_ERR_INVALID, "hixl_get: NULL dst");
+  if (hixl_unlikely(st == HIXL_OK && dev_any()))
+    st = hixl__dev_check_local("hixl_get", dst, len);
   if (hixl_unlikely(st != HIXL_OK))
     return st;
   PRE("hixl_get", peer, flags);
@@ -173,6 +183,8 @@ hixl_status_t hixl_put_imm(hixl_peer_t *peer, const void *src, size_t len, hixl_
     st = check_remote("hixl_put_imm", peer, dst, off, len, HIXL_ACCESS_WRITE);
   if (hixl_unlikely(st == HIXL_OK && src == NULL))
     st = hixl__err(HIXL_ERR_INVALID, "hixl_put_imm: NULL src");
+  if (hixl_unlikely(st == HIXL_OK && dev_any()))
+    st = hixl__dev_check_local("hixl_put_imm", src, len);
   if (hixl_unlikely(st != HIXL_OK))
     return st;
   PRE("hixl_put_imm", peer, flags);
@@ -267,6 +279,8 @@ static hixl_status_t check_batch(const char *fn, hixl_peer_t *peer, const hixl_x
     hixl_status_t st = check_remote(fn, peer, xfers[i].rmr, xfers[i].off, xfers[i].len, need);
     if (st == HIXL_OK && xfers[i].local == NULL)
       st = hixl__err(HIXL_ERR_INVALID, "%s: NULL local buffer", fn);
+    if (st == HIXL_OK && hixl_unlikely(dev_any()))
+      st = hixl__dev_check_local(fn, xfers[i].local, xfers[i].len);
     if (st != HIXL_OK) {
       char msg[512];
       snprintf(msg, sizeof(msg), "%s", hixl_last_error());

@@ -32,6 +32,8 @@ static const uint8_t schema[HIXL_MSG_TYPE_MAX][12] = {
     [HIXL_MSG_VERBS_MR_REPLY] = {F_STATUS, F_U32_0},
     [HIXL_MSG_REGION_GONE] = {F_U32_0, F_U64_0},
     [HIXL_MSG_REGION_GONE_ACK] = {F_STATUS},
+    [HIXL_MSG_DEV_IPC_REQ] = {F_U32_0, F_U64_0},
+    [HIXL_MSG_DEV_IPC_REPLY] = {F_STATUS, F_U32_0, F_U64_0, F_U64_1, F_BLOB},
 };
 
 static const char *const type_names[HIXL_MSG_TYPE_MAX] = {
@@ -45,6 +47,7 @@ static const char *const type_names[HIXL_MSG_TYPE_MAX] = {
     [HIXL_MSG_VERBS_QP] = "VERBS_QP", [HIXL_MSG_VERBS_QP_REPLY] = "VERBS_QP_REPLY",
     [HIXL_MSG_VERBS_MR] = "VERBS_MR", [HIXL_MSG_VERBS_MR_REPLY] = "VERBS_MR_REPLY",
     [HIXL_MSG_REGION_GONE] = "REGION_GONE", [HIXL_MSG_REGION_GONE_ACK] = "REGION_GONE_ACK",
+    [HIXL_MSG_DEV_IPC_REQ] = "DEV_IPC_REQ", [HIXL_MSG_DEV_IPC_REPLY] = "DEV_IPC_REPLY",
 };
 
 const char *hixl_wire_type_name(unsigned type)

@@ -18,7 +18,7 @@
 #include <stdint.h>
 
 #define HIXL_WIRE_MAGIC 0x4c584948u /* "HIXL" */
-#define HIXL_WIRE_VERSION 2 /* 2: VERBS_QP carries the QP count; REGION_GONE_ACK */
+#define HIXL_WIRE_VERSION 3 /* 2: VERBS_QP carries the QP count; REGION_GONE_ACK; 3: DEV_IPC */
 #define HIXL_WIRE_HDR 24
 #define HIXL_WIRE_MAX 4096 /* payload bytes; every message is far smaller */
 #define HIXL_WIRE_STR 256  /* string field capacity, NUL included */
@@ -45,6 +45,8 @@ enum hixl_msg_type {
   HIXL_MSG_VERBS_MR_REPLY, /* status, u32[0] verbs rkey */
   HIXL_MSG_REGION_GONE,    /* u32[0] slot, u64[0] rkey: the owner deregistered it */
   HIXL_MSG_REGION_GONE_ACK, /* status: the peer has marked it gone */
+  HIXL_MSG_DEV_IPC_REQ,    /* slot, rkey: the device IPC handle of a region please */
+  HIXL_MSG_DEV_IPC_REPLY,  /* status, handle (+ 1 fd for backends whose handle is one) */
   HIXL_MSG_TYPE_MAX
 };
 
@@ -87,6 +89,10 @@ typedef struct hixl_msg {
  * VERBS_MR:    u32[0] slot, u32[1] access, u32[2] flags, u64[0] rkey, u64[1] base,
  *              u64[2] len (all checked by the owner)
  * VERBS_MR_REPLY: status, u32[0] verbs rkey
+ * DEV_IPC_REQ: u32[0] slot, u64[0] rkey
+ * DEV_IPC_REPLY: status, u32[0] device, u64[0] offset of the region in what the
+ *              handle maps, u64[1] bytes it maps, blob = the runtime's handle
+ *              (+1 fd: the emulated backend's memfd)
  */
 
 /* Encode m into buf (capacity cap).  Returns bytes written or 0 if it does

@@ -2,7 +2,9 @@
 /*
  * The self transport: a peer that is our own context.  Remote memory is our
  * memory, so put/get are copies and atomics are CPU atomics; notifications go
- * through a local ring that hixl_notif_poll drains like any inbox.
+ * through a local ring that hixl_notif_poll drains like any inbox.  Device
+ * memory on either side is copied by the device runtime; atomics on device
+ * regions are refused (the CPU cannot run them there).
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -74,6 +76,8 @@ static hixl_status_t self_put(hixl_peer_t *p, const void *src, size_t len, hixl_
   (void)p;
   (void)req;
   uint8_t *dst = r->map + off;
+  if (hixl_unlikely((r->flags & HIXL_REGF_DEVICE) || hixl__is_dev(src)))
+    return hixl__dev_copy(dst, src, len);
   if (overlap(dst, src, len))
     memmove(dst, src, len);
   else
@@ -87,6 +91,8 @@ static hixl_status_t self_get(hixl_peer_t *p, void *dst, size_t len, hixl_rmr_t 
   (void)p;
   (void)req;
   const uint8_t *src = r->map + off;
+  if (hixl_unlikely((r->flags & HIXL_REGF_DEVICE) || hixl__is_dev(dst)))
+    return hixl__dev_copy(dst, src, len);
   if (overlap(dst, src, len))
     memmove(dst, src, len);
   else
@@ -105,8 +111,11 @@ static hixl_status_t self_notify(hixl_peer_t *p, uint32_t imm, uint64_t len, hix
 static hixl_status_t self_atomic(hixl_peer_t *p, hixl_rmr_t *r, uint64_t off, int op, uint64_t a,
                                  uint64_t b, uint64_t *old_p, hixl_req_t *req)
 {
-  (void)p;
   (void)req;
+  if (r->flags & HIXL_REGF_DEVICE)
+    return hixl__err(HIXL_ERR_UNSUPPORTED,
+                     "self: atomics on device memory need a NIC (the region of %s is device "
+                     "memory)", p->name);
   *old_p = hixl__amo_local((uint64_t *)(void *)(r->map + off), op, a, b);
   return HIXL_OK;
 }

@@ -20,7 +20,12 @@
  *    read-only) so a deregistered region is refused without a syscall;
  *  - notifications are pushed into the owner's inbox ring (ring.h) after
  *    the data, with release ordering, so the owner sees data before the
- *    notification.
+ *    notification;
+ *  - device regions are imported at unpack through the device backend's IPC
+ *    (DEV_IPC_REQ: a CUDA IPC handle, an Ascend key, the emulated memfd) and
+ *    moved with the runtime's copies, which also serve local device
+ *    buffers; a local device buffer to a CMA region is staged through a
+ *    host buffer on the stack.  Atomics on device regions are refused.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -36,6 +41,7 @@
 #include <unistd.h>
 
 #include "../core/hixl_int.h"
+#include "../device/device.h"
 
 #define SHM_RING_CAP 16384u
 #define SHM_MAX_INFLIGHT 1024 /* atomics executed by the owner, per peer */
@@ -200,6 +206,42 @@ static void shm_peer_close(hixl_peer_t *peer)
   peer->inbox = NULL;
 }
 
+/* A device region: the owner exports it, we import it (device.h). */
+static hixl_status_t attach_device(hixl_rmr_t *r, int64_t deadline)
+{
+  hixl_peer_t *peer = r->peer;
+  hixl_msg_t m = {.type = HIXL_MSG_DEV_IPC_REQ}, reply;
+  m.u32[0] = r->slot;
+  m.u64[0] = r->rkey;
+  int fd = -1;
+  hixl_status_t st = hixl__call(peer, &m, HIXL_MSG_DEV_IPC_REPLY, &reply, &fd, deadline);
+  if (st != HIXL_OK) {
+    if (fd >= 0)
+      close(fd);
+    return st == HIXL_ERR_NOT_REGISTERED
+               ? hixl__err(st, "hixl_rmr_unpack: peer %s no longer has the region", peer->name)
+               : hixl__err(st, "hixl_rmr_unpack: peer %s could not export its device region "
+                           "(%s)", peer->name, hixl_strerror(st));
+  }
+  hixl_dev_ipc_t h = {.fd = fd, .alloc_len = reply.u64[1], .device = (int)reply.u32[0]};
+  if (reply.blob_len > sizeof(h.bytes) || reply.u64[0] > h.alloc_len ||
+      r->len > h.alloc_len - reply.u64[0]) {
+    if (fd >= 0)
+      close(fd);
+    return hixl__err(HIXL_ERR_TRANSPORT, "shm: peer %s sent a malformed device IPC handle",
+                     peer->name);
+  }
+  memcpy(h.bytes, reply.blob, reply.blob_len);
+  h.len = reply.blob_len;
+  void *base;
+  if ((st = hixl__dev_ipc_import(&h, &base)) != HIXL_OK)
+    return st;
+  r->map_base = base;
+  r->map_len = 0; /* not an mmap: released by the backend */
+  r->map = (uint8_t *)base + reply.u64[0];
+  return HIXL_OK;
+}
+
 static hixl_status_t shm_rmr_attach(hixl_rmr_t *r, int64_t deadline)
 {
   hixl_peer_t *peer = r->peer;
@@ -210,6 +252,8 @@ static hixl_status_t shm_rmr_attach(hixl_rmr_t *r, int64_t deadline)
                      "hixl_rmr_unpack: peer %s has no live region matching the blob (forged or "
                      "stale key)",
                      peer->name);
+  if (r->flags & HIXL_REGF_DEVICE)
+    return attach_device(r, deadline);
   if (!(r->flags & HIXL_REGF_MEMFD))
     return HIXL_OK; /* reached with CMA */
   hixl_msg_t m = {.type = HIXL_MSG_FD_REQ}, reply;
@@ -246,7 +290,9 @@ static hixl_status_t shm_rmr_attach(hixl_rmr_t *r, int64_t deadline)
 
 static void shm_rmr_detach(hixl_rmr_t *r)
 {
-  if (r->map_base)
+  if (r->map_base && (r->flags & HIXL_REGF_DEVICE))
+    hixl__dev_ipc_close(r->map_base);
+  else if (r->map_base)
     munmap(r->map_base, r->map_len);
   r->map_base = NULL;
   r->map = NULL;
@@ -309,10 +355,37 @@ static hixl_status_t cma(hixl_peer_t *peer, bool write, void *local, uint64_t re
   return cma_v(peer, write, &l, &r, 1);
 }
 
+/* Device memory on either side (shm_put / shm_get's slow path): the
+ * runtime copies to and from mapped (imported) regions; a CMA region and a
+ * local device buffer meet in a host buffer, piece by piece. */
+static HIXL_COLD hixl_status_t dev_xfer(hixl_peer_t *peer, bool put, void *local, size_t len,
+                                        hixl_rmr_t *r, uint64_t off)
+{
+  if (r->map != NULL)
+    return put ? hixl__dev_copy(r->map + off, local, len)
+               : hixl__dev_copy(local, r->map + off, len);
+  enum { PIECE = 64 * 1024 };
+  uint8_t buf[PIECE];
+  for (size_t done = 0; done < len;) {
+    size_t n = len - done < PIECE ? len - done : PIECE;
+    hixl_status_t st = put ? hixl__dev_copy(buf, (uint8_t *)local + done, n) : HIXL_OK;
+    if (st == HIXL_OK)
+      st = cma(peer, put, buf, r->base + off + done, n);
+    if (st == HIXL_OK && !put)
+      st = hixl__dev_copy((uint8_t *)local + done, buf, n);
+    if (st != HIXL_OK)
+      return st;
+    done += n;
+  }
+  return HIXL_OK;
+}
+
 static HIXL_HOT hixl_status_t shm_put(hixl_peer_t *peer, const void *src, size_t len,
                                       hixl_rmr_t *r, uint64_t off, hixl_req_t *req)
 {
   (void)req;
+  if (hixl_unlikely((r->flags & HIXL_REGF_DEVICE) || hixl__is_dev(src)))
+    return dev_xfer(peer, true, (void *)(uintptr_t)src, len, r, off);
   if (hixl_likely(r->map != NULL)) {
     hixl__copy(r->map + off, src, len);
     return HIXL_OK;
@@ -324,6 +397,8 @@ static HIXL_HOT hixl_status_t shm_get(hixl_peer_t *peer, void *dst, size_t len, 
                                       uint64_t off, hixl_req_t *req)
 {
   (void)req;
+  if (hixl_unlikely((r->flags & HIXL_REGF_DEVICE) || hixl__is_dev(dst)))
+    return dev_xfer(peer, false, dst, len, r, off);
   if (hixl_likely(r->map != NULL)) {
     hixl__copy(dst, r->map + off, len);
     return HIXL_OK;
@@ -351,7 +426,11 @@ static hixl_status_t shm_batch(hixl_peer_t *peer, const hixl_xfer_t *x, size_t n
   bool stream = total >= hixl__stream_min;
   hixl_status_t st = HIXL_OK;
   for (size_t i = 0; i < n && st == HIXL_OK; i++) {
-    const hixl_rmr_t *r = x[i].rmr;
+    hixl_rmr_t *r = x[i].rmr;
+    if (hixl_unlikely((r->flags & HIXL_REGF_DEVICE) || hixl__is_dev(x[i].local))) {
+      st = dev_xfer(peer, is_put, x[i].local, x[i].len, r, x[i].off);
+      continue;
+    }
     if (hixl_likely(r->map != NULL)) {
       uint8_t *p = r->map + x[i].off;
       void *dst = is_put ? p : x[i].local;
@@ -381,6 +460,10 @@ static hixl_status_t shm_batch(hixl_peer_t *peer, const hixl_xfer_t *x, size_t n
 static hixl_status_t shm_atomic(hixl_peer_t *peer, hixl_rmr_t *r, uint64_t off, int op,
                                 uint64_t a, uint64_t b, uint64_t *old_p, hixl_req_t *req)
 {
+  if (hixl_unlikely(r->flags & HIXL_REGF_DEVICE))
+    return hixl__err(HIXL_ERR_UNSUPPORTED,
+                     "shm: atomics on device memory need a NIC (the region of %s is device "
+                     "memory)", peer->name);
   if (hixl_likely(r->map != NULL)) {
     *old_p = hixl__amo_local((uint64_t *)(void *)(r->map + off), op, a, b);
     return HIXL_OK;

@@ -16,7 +16,11 @@
  *
  * Local memory: inside a hixl region, its lkey; else, when large, an entry of
  * the registration cache (rcache.c); else a bounce buffer (copied in when
- * posted, copied out at completion for gets).
+ * posted, copied out at completion for gets).  Device memory the NIC cannot
+ * reach (outside a region registered through dmabuf or peer memory) is
+ * staged the same way, by the device runtime's copies: a transfer becomes
+ * 64 KiB pieces over the peer's VRB_BOUNCE_COUNT buffers, so the copy of
+ * one piece overlaps the RDMA of the pieces before it.
  *
  * Several QPs per peer (HIXL_VERBS_QPS): large transfers and batches without
  * a notification are cut over all of them; anything that carries a
@@ -55,8 +59,13 @@ static void release_wqe(vrb_peer_t *vp, vrb_wqe_t *e)
 static void retire_one(vrb_ctx_t *vc, vrb_peer_t *vp, vrb_wqe_t *e, hixl_status_t st)
 {
   hixl_req_t *req = e->req;
-  if (st == HIXL_OK && e->kind == VRB_WR_GET && e->copy_dst)
-    memcpy(e->copy_dst, vp->bounce + (size_t)e->bounce * VRB_BOUNCE_SIZE, e->len);
+  if (st == HIXL_OK && e->kind == VRB_WR_GET && e->copy_dst) {
+    const uint8_t *b = vp->bounce + (size_t)e->bounce * VRB_BOUNCE_SIZE;
+    if (hixl_unlikely(e->dev))
+      st = hixl__dev_copy(e->copy_dst, b, e->len);
+    else
+      memcpy(e->copy_dst, b, e->len);
+  }
   if (e->kind == VRB_WR_AMO) {
     if (st == HIXL_OK && req->old_p) {
       uint64_t v = e->q->amo[e - e->q->wqe];
@@ -131,15 +140,28 @@ static size_t post_ops(vrb_qp_t *q, vrb_op_t *const *ops, size_t n)
     return 0;
   while (taken < n) {
     int k = 0;
+    size_t idx = taken; /* ops looked at: posted below, or failed here */
     first_head = q->head;
-    while (taken + (size_t)k < n && k < VRB_CHAIN && q->head - q->tail < VRB_SQ_DEPTH) {
-      const vrb_op_t *o = ops[taken + (size_t)k];
+    while (idx < n && k < VRB_CHAIN && q->head - q->tail < VRB_SQ_DEPTH) {
+      const vrb_op_t *o = ops[idx];
       int b = -1;
       bool bounce = o->lkey == 0 && !o->inl && o->kind != VRB_WR_AMO;
       if (bounce) {
         if (vp->n_bounce_free == 0)
           break;
         b = vp->bounce_free[--vp->n_bounce_free];
+      }
+      if (hixl_unlikely(bounce && o->dev && o->kind == VRB_WR_PUT)) {
+        /* Staged from device memory; a runtime failure fails this piece. */
+        hixl_status_t cst =
+            hixl__dev_copy(vp->bounce + (size_t)b * VRB_BOUNCE_SIZE, o->local, o->len);
+        if (cst != HIXL_OK) {
+          release_bounce(vp, b);
+          atomic_fetch_sub(&vp->outstanding, 1);
+          hixl__req_part_done(o->req, cst);
+          idx++;
+          continue;
+        }
       }
       uint32_t slot = q->head % VRB_SQ_DEPTH;
       vrb_wqe_t *e = &q->wqe[slot];
@@ -148,6 +170,7 @@ static size_t post_ops(vrb_qp_t *q, vrb_op_t *const *ops, size_t n)
       e->kind = o->kind;
       e->bounce = (int16_t)b;
       e->copy_dst = NULL;
+      e->dev = o->dev;
       e->len = o->len;
       struct ibv_send_wr *w = &wr[k];
       memset(w, 0, sizeof(*w));
@@ -158,9 +181,9 @@ static size_t post_ops(vrb_qp_t *q, vrb_op_t *const *ops, size_t n)
       sge[k] = (struct ibv_sge){(uintptr_t)o->local, o->len, o->lkey};
       if (bounce) {
         uint8_t *buf = vp->bounce + (size_t)b * VRB_BOUNCE_SIZE;
-        if (o->kind == VRB_WR_PUT)
+        if (o->kind == VRB_WR_PUT && !o->dev)
           memcpy(buf, o->local, o->len);
-        else
+        else if (o->kind != VRB_WR_PUT)
           e->copy_dst = o->local;
         sge[k].addr = (uintptr_t)buf;
         sge[k].lkey = vp->bounce_mr->lkey;
@@ -196,9 +219,14 @@ static size_t post_ops(vrb_qp_t *q, vrb_op_t *const *ops, size_t n)
         wr[k - 1].next = w;
       q->head++;
       k++;
+      idx++;
     }
-    if (k == 0)
-      break;
+    if (k == 0) {
+      if (idx == taken)
+        break; /* no room */
+      taken = idx; /* only failed ones */
+      continue;
+    }
     /* The last request of every post is signaled: nothing is left waiting
      * for a completion that nobody asked for. */
     if (!(wr[k - 1].send_flags & IBV_SEND_SIGNALED)) {
@@ -225,7 +253,7 @@ static size_t post_ops(vrb_qp_t *q, vrb_op_t *const *ops, size_t n)
       }
       hixl__peer_lost_async(vp->peer, "ibv_post_send failed");
     }
-    taken += (size_t)k;
+    taken = idx;
   }
   return taken;
 }
@@ -337,14 +365,18 @@ void hixl__vrb_qp_ready(vrb_qp_t *q)
 typedef struct {
   uint32_t lkey;
   vrb_rent_t *rent;
+  bool dev; /* device memory without a key: staged */
 } vrb_local_t;
 
 static vrb_local_t local_key(vrb_ctx_t *vc, bool write, const void *p, size_t len)
 {
-  if (write && len <= vc->max_inline) /* sent inline: no key needed */
-    return (vrb_local_t){0, NULL};
-  vrb_local_t l = {hixl__vrb_region_lkey(vc, p, len), NULL};
-  if (l.lkey == 0 && len > VRB_BOUNCE_SIZE && vc->rcache)
+  bool dev = hixl__is_dev(p);
+  if (write && len <= vc->max_inline && !dev) /* sent inline: no key needed */
+    return (vrb_local_t){0, NULL, false};
+  vrb_local_t l = {hixl__vrb_region_lkey(vc, p, len), NULL, false};
+  if (l.lkey == 0 && dev) /* never the cache: ibv_reg_mr cannot pin device memory */
+    l.dev = true;
+  else if (l.lkey == 0 && len > VRB_BOUNCE_SIZE && vc->rcache)
     l.rent = hixl__vrb_rcache_get(vc->rcache, p, len, &l.lkey);
   return l;
 }
@@ -372,7 +404,7 @@ static size_t describe(vrb_ctx_t *vc, vrb_peer_t *vp, bool write, uint8_t *local
                        vrb_local_t l, uint64_t raddr, uint32_t rkey, hixl_req_t *req,
                        vrb_op_t *out, size_t cap)
 {
-  bool inl = write && len <= vc->max_inline;
+  bool inl = write && len <= vc->max_inline && !l.dev;
   size_t step = !l.lkey ? VRB_BOUNCE_SIZE : write ? VRB_MAX_WR_LEN : vc->read_chunk;
   size_t n = 0;
   for (size_t done = 0; done < len && n < cap; n++) {
@@ -385,6 +417,7 @@ static size_t describe(vrb_ctx_t *vc, vrb_peer_t *vp, bool write, uint8_t *local
       memcpy(o->data, o->local, m);
     o->lkey = l.lkey;
     o->inl = inl;
+    o->dev = l.dev;
     o->raddr = raddr + done;
     o->rkey = rkey;
     o->kind = write ? VRB_WR_PUT : VRB_WR_GET;

@@ -273,6 +273,39 @@ fail:
 
 /* ------------------------------------------------------------ regions */
 
+/* Device memory for the NIC, addressed by its device address (the iova),
+ * so that peers and the send path use the same addresses as for host
+ * regions: a dmabuf from the runtime (ibv_reg_dmabuf_mr), else the address
+ * a peer-memory driver lets ibv_reg_mr pin.  NULL when neither works: the
+ * region still serves same-host peers, local use is staged through bounce
+ * buffers (post.c), and verbs peers get UNSUPPORTED at unpack. */
+static struct ibv_mr *reg_device(vrb_ctx_t *vc, hixl_mr_t *mr, int acc)
+{
+  struct ibv_mr *m = NULL;
+  int fd;
+  uint64_t off;
+  const char *how = "none";
+  if (hixl__dev_dmabuf(mr->addr, mr->len, &fd, &off) == HIXL_OK) {
+    m = ibv_reg_dmabuf_mr(vc->pd, off, mr->len, (uint64_t)(uintptr_t)mr->addr, fd, acc);
+    close(fd);
+    how = "dmabuf";
+  }
+  void *host = m ? NULL : hixl__dev_nic_addr(mr->addr);
+  if (host) {
+    m = ibv_reg_mr_iova(vc->pd, host, mr->len, (uint64_t)(uintptr_t)mr->addr, acc);
+    how = "peer memory";
+  }
+  if (m == NULL)
+    hixl_info("verbs: device region %p+%zu (device %d) is not reachable by %s (%s%s%s); it is "
+              "staged for local use and not offered to verbs peers",
+              mr->addr, mr->len, mr->device, vc->name,
+              hixl__dev_rdma_allowed() ? "tried: " : "HIXL_DEVICE_RDMA=0",
+              hixl__dev_rdma_allowed() ? how : "", hixl__dev_rdma_allowed() ? "" : "");
+  else
+    hixl_debug("verbs: device region %p+%zu registered through %s", mr->addr, mr->len, how);
+  return m;
+}
+
 static hixl_status_t vrb_mr_reg(hixl_mr_t *mr)
 {
   vrb_ctx_t *vc = VC(mr->ctx);
@@ -283,9 +316,14 @@ static hixl_status_t vrb_mr_reg(hixl_mr_t *mr)
     acc |= IBV_ACCESS_REMOTE_WRITE;
   if (mr->access & HIXL_ACCESS_ATOMIC)
     acc |= IBV_ACCESS_REMOTE_ATOMIC;
-  struct ibv_mr *m = ibv_reg_mr(vc->pd, mr->addr, mr->len, acc);
-  if (m == NULL)
+  struct ibv_mr *m;
+  if (mr->device >= 0) {
+    m = reg_device(vc, mr, acc);
+    if (m == NULL)
+      return HIXL_OK; /* staged locally; verbs peers are told UNSUPPORTED */
+  } else if ((m = ibv_reg_mr(vc->pd, mr->addr, mr->len, acc)) == NULL) {
     return hixl__vrb_err(HIXL_ERR_NOMEM, "ibv_reg_mr", 0);
+  }
   /* Into the sorted local-key index the send path searches. */
   pthread_rwlock_wrlock(&vc->lreg_lock);
   if (vc->n_lregs == vc->cap_lregs) {
@@ -854,6 +892,10 @@ static hixl_status_t vrb_rmr_attach(hixl_rmr_t *r, int64_t deadline)
   if (st == HIXL_ERR_NOT_REGISTERED)
     return hixl__err(st, "hixl_rmr_unpack: peer %s has no live region matching the blob "
                      "(forged or stale key)", r->peer->name);
+  if (st == HIXL_ERR_UNSUPPORTED)
+    return hixl__err(st, "hixl_rmr_unpack: the region of peer %s is device memory its NIC "
+                     "cannot reach (no dmabuf or peer-memory support there, or "
+                     "HIXL_DEVICE_RDMA=0)", r->peer->name);
   if (st != HIXL_OK)
     return st;
   r->tp_rkey = reply.u32[0];

@@ -133,6 +133,7 @@ typedef struct vrb_op {
   uint8_t opcode; /* enum ibv_wr_opcode */
   uint8_t kind;   /* VRB_WR_* */
   bool inl;
+  bool dev;       /* local is device memory, staged through a bounce buffer */
   struct vrb_op *next;
   /* Inline payload, taken at the call: a notification SEND's {imm, len}, or
    * a small put's bytes, so the caller may reuse its buffer at once even
@@ -149,6 +150,7 @@ typedef struct vrb_wqe {
   uint32_t len;
   int16_t bounce;
   uint8_t kind;
+  bool dev; /* copy_dst is device memory */
 } vrb_wqe_t;
 
 struct vrb_qp {

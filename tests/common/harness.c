@@ -98,8 +98,11 @@ typedef struct region {
   bool alloc;    /* hixl_mem_alloc (memfd); else malloc + hixl_mr_reg (CMA) */
   size_t misalign; /* malloc regions: base offset from 64-byte alignment */
   uint64_t seed; /* 0: zero-filled */
+  bool device;   /* device memory (only with HIXL_TEST_DEVICE_REGIONS=1): alloc: one
+                  * hixl_mem_alloc(HIXL_MEM_DEVICE); else hixl_mr_reg_device of an
+                  * odd sub-range of a larger device allocation */
   void *addr, *to_free;
-  hixl_mr_t *mr;
+  hixl_mr_t *mr, *backing;
 } region_t;
 
 #define RWA (HIXL_ACCESS_READ | HIXL_ACCESS_WRITE | HIXL_ACCESS_ATOMIC)
@@ -112,6 +115,9 @@ static region_t proto_regions[] = {
     {"ctr_reg", CTR_LEN, RWA, false, 0, 0},
     {"tmp", CTR_LEN, RWA, true, 0, 5},
     {"reg_ro", SMALL_LEN, HIXL_ACCESS_READ, false, 5, 6},
+    {"dev", BIG_LEN, RWA, true, 0, 7, true},
+    {"dev_reg", SMALL_LEN, RWA, false, 4096 + 5, 8, true},
+    {"dev_ctr", CTR_LEN, RWA, true, 0, 0, true},
 };
 #define NREG (sizeof(proto_regions) / sizeof(proto_regions[0]))
 
@@ -129,12 +135,75 @@ static region_t *find_region(target_state_t *ts, const char *name)
   return NULL;
 }
 
+/* The target's own view of its memory; device regions through the device
+ * runtime (hixl_mem_copy), never a CPU access. */
+static void region_read(const region_t *r, uint64_t off, void *buf, size_t len)
+{
+  if (r->device)
+    EXPECT_OK(hixl_mem_copy(buf, (uint8_t *)r->addr + off, len));
+  else
+    memcpy(buf, (uint8_t *)r->addr + off, len);
+}
+
+static void region_write(const region_t *r, uint64_t off, const void *buf, size_t len)
+{
+  if (r->device)
+    EXPECT_OK(hixl_mem_copy((uint8_t *)r->addr + off, buf, len));
+  else
+    memcpy((uint8_t *)r->addr + off, buf, len);
+}
+
+static uint64_t region_hash(const region_t *r, uint64_t off, size_t len)
+{
+  if (!r->device)
+    return hash_bytes((uint8_t *)r->addr + off, len);
+  void *tmp = malloc(len ? len : 1);
+  if (tmp == NULL)
+    die("no memory to hash %zu bytes", len);
+  region_read(r, off, tmp, len);
+  uint64_t h = hash_bytes(tmp, len);
+  free(tmp);
+  return h;
+}
+
+static void region_fill(const region_t *r, uint64_t seed)
+{
+  if (!r->device) {
+    if (seed)
+      fill_pattern(r->addr, r->len, seed);
+    else
+      memset(r->addr, 0, r->len);
+    return;
+  }
+  void *tmp = calloc(1, r->len);
+  if (tmp == NULL)
+    die("no memory to fill %zu bytes", r->len);
+  if (seed)
+    fill_pattern(tmp, r->len, seed);
+  region_write(r, 0, tmp, r->len);
+  free(tmp);
+}
+
+static bool g_device_regions;
+
 static void target_setup(target_state_t *ts)
 {
   memcpy(ts->regions, proto_regions, sizeof(proto_regions));
+  const char *dr = getenv("HIXL_TEST_DEVICE_REGIONS");
+  g_device_regions = dr && strcmp(dr, "1") == 0;
   for (size_t i = 0; i < NREG; i++) {
     region_t *r = &ts->regions[i];
-    if (r->alloc) {
+    if (r->device && !g_device_regions)
+      continue;
+    if (r->device && r->alloc) {
+      EXPECT_OK(hixl_mem_alloc(ts->ctx, r->len, HIXL_MEM_DEVICE, r->access, &r->addr, &r->mr));
+    } else if (r->device) {
+      void *base;
+      EXPECT_OK(hixl_mem_alloc(ts->ctx, r->len + r->misalign + 4096, HIXL_MEM_DEVICE, 0, &base,
+                               &r->backing));
+      r->addr = (uint8_t *)base + r->misalign;
+      EXPECT_OK(hixl_mr_reg_device(ts->ctx, r->addr, r->len, 0, r->access, &r->mr));
+    } else if (r->alloc) {
       EXPECT_OK(hixl_mem_alloc(ts->ctx, r->len, HIXL_MEM_HOST, r->access, &r->addr, &r->mr));
     } else {
       if (posix_memalign(&r->to_free, 64, r->len + 64) != 0)
@@ -142,10 +211,7 @@ static void target_setup(target_state_t *ts)
       r->addr = (uint8_t *)r->to_free + r->misalign;
       EXPECT_OK(hixl_mr_reg(ts->ctx, r->addr, r->len, r->access, &r->mr));
     }
-    if (r->seed)
-      fill_pattern(r->addr, r->len, r->seed);
-    else
-      memset(r->addr, 0, r->len);
+    region_fill(r, r->seed);
     char name[64];
     /* Self targets share the test's context: keep their names apart from
      * anything a test publishes itself. */
@@ -160,6 +226,8 @@ static void target_teardown(target_state_t *ts)
     region_t *r = &ts->regions[i];
     if (r->mr)
       hixl_mr_dereg(r->mr);
+    if (r->backing)
+      hixl_mr_dereg(r->backing);
     free(r->to_free);
   }
 }
@@ -220,11 +288,17 @@ static void target_serve(target_state_t *ts)
       fflush(ts->out);
       return;
     } else if (strcmp(cmd, "hash") == 0 && r && n == 4 && a + b <= r->len) {
-      snprintf(resp, sizeof(resp), "ok %016llx",
-               (unsigned long long)hash_bytes((uint8_t *)r->addr + a, b));
+      snprintf(resp, sizeof(resp), "ok %016llx", (unsigned long long)region_hash(r, a, b));
     } else if (strcmp(cmd, "fill") == 0 && r && n == 3) {
-      fill_pattern(r->addr, r->len, a);
+      region_fill(r, a);
       snprintf(resp, sizeof(resp), "ok");
+    } else if (strcmp(cmd, "zero") == 0 && r && n == 2 && r->device) {
+      region_fill(r, 0);
+      snprintf(resp, sizeof(resp), "ok");
+    } else if (strcmp(cmd, "read64") == 0 && r && n == 3 && a + 8 <= r->len && r->device) {
+      uint64_t v;
+      region_read(r, a, &v, 8);
+      snprintf(resp, sizeof(resp), "ok %llu", (unsigned long long)v);
     } else if (strcmp(cmd, "zero") == 0 && r && n == 2 && (uintptr_t)r->addr % 8 == 0) {
       /* Words that peers update with atomics are accessed atomically by their
        * owner too (the owner's control thread may execute those atomics). */
@@ -247,7 +321,7 @@ static void target_serve(target_state_t *ts)
       hixl_status_t st = hixl_notif_wait(ts->ctx, &nf, 30000);
       if (st == HIXL_OK)
         snprintf(resp, sizeof(resp), "ok %u %zu %016llx", nf.imm, nf.len,
-                 (unsigned long long)hash_bytes((uint8_t *)r->addr + a, b));
+                 (unsigned long long)region_hash(r, a, b));
       else
         snprintf(resp, sizeof(resp), "bad: %s", hixl_strerror(st));
     } else if (strcmp(cmd, "ping") == 0) {
@@ -312,6 +386,10 @@ void target_start(target_t *t, hixl_ctx_t *ctx, const char *token, int timeout_m
     const char *dev = getenv("HIXL_TEST_TARGET_NET_DEV");
     if (dev)
       setenv("HIXL_NET_DEV", dev, 1);
+    /* A target whose NIC may reach its device memory while ours may not. */
+    const char *rdma = getenv("HIXL_TEST_TARGET_DEVICE_RDMA");
+    if (rdma)
+      setenv("HIXL_DEVICE_RDMA", rdma, 1);
     fcntl(cmd[0], F_SETFD, 0);
     fcntl(resp[1], F_SETFD, 0);
     execv("/proc/self/exe", args);

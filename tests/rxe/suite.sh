@@ -55,6 +55,19 @@ if [ $# -eq 0 ]; then
     run "$c+event_progress" env HIXL_PROGRESS_THREAD=2 "$build/tests/conformance" verbs "$c"
   done
 fi
+# Device memory (emulated backend) over verbs: registered through its NIC
+# view (the peer-memory path) on both sides; staged through bounce buffers on
+# our side while the target's NIC reaches its own; and with no NIC access to
+# device memory anywhere (device regions refused at unpack, staging here).
+for c in dirs batch notif atomic badinput; do
+  run "device-$c" env HIXL_DEVICE=emulated "$build/tests/device" verbs "$c"
+done
+for c in dirs batch atomic; do
+  run "device-$c+staged" env HIXL_DEVICE=emulated HIXL_DEVICE_RDMA=0 \
+    HIXL_TEST_TARGET_DEVICE_RDMA=1 "$build/tests/device" verbs "$c"
+done
+run "device-dirs+no_rdma" env HIXL_DEVICE=emulated HIXL_DEVICE_RDMA=0 \
+  "$build/tests/device" verbs dirs
 run world "$build/tests/conformance" verbs world  # 4 ranks, all on rxe0
 run badinput "$build/tests/badinput" verbs
 run peer_death "$build/tests/peer_death" verbs
