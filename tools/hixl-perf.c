@@ -116,7 +116,8 @@ typedef struct cfg {
   int window;
   int batch;
   bool lat, bw;
-  const char *mem; /* target memory: alloc | reg */
+  const char *mem; /* host memory: alloc | reg */
+  bool dev_local, dev_remote; /* --mem: device memory on our side / the target's */
   const char *transport;
   bool server;
   const char *client; /* address, or NULL */
@@ -251,7 +252,9 @@ static int run_target(const cfg_t *c, int out_fd, hixl_ctx_t *shared)
   hixl_mr_t *mr;
   void *addr = NULL, *to_free = NULL;
   unsigned acc = HIXL_ACCESS_READ | HIXL_ACCESS_WRITE | HIXL_ACCESS_ATOMIC;
-  if (strcmp(c->mem, "reg") == 0) {
+  if (c->dev_remote) {
+    CK(hixl_mem_alloc(ctx, c->region, HIXL_MEM_DEVICE, acc, &addr, &mr));
+  } else if (strcmp(c->mem, "reg") == 0) {
     if (posix_memalign(&to_free, 4096, c->region) != 0) {
       fprintf(stderr, "hixl-perf: no memory for a %zu-byte region\n", c->region);
       return 1;
@@ -272,7 +275,7 @@ static int run_target(const cfg_t *c, int out_fd, hixl_ctx_t *shared)
     close(out_fd);
   } else {
     printf("hixl-perf server: %s (region %zu bytes, %s memory); waiting for a client\n",
-           hixl_ctx_address(ctx), c->region, c->mem);
+           hixl_ctx_address(ctx), c->region, c->dev_remote ? "device" : c->mem);
     fflush(stdout);
   }
   serve(ctx, addr);
@@ -297,6 +300,8 @@ typedef struct bench {
   hixl_peer_t *peer;
   hixl_rmr_t *rmr;
   uint8_t *buf, *buf2; /* local: source of puts, destination of gets / echoes */
+  uint8_t *ref;        /* with device memory: the reference copy's destination, of the
+                        * target's kind */
   size_t buf_len;
   hixl_req_t **win; /* window of requests */
   uint64_t *olds;   /* atomics' results, one per window slot */
@@ -332,12 +337,21 @@ static hixl_status_t issue(bench_t *b, int test, size_t size, long slot, hixl_re
   }
 }
 
-static double memcpy_gbps(size_t size, long iters, void *a, const void *b)
+/* The reference: one copy of size bytes between buffers of the kinds the
+ * transfer moves between (memcpy for host memory; with device memory on a
+ * side, the device runtime's copy through hixl_mem_copy). */
+static double memcpy_gbps(size_t size, long iters, void *a, const void *b, bool dev)
 {
-  memcpy(a, b, size); /* warm */
+  if (dev)
+    CK(hixl_mem_copy(a, b, size)); /* warm */
+  else
+    memcpy(a, b, size);
   double t0 = now_s();
   for (long i = 0; i < iters; i++) {
-    memcpy(a, b, size);
+    if (dev)
+      CK(hixl_mem_copy(a, b, size));
+    else
+      memcpy(a, b, size);
     __asm__ volatile("" ::: "memory");
   }
   return (double)size * (double)iters / (now_s() - t0) / 1e9;
@@ -518,7 +532,9 @@ static result_t measure(bench_t *b, size_t size, long iters)
       }
     }
   }
-  r.memcpy_gbps = memcpy_gbps(bytes, iters < 100000 ? iters : 100000, b->buf2, b->buf);
+  bool dev = b->c->dev_local || b->c->dev_remote;
+  r.memcpy_gbps = memcpy_gbps(bytes, iters < 100000 ? iters : 100000, dev ? b->ref : b->buf2,
+                              b->buf, dev);
   return r;
 }
 
@@ -534,17 +550,21 @@ static long iters_for(size_t bytes, bool quick)
 static bool check_data(bench_t *b)
 {
   size_t n = b->buf_len < ((size_t)1 << 20) ? b->buf_len : (size_t)1 << 20;
+  uint8_t *want = malloc(n), *got = malloc(n);
   for (size_t k = 0; k < n; k++)
-    b->buf[k] = (uint8_t)(k * 7 + 3);
+    want[k] = (uint8_t)(k * 7 + 3);
+  CK(hixl_mem_copy(b->buf, want, n)); /* device memory too */
   CK(hixl_put(b->peer, b->buf, n, b->rmr, 4096, 0, NULL));
   CK(hixl_fence(b->ctx, b->peer, -1));
   CK(hixl_get(b->peer, b->buf2, n, b->rmr, 4096, 0, NULL));
   CK(hixl_fence(b->ctx, b->peer, -1));
-  if (memcmp(b->buf, b->buf2, n) != 0) {
+  CK(hixl_mem_copy(got, b->buf2, n));
+  bool ok = memcmp(want, got, n) == 0;
+  if (!ok)
     fprintf(stderr, "hixl-perf: data check failed\n");
-    return false;
-  }
-  return true;
+  free(want);
+  free(got);
+  return ok;
 }
 
 static void print_row(const cfg_t *c, const result_t *r, FILE *jf, bool first)
@@ -602,8 +622,12 @@ static int run_initiator(const cfg_t *c, hixl_ctx_t *ctx, const char *addr)
    * answers land in buf2 ("perf-back"), so with -m alloc it must be memory a
    * same-host target maps, not reaches with a system call per put. */
   b.buf_len = bytes_needed(c);
-  hixl_mr_t *lmr1, *lmr2;
-  if (strcmp(c->mem, "alloc") == 0) {
+  hixl_mr_t *lmr1, *lmr2, *lmr3 = NULL;
+  if (c->dev_local) {
+    CK(hixl_mem_alloc(ctx, b.buf_len, HIXL_MEM_DEVICE, 0, (void **)&b.buf, &lmr1));
+    CK(hixl_mem_alloc(ctx, b.buf_len, HIXL_MEM_DEVICE, HIXL_ACCESS_WRITE, (void **)&b.buf2,
+                      &lmr2));
+  } else if (strcmp(c->mem, "alloc") == 0) {
     CK(hixl_mem_alloc(ctx, b.buf_len, HIXL_MEM_HOST, 0, (void **)&b.buf, &lmr1));
     CK(hixl_mem_alloc(ctx, b.buf_len, HIXL_MEM_HOST, HIXL_ACCESS_WRITE, (void **)&b.buf2, &lmr2));
   } else {
@@ -615,19 +639,26 @@ static int run_initiator(const cfg_t *c, hixl_ctx_t *ctx, const char *addr)
     CK(hixl_mr_reg(ctx, b.buf, b.buf_len, 0, &lmr1));
     CK(hixl_mr_reg(ctx, b.buf2, b.buf_len, HIXL_ACCESS_WRITE, &lmr2));
   }
-  memset(b.buf, 1, b.buf_len);
-  memset(b.buf2, 2, b.buf_len);
+  if (c->dev_local || c->dev_remote) /* the reference copy's destination */
+    CK(hixl_mem_alloc(ctx, b.buf_len, c->dev_remote ? HIXL_MEM_DEVICE : HIXL_MEM_HOST, 0,
+                      (void **)&b.ref, &lmr3));
+  if (!c->dev_local) {
+    memset(b.buf, 1, b.buf_len);
+    memset(b.buf2, 2, b.buf_len);
+  } /* device memory comes zeroed */
   CK(hixl_mr_publish(lmr2, "perf-back")); /* ping-pongs: the target answers here */
   b.win = calloc((size_t)c->window, sizeof(*b.win));
   b.olds = calloc((size_t)c->window, sizeof(*b.olds));
   b.xf = calloc((size_t)c->batch, sizeof(*b.xf));
 
   const char *tp = hixl_peer_transport(b.peer);
-  printf("# hixl-perf %s over %s (target memory: %s, window %d", test_names[c->test], tp,
-         c->mem, c->window);
+  printf("# hixl-perf %s over %s (memory: %s here, %s at the target; window %d",
+         test_names[c->test], tp, c->dev_local ? "device" : c->mem,
+         c->dev_remote ? "device" : c->mem, c->window);
   if (is_batch(c->test))
     printf(", %d scattered blocks per batch", c->batch);
-  printf("); memcpy measured in the same run\n");
+  printf("); %s measured in the same run\n",
+         c->dev_local || c->dev_remote ? "hixl_mem_copy (the device runtime's copy)" : "memcpy");
   printf("%10s %8s %10s %10s %10s %10s %12s %8s", "size", "iters", "p50(us)", "p99(us)", "GB/s",
          "Mops/s", "memcpy GB/s", "ratio");
   if (is_batch(c->test))
@@ -641,8 +672,11 @@ static int run_initiator(const cfg_t *c, hixl_ctx_t *ctx, const char *addr)
   if (jf)
     fprintf(jf,
             "{\"tool\":\"hixl-perf\",\"test\":\"%s\",\"transport\":\"%s\",\"mem\":\"%s\","
+            "\"mem_local\":\"%s\",\"mem_remote\":\"%s\",\"device_backend\":\"%s\","
             "\"window\":%d,\"batch\":%d,\"results\":[",
-            test_names[c->test], tp, c->mem, c->window, is_batch(c->test) ? c->batch : 1);
+            test_names[c->test], tp, c->mem, c->dev_local ? "device" : "host",
+            c->dev_remote ? "device" : "host", hixl_device_backend(), c->window,
+            is_batch(c->test) ? c->batch : 1);
   bool ok = true;
   for (int i = 0; i < c->nsizes; i++) {
     size_t bytes = c->sizes[i] * (is_batch(c->test) ? (size_t)c->batch : 1);
@@ -663,7 +697,9 @@ static int run_initiator(const cfg_t *c, hixl_ctx_t *ctx, const char *addr)
   hixl_rmr_release(b.rmr);
   hixl_mr_dereg(lmr1);
   hixl_mr_dereg(lmr2);
-  if (strcmp(c->mem, "alloc") != 0) {
+  if (lmr3)
+    hixl_mr_dereg(lmr3);
+  if (strcmp(c->mem, "alloc") != 0 && !c->dev_local) {
     free(b.buf);
     free(b.buf2);
   }
@@ -683,6 +719,7 @@ static void usage(void)
   fprintf(stderr,
           "usage: hixl-perf [-t TEST] [-s SIZE | -a [--max SIZE]] [-n ITERS] [-W WARMUP]\n"
           "                 [-w WINDOW] [-b BLOCKS] [--lat | --bw] [-m alloc|reg]\n"
+          "                 [--mem host|device[,host|device]]\n"
           "                 [--transport NAME] [--server | --client ADDR] [--region BYTES]\n"
           "                 [--json FILE] [--quick]\n"
           "  -t TEST     put get put_imm put_batch get_batch faa cas pingpong putpoll\n"
@@ -698,6 +735,10 @@ static void usage(void)
           "  --lat/--bw  only latency / only bandwidth (default both)\n"
           "  -m alloc    memory from hixl_mem_alloc, both sides (shm maps it: a memcpy per put)\n"
           "  -m reg      memory from malloc + hixl_mr_reg, both sides (CMA on shm)\n"
+          "  --mem L[,R] host or device memory here (L) and at the target (R; default L):\n"
+          "              device = hixl_mem_alloc(HIXL_MEM_DEVICE) of the device backend\n"
+          "              (HIXL_DEVICE: cuda, ascend, emulated); the reference copy is then\n"
+          "              hixl_mem_copy between the same kinds.  --server: R is its region\n"
           "  --transport self|shm|verbs|...  (self: one process, no target)\n"
           "  --server    run the target only, print its address, serve one client\n"
           "  --client A  run the initiator only, against a --server at address A\n"
@@ -752,6 +793,7 @@ int main(int argc, char **argv)
                                        {"client", required_argument, 0, 'C'},
                                        {"region", required_argument, 0, 'R'},
                                        {"cpus", required_argument, 0, 'P'},
+                                       {"mem", required_argument, 0, 'D'},
                                        {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
   int o;
@@ -779,6 +821,17 @@ int main(int argc, char **argv)
       if (sscanf(optarg, "%d,%d", &c.cpu_init, &c.cpu_target) != 2)
         usage();
       break;
+    case 'D': {
+      char l[16] = "", r[16] = "";
+      int k = sscanf(optarg, "%15[a-z],%15[a-z]", l, r);
+      if (k < 1 || (strcmp(l, "host") && strcmp(l, "device")) ||
+          (k == 2 && strcmp(r, "host") && strcmp(r, "device")) ||
+          strlen(optarg) != strlen(l) + (k == 2 ? 1 + strlen(r) : 0))
+        usage();
+      c.dev_local = strcmp(l, "device") == 0;
+      c.dev_remote = strcmp(k == 2 ? r : l, "device") == 0;
+      break;
+    }
     default: usage();
     }
   }
@@ -794,6 +847,10 @@ int main(int argc, char **argv)
   bool self = c.transport && strcmp(c.transport, "self") == 0;
   if (is_pingpong(c.test) && self) {
     fprintf(stderr, "hixl-perf: %s needs a target process (not --transport self)\n", test);
+    return 2;
+  }
+  if (c.test == T_PUTPOLL && (c.dev_local || c.dev_remote)) {
+    fprintf(stderr, "hixl-perf: putpoll polls memory with the CPU: host memory only\n");
     return 2;
   }
   if (c.transport && !self)

@@ -365,7 +365,7 @@ void hixl__vrb_qp_ready(vrb_qp_t *q)
 typedef struct {
   uint32_t lkey;
   vrb_rent_t *rent;
-  bool dev; /* device memory without a key: staged */
+  bool dev; /* device memory: never touched by the CPU (no inline; staged without a key) */
 } vrb_local_t;
 
 static vrb_local_t local_key(vrb_ctx_t *vc, bool write, const void *p, size_t len)
@@ -373,10 +373,10 @@ static vrb_local_t local_key(vrb_ctx_t *vc, bool write, const void *p, size_t le
   bool dev = hixl__is_dev(p);
   if (write && len <= vc->max_inline && !dev) /* sent inline: no key needed */
     return (vrb_local_t){0, NULL, false};
-  vrb_local_t l = {hixl__vrb_region_lkey(vc, p, len), NULL, false};
-  if (l.lkey == 0 && dev) /* never the cache: ibv_reg_mr cannot pin device memory */
-    l.dev = true;
-  else if (l.lkey == 0 && len > VRB_BOUNCE_SIZE && vc->rcache)
+  vrb_local_t l = {hixl__vrb_region_lkey(vc, p, len), NULL, dev};
+  /* Device memory never goes to the cache (ibv_reg_mr cannot pin it): with
+   * a key it is read by the NIC, without one it is staged. */
+  if (l.lkey == 0 && !dev && len > VRB_BOUNCE_SIZE && vc->rcache)
     l.rent = hixl__vrb_rcache_get(vc->rcache, p, len, &l.lkey);
   return l;
 }

@@ -133,7 +133,7 @@ typedef struct vrb_op {
   uint8_t opcode; /* enum ibv_wr_opcode */
   uint8_t kind;   /* VRB_WR_* */
   bool inl;
-  bool dev;       /* local is device memory, staged through a bounce buffer */
+  bool dev;       /* local is device memory: a bounce is filled / emptied by the runtime */
   struct vrb_op *next;
   /* Inline payload, taken at the call: a notification SEND's {imm, len}, or
    * a small put's bytes, so the caller may reuse its buffer at once even

@@ -182,8 +182,14 @@ static void test_dirs(void **state)
   size_t nsizes = sizeof(sizes) / sizeof(sizes[0]);
   uint64_t seed = 100;
   for (size_t r = 0; r < 4; r++) {
-    if (!remote_reachable(regions[r]))
+    if (!remote_reachable(regions[r])) {
+      /* Refused up front, saying why. */
+      hixl_rmr_t *rmr = NULL;
+      EXPECT_ST(HIXL_ERR_UNSUPPORTED, hixl_rmr_lookup(f.peer, regions[r], 10000, &rmr));
+      if (rmr != NULL || strstr(hixl_last_error(), "device memory") == NULL)
+        fail_msg("unpack of an unreachable device region: %s", hixl_last_error());
       continue;
+    }
     hixl_rmr_t *rmr = lookup(f.peer, regions[r]);
     size_t cap = strcmp(regions[r], "dev_reg") == 0 ? SMALL_LEN : BIG_LEN;
     for (int k = 0; k < L_KINDS; k++)
