@@ -230,7 +230,9 @@ enum { HIXL_OP_ORDERED = 1 };
  * region lacks READ (get), WRITE (put) or ATOMIC (atomics) -> ACCESS; len 0,
  * NULL buffers or unknown flags -> INVALID; a lost peer -> PEER_LOST.  On
  * such an error no request is created and nothing is written.
- * Local buffers need not be registered.  They must stay unchanged (puts)
+ * Local buffers need not be registered, and may be device memory (found
+ * through the device backend; a local device buffer running past its
+ * allocation -> INVALID).  They must stay unchanged (puts)
  * and valid (gets, atomics' old_p) until the operation completes: RDMA
  * transports move them in place, while in flight (docs/semantics.md).
  * req_p NULL: no request is returned; use

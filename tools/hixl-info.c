@@ -23,7 +23,8 @@ int main(void)
   void *p;
   hixl_mr_t *mr;
   st = hixl_mem_alloc(ctx, 4096, HIXL_MEM_DEVICE, 0, &p, &mr);
-  printf("device memory: %s\n", st == HIXL_OK ? "available" : hixl_last_error());
+  printf("device memory: backend %s, %s\n", hixl_device_backend(),
+         st == HIXL_OK ? "allocation works" : hixl_last_error());
   if (st == HIXL_OK)
     hixl_mr_dereg(mr);
   hixl_ctx_destroy(ctx);
