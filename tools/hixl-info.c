@@ -19,7 +19,7 @@ int main(void)
     return 1;
   }
   printf("address: %s\n", hixl_ctx_address(ctx));
-  printf("transports: %s (fabric: not built yet)\n", hixl_ctx_transports(ctx));
+  printf("transports: %s\n", hixl_ctx_transports(ctx));
   void *p;
   hixl_mr_t *mr;
   st = hixl_mem_alloc(ctx, 4096, HIXL_MEM_DEVICE, 0, &p, &mr);

@@ -433,9 +433,9 @@ static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t 
       }
       return;
     }
-    if (!p->unix_pending && p->ops && p->ops->needs_bind && m->type == HIXL_MSG_VERBS_QP &&
-        m->nfds == 0) {
-      /* An in-band bind (verbs): the transport answers. */
+    if (!p->unix_pending && p->ops && p->ops->needs_bind && p->ops->bind_type &&
+        m->type == p->ops->bind_type && m->nfds == 0) {
+      /* An in-band bind (verbs, fabric): the transport answers. */
       p->ops->accept(p, m, out);
       if (out->type == 0)
         proto_error_locked(p, "bind refused", m->type);
@@ -476,6 +476,7 @@ static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t 
   case HIXL_MSG_DEV_IPC_REPLY:
   case HIXL_MSG_ATOMIC_REPLY:
   case HIXL_MSG_VERBS_MR_REPLY:
+  case HIXL_MSG_FABRIC_MR_REPLY:
   case HIXL_MSG_REGION_GONE_ACK:
     complete_pending_locked(p, m, fd);
     return;
@@ -484,6 +485,7 @@ static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t 
   case HIXL_MSG_DEV_IPC_REQ:
   case HIXL_MSG_ATOMIC:
   case HIXL_MSG_VERBS_MR:
+  case HIXL_MSG_FABRIC_MR:
     hixl__serve(p, m, out, out_fds, n_out);
     return;
   case HIXL_MSG_REGION_GONE:
@@ -598,7 +600,9 @@ static void peer_readable(hixl_ctx_t *ctx, hixl_peer_t *p)
         pthread_mutex_lock(&ctx->lock);
         /* A handshake that completed with this ACK: the peer is usable now
          * (shm after SHM_BIND; a transport that needs no bind after HELLO). */
-        bool done = (out.type == HIXL_MSG_SHM_BIND_ACK || out.type == HIXL_MSG_VERBS_QP_REPLY ||
+        bool done = (out.type == HIXL_MSG_SHM_BIND_ACK ||
+                     (reply_to->ops && reply_to->ops->bind_reply_type &&
+                      out.type == reply_to->ops->bind_reply_type) ||
                      (out.type == HIXL_MSG_HELLO_ACK && reply_to->ops &&
                       !reply_to->ops->needs_bind && !reply_to->unix_pending)) &&
                     out.status == HIXL_OK;

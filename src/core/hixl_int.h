@@ -96,6 +96,8 @@ struct hixl_rmr {
   uint32_t access;
   uint32_t flags;
   uint32_t tp_rkey;       /* verbs: the owner's ibv rkey */
+  uint64_t tp_key;        /* fabric: the owner's key, and the remote address of byte 0 */
+  uint64_t tp_base;
   _Atomic bool gone;      /* the owner told us it deregistered the region */
   uint8_t *map;   /* shm: byte 0 of the region in our mapping, or NULL (CMA) */
   void *map_base; /* what mmap returned (page-aligned) */
@@ -161,6 +163,7 @@ typedef struct hixl_transport_ops {
   int id;          /* HIXL_TP_* */
   bool async;      /* see above */
   bool needs_bind; /* the handshake continues after HELLO_ACK (a bind message) */
+  uint16_t bind_type, bind_reply_type; /* in-band bind messages (verbs, fabric), else 0 */
   /* Context set-up: NO_DEVICE means "not on this machine" (not an error). */
   hixl_status_t (*ctx_init)(hixl_ctx_t *ctx);
   void (*ctx_fini)(hixl_ctx_t *ctx);
@@ -233,8 +236,18 @@ hixl_status_t hixl__tp_put_imm_sync(hixl_peer_t *peer, const void *src, size_t l
 #ifdef HIXL_HAVE_VERBS
 extern const hixl_transport_ops_t hixl__verbs_ops;
 #endif
+#ifdef HIXL_HAVE_FABRIC
+extern const hixl_transport_ops_t hixl__fabric_ops;
+#endif
 /* The verbs rkey of a region registered with verbs (verbs.c; 0 without). */
 uint32_t hixl__verbs_mr_rkey(const hixl_mr_t *mr);
+/* The fabric key and remote base of a region (fabric.c; false without). */
+bool hixl__fabric_mr_key(const hixl_mr_t *mr, uint64_t *key_p, uint64_t *base_p);
+/* Transports whose peers do not read our region table: told of deregs. */
+static inline bool hixl__tp_remote_keys(const hixl_transport_ops_t *ops)
+{
+  return ops && (ops->id == HIXL_TP_VERBS || ops->id == HIXL_TP_FABRIC);
+}
 /* What a peer's ops become after hixl_disconnect: every op PEER_LOST. */
 extern const hixl_transport_ops_t hixl__closed_ops;
 hixl_status_t hixl__self_init(hixl_peer_t *peer);

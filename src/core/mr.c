@@ -209,11 +209,11 @@ hixl_status_t hixl_mr_dereg(hixl_mr_t *mr)
    * context, so the list can be walked after dropping the lock. */
   size_t nv = 0;
   for (hixl_peer_t *p = ctx->peers; p; p = p->next)
-    nv += p->ops && p->ops->id == HIXL_TP_VERBS && atomic_load(&p->state) == HIXL_PEER_UP;
+    nv += hixl__tp_remote_keys(p->ops) && atomic_load(&p->state) == HIXL_PEER_UP;
   hixl_peer_t **vps = nv ? malloc(nv * sizeof(*vps)) : NULL;
   size_t k = 0;
   for (hixl_peer_t *p = ctx->peers; p && vps; p = p->next)
-    if (p->ops && p->ops->id == HIXL_TP_VERBS && atomic_load(&p->state) == HIXL_PEER_UP)
+    if (hixl__tp_remote_keys(p->ops) && atomic_load(&p->state) == HIXL_PEER_UP)
       vps[k++] = p;
   pthread_mutex_unlock(&ctx->lock);
   int64_t deadline = hixl__deadline(hixl__ctx_timeout(ctx));
@@ -580,6 +580,22 @@ void hixl__serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out, int *o
     } else if (mr && peer->ops->id == HIXL_TP_VERBS && mr->device >= 0) {
       out->status = HIXL_ERR_UNSUPPORTED; /* device memory our NIC cannot reach */
     }
+    pthread_mutex_unlock(&ctx->reg_lock);
+    return;
+  }
+  case HIXL_MSG_FABRIC_MR: {
+    /* The fabric key and base of a live region: only for peers on fabric. */
+    out->type = HIXL_MSG_FABRIC_MR_REPLY;
+    out->status = HIXL_ERR_NOT_REGISTERED;
+    pthread_mutex_lock(&ctx->reg_lock);
+    hixl_mr_t *mr = live_mr(ctx, m->u32[0], m->u64[0]);
+    bool match = mr && peer->ops->id == HIXL_TP_FABRIC &&
+                 hixl__reg_check(ctx->reg_table, m->u32[0], m->u64[0], m->u64[1], m->u64[2],
+                                 m->u32[1], m->u32[2]) == HIXL_OK;
+    if (match && hixl__fabric_mr_key(mr, &out->u64[0], &out->u64[1]))
+      out->status = HIXL_OK;
+    else if (match && mr->device >= 0)
+      out->status = HIXL_ERR_UNSUPPORTED; /* device memory our provider cannot reach */
     pthread_mutex_unlock(&ctx->reg_lock);
     return;
   }

@@ -10,6 +10,9 @@ const hixl_transport_ops_t *const hixl__transports[] = {
 #ifdef HIXL_HAVE_VERBS
     &hixl__verbs_ops,
 #endif
+#ifdef HIXL_HAVE_FABRIC
+    &hixl__fabric_ops,
+#endif
 };
 
 hixl_status_t hixl__tp_ctx_init_none(hixl_ctx_t *ctx)
@@ -30,6 +33,15 @@ uint32_t hixl__verbs_mr_rkey(const hixl_mr_t *mr)
 {
   (void)mr;
   return 0;
+}
+#endif
+#ifndef HIXL_HAVE_FABRIC
+bool hixl__fabric_mr_key(const hixl_mr_t *mr, uint64_t *key_p, uint64_t *base_p)
+{
+  (void)mr;
+  (void)key_p;
+  (void)base_p;
+  return false;
 }
 #endif
 void hixl__tp_accept_none(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out)

@@ -18,7 +18,8 @@
 #include <stdint.h>
 
 #define HIXL_WIRE_MAGIC 0x4c584948u /* "HIXL" */
-#define HIXL_WIRE_VERSION 3 /* 2: VERBS_QP carries the QP count; REGION_GONE_ACK; 3: DEV_IPC */
+#define HIXL_WIRE_VERSION 3 /* 2: VERBS_QP carries the QP count; REGION_GONE_ACK; 3: DEV_IPC,
+                             * FABRIC_* */
 #define HIXL_WIRE_HDR 24
 #define HIXL_WIRE_MAX 4096 /* payload bytes; every message is far smaller */
 #define HIXL_WIRE_STR 256  /* string field capacity, NUL included */
@@ -47,6 +48,10 @@ enum hixl_msg_type {
   HIXL_MSG_REGION_GONE_ACK, /* status: the peer has marked it gone */
   HIXL_MSG_DEV_IPC_REQ,    /* slot, rkey: the device IPC handle of a region please */
   HIXL_MSG_DEV_IPC_REPLY,  /* status, handle (+ 1 fd for backends whose handle is one) */
+  HIXL_MSG_FABRIC_BIND,    /* initiator -> target: its provider and endpoint name */
+  HIXL_MSG_FABRIC_BIND_REPLY, /* status, the target's provider and endpoint name */
+  HIXL_MSG_FABRIC_MR,      /* as VERBS_MR: the region's fabric key please */
+  HIXL_MSG_FABRIC_MR_REPLY, /* status, key, remote address of byte 0 */
   HIXL_MSG_TYPE_MAX
 };
 
@@ -89,6 +94,11 @@ typedef struct hixl_msg {
  * VERBS_MR:    u32[0] slot, u32[1] access, u32[2] flags, u64[0] rkey, u64[1] base,
  *              u64[2] len (all checked by the owner)
  * VERBS_MR_REPLY: status, u32[0] verbs rkey
+ * FABRIC_BIND: str[0] provider, u64[0] ctx id, blob = endpoint name (fi_getname)
+ * FABRIC_BIND_REPLY: status, str[0] provider (or why not), blob = endpoint name
+ * FABRIC_MR:   as VERBS_MR
+ * FABRIC_MR_REPLY: status, u64[0] key, u64[1] remote address of the region's byte 0
+ *              (its virtual address with FI_MR_VIRT_ADDR, else 0: offsets)
  * DEV_IPC_REQ: u32[0] slot, u64[0] rkey
  * DEV_IPC_REPLY: status, u32[0] device, u64[0] offset of the region in what the
  *              handle maps, u64[1] bytes it maps, blob = the runtime's handle

@@ -1,0 +1,569 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The libfabric transport: reliable datagram endpoints (FI_EP_RDM) of one
+ * provider, RMA for puts and gets, messages for notifications, native
+ * atomics where the provider has them.
+ *
+ * Provider: HIXL_FABRIC_PROVIDER (a libfabric provider name such as
+ * "tcp;ofi_rxm", "shm", "sockets", "efa"), else the first of efa, cxi,
+ * verbs;ofi_rxm, tcp;ofi_rxm, tcp, shm, sockets that fi_getinfo offers with
+ * RMA and messages.  What it lacks is filled in above it, never silently
+ * wrong (docs/fabric.md):
+ *   - atomics: executed by the owner's control thread (an ATOMIC control
+ *     message) when the provider has no 64-bit FAA/CAS;
+ *   - put_imm: the write, then a notification message; when the provider
+ *     does not order sends after writes (FI_ORDER_SAW, FI_ORDER_SAS) the
+ *     message waits until everything before it to that peer has completed;
+ *   - completion means visible at the target: FI_DELIVERY_COMPLETE where
+ *     the provider offers it; otherwise a put completes only after a read
+ *     of its last byte, which RMA read-after-write order (FI_ORDER_RAW) puts
+ *     behind it (required, else the provider is refused).
+ * Memory registration modes: FI_MR_VIRT_ADDR (remote addresses are virtual
+ * addresses, else offsets), FI_MR_PROV_KEY (the provider's keys, else ours),
+ * FI_MR_LOCAL (local buffers need descriptors: hixl regions have them, other
+ * buffers are registered for the operation), FI_MR_ENDPOINT (bound to the
+ * endpoint).  Keys and addresses are exchanged over the control connection.
+ *
+ * Binding: after HELLO picked fabric, the initiator sends FABRIC_BIND (its
+ * provider and endpoint name); the target checks the provider, inserts the
+ * name in its address vector and answers with its own.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fabric_int.h"
+
+#define FC(ctx) hixl__fc(ctx)
+
+hixl_status_t hixl__fab_err(hixl_status_t st, const char *what, ssize_t rc)
+{
+  return hixl__err(st, "fabric: %s: %s (%zd)", what, fi_strerror((int)-rc), rc);
+}
+
+/* ------------------------------------------------------------ set-up */
+
+static const char *const prefer[] = {"efa",         "cxi", "verbs;ofi_rxm", "tcp;ofi_rxm",
+                                     "tcp",         "shm", "sockets"};
+
+static struct fi_info *hints_for(const char *prov, bool atomics, bool dc)
+{
+  struct fi_info *h = fi_allocinfo();
+  if (h == NULL)
+    return NULL;
+  h->caps = FI_MSG | FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_SEND |
+            FI_RECV | (atomics ? FI_ATOMIC : 0);
+  h->ep_attr->type = FI_EP_RDM;
+  h->mode = FI_CONTEXT | FI_CONTEXT2;
+  h->domain_attr->threading = FI_THREAD_SAFE;
+  h->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY |
+                            FI_MR_ENDPOINT;
+  h->tx_attr->msg_order = FI_ORDER_SAW | FI_ORDER_SAS | FI_ORDER_RAW;
+  if (dc)
+    h->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
+  h->fabric_attr->prov_name = strdup(prov);
+  return h;
+}
+
+/* The first info of provider prov: with atomics if it has them, with
+ * delivery completion if it has it (*dc_p says). */
+static struct fi_info *probe(const char *prov, bool *dc_p)
+{
+  static const bool tries[4][2] = {{1, 1}, {0, 1}, {1, 0}, {0, 0}};
+  for (int t = 0; t < 4; t++) {
+    struct fi_info *h = hints_for(prov, tries[t][0], tries[t][1]), *info = NULL;
+    if (h == NULL)
+      return NULL;
+    int rc = fi_getinfo(FAB_VERSION, NULL, NULL, 0, h, &info);
+    fi_freeinfo(h);
+    if (rc == 0 && info) {
+      /* fi_getinfo matches "tcp" inside "tcp;ofi_rxm": keep exact names. */
+      for (struct fi_info *i = info; i; i = i->next)
+        if (strcmp(i->fabric_attr->prov_name, prov) == 0) {
+          struct fi_info *one = fi_dupinfo(i);
+          fi_freeinfo(info);
+          *dc_p = tries[t][1];
+          return one;
+        }
+      fi_freeinfo(info);
+    }
+  }
+  return NULL;
+}
+
+static void fc_free(fab_ctx_t *fc)
+{
+  if (fc == NULL)
+    return;
+  if (fc->thread_started) {
+    atomic_store(&fc->stop, true);
+    pthread_join(fc->thread, NULL);
+  }
+  if (fc->ep)
+    fi_close(&fc->ep->fid);
+  if (fc->rbufs_mr)
+    fi_close(&fc->rbufs_mr->fid);
+  if (fc->av)
+    fi_close(&fc->av->fid);
+  if (fc->cq)
+    fi_close(&fc->cq->fid);
+  if (fc->domain)
+    fi_close(&fc->domain->fid);
+  if (fc->fabric)
+    fi_close(&fc->fabric->fid);
+  if (fc->info)
+    fi_freeinfo(fc->info);
+  hixl__fab_ops_free(fc);
+  free(fc->rbufs);
+  free(fc->lregs);
+  free(fc->smap);
+  pthread_mutex_destroy(&fc->poll_lock);
+  pthread_mutex_destroy(&fc->op_lock);
+  pthread_rwlock_destroy(&fc->lreg_lock);
+  free(fc);
+}
+
+static hixl_status_t open_all(fab_ctx_t *fc)
+{
+  struct fi_info *in = fc->info;
+  int rc;
+  if ((rc = fi_fabric(in->fabric_attr, &fc->fabric, NULL)))
+    return hixl__fab_err(HIXL_ERR_TRANSPORT, "fi_fabric", rc);
+  if ((rc = fi_domain(fc->fabric, in, &fc->domain, NULL)))
+    return hixl__fab_err(HIXL_ERR_TRANSPORT, "fi_domain", rc);
+  struct fi_cq_attr cqa = {.size = FAB_CQ_SIZE, .format = FI_CQ_FORMAT_DATA,
+                           .wait_obj = FI_WAIT_FD};
+  if (fi_cq_open(fc->domain, &cqa, &fc->cq, NULL) != 0) {
+    cqa.wait_obj = FI_WAIT_NONE; /* the progress thread naps instead */
+    if ((rc = fi_cq_open(fc->domain, &cqa, &fc->cq, NULL)))
+      return hixl__fab_err(HIXL_ERR_TRANSPORT, "fi_cq_open", rc);
+  }
+  fc->wait_fd = -1;
+  if (cqa.wait_obj == FI_WAIT_FD && fi_control(&fc->cq->fid, FI_GETWAIT, &fc->wait_fd) != 0)
+    fc->wait_fd = -1;
+  struct fi_av_attr ava = {.type = FI_AV_TABLE};
+  if ((rc = fi_av_open(fc->domain, &ava, &fc->av, NULL)))
+    return hixl__fab_err(HIXL_ERR_TRANSPORT, "fi_av_open", rc);
+  if ((rc = fi_endpoint(fc->domain, in, &fc->ep, NULL)))
+    return hixl__fab_err(HIXL_ERR_TRANSPORT, "fi_endpoint", rc);
+  if ((rc = fi_ep_bind(fc->ep, &fc->cq->fid, FI_TRANSMIT | FI_RECV)) ||
+      (rc = fi_ep_bind(fc->ep, &fc->av->fid, 0)) || (rc = fi_enable(fc->ep)))
+    return hixl__fab_err(HIXL_ERR_TRANSPORT, "binding the endpoint", rc);
+  fc->addrlen = sizeof(fc->addr);
+  if ((rc = fi_getname(&fc->ep->fid, fc->addr, &fc->addrlen)))
+    return hixl__fab_err(HIXL_ERR_TRANSPORT, "fi_getname", rc);
+  /* Notification receives. */
+  fc->rbufs = calloc(FAB_RECV_COUNT, FAB_MSG_SIZE);
+  if (fc->rbufs == NULL)
+    return hixl__err(HIXL_ERR_NOMEM, "fabric: no memory for receive buffers");
+  if (fc->mr_local &&
+      (rc = fi_mr_reg(fc->domain, fc->rbufs, FAB_RECV_COUNT * FAB_MSG_SIZE, FI_RECV, 0,
+                      atomic_fetch_add(&fc->next_key, 1), 0, &fc->rbufs_mr, NULL)))
+    return hixl__fab_err(HIXL_ERR_TRANSPORT, "fi_mr_reg (receive buffers)", rc);
+  if (fc->rbufs_mr && fc->mr_endpoint &&
+      ((rc = fi_mr_bind(fc->rbufs_mr, &fc->ep->fid, 0)) || (rc = fi_mr_enable(fc->rbufs_mr))))
+    return hixl__fab_err(HIXL_ERR_TRANSPORT, "fi_mr_bind (receive buffers)", rc);
+  return hixl__fab_post_recvs(fc);
+}
+
+/* Whether the provider has native 64-bit FAA and CAS. */
+static bool native_atomics(fab_ctx_t *fc)
+{
+  if (!(fc->info->caps & FI_ATOMIC))
+    return false;
+  struct fi_atomic_attr a;
+  return fi_query_atomic(fc->domain, FI_UINT64, FI_SUM, &a, FI_FETCH_ATOMIC) == 0 &&
+         fi_query_atomic(fc->domain, FI_UINT64, FI_CSWAP, &a, FI_COMPARE_ATOMIC) == 0;
+}
+
+static hixl_status_t fab_ctx_init(hixl_ctx_t *ctx)
+{
+  const char *want = getenv("HIXL_FABRIC_PROVIDER");
+  struct fi_info *info = NULL;
+  bool dc = false;
+  if (want && *want) {
+    info = probe(want, &dc);
+    if (info == NULL)
+      return hixl__err(HIXL_ERR_NO_DEVICE, "fabric: provider \"%s\" (HIXL_FABRIC_PROVIDER) "
+                       "offers no reliable endpoint with RMA and messages here", want);
+  } else {
+    for (size_t i = 0; i < sizeof(prefer) / sizeof(prefer[0]) && info == NULL; i++)
+      info = probe(prefer[i], &dc);
+    if (info == NULL)
+      return hixl__err(HIXL_ERR_NO_DEVICE, "fabric: no libfabric provider with reliable "
+                       "endpoints, RMA and messages");
+  }
+  fab_ctx_t *fc = calloc(1, sizeof(*fc));
+  if (fc == NULL) {
+    fi_freeinfo(info);
+    return hixl__err(HIXL_ERR_NOMEM, "fabric: no memory");
+  }
+  fc->ctx = ctx;
+  fc->info = info;
+  pthread_mutex_init(&fc->poll_lock, NULL);
+  pthread_mutex_init(&fc->op_lock, NULL);
+  pthread_rwlock_init(&fc->lreg_lock, NULL);
+  atomic_init(&fc->next_key, 1);
+  snprintf(fc->prov, sizeof(fc->prov), "%s", info->fabric_attr->prov_name);
+  fc->mr_mode = info->domain_attr->mr_mode;
+  fc->virt_addr = fc->mr_mode & (FI_MR_VIRT_ADDR | FI_MR_BASIC);
+  fc->prov_key = fc->mr_mode & (FI_MR_PROV_KEY | FI_MR_BASIC);
+  fc->mr_local = fc->mr_mode & FI_MR_LOCAL;
+  fc->mr_endpoint = fc->mr_mode & FI_MR_ENDPOINT;
+  uint64_t order = info->tx_attr->msg_order;
+  fc->ordered = (order & (FI_ORDER_SAW | FI_ORDER_SAS)) == (FI_ORDER_SAW | FI_ORDER_SAS);
+  fc->manual = info->domain_attr->data_progress == FI_PROGRESS_MANUAL;
+  fc->max_msg = info->ep_attr->max_msg_size ? info->ep_attr->max_msg_size : SIZE_MAX;
+  /* Completion = visible at the target: delivery completion, or a read
+   * behind each put (read-after-write order). */
+  fc->dc = dc;
+  fc->tx_flags = FI_COMPLETION | (dc ? FI_DELIVERY_COMPLETE : 0);
+  if (!dc && !(order & FI_ORDER_RAW)) {
+    hixl_status_t e = hixl__err(HIXL_ERR_NO_DEVICE, "fabric: %s has neither delivery "
+                                "completion nor read-after-write order: a put's completion "
+                                "could not mean visible", fc->prov);
+    fi_freeinfo(info);
+    pthread_mutex_destroy(&fc->poll_lock);
+    pthread_mutex_destroy(&fc->op_lock);
+    pthread_rwlock_destroy(&fc->lreg_lock);
+    free(fc);
+    return e;
+  }
+  hixl_status_t st = open_all(fc);
+  if (st == HIXL_OK) {
+    fc->atomics = native_atomics(fc);
+    ctx->tp[HIXL_TP_FABRIC] = fc;
+    if (pthread_create(&fc->thread, NULL, hixl__fab_thread, fc) != 0)
+      st = hixl__err(HIXL_ERR_NOMEM, "fabric: cannot start the progress thread");
+    else
+      fc->thread_started = true;
+  }
+  if (st != HIXL_OK) {
+    ctx->tp[HIXL_TP_FABRIC] = NULL;
+    fc_free(fc);
+    return st;
+  }
+  hixl_info("fabric: provider %s (%s progress), %s atomics, %s notifications, %s, mr_mode "
+            "%#llx", fc->prov, fc->manual ? "manual" : "auto",
+            fc->atomics ? "native" : "owner-executed", fc->ordered ? "ordered" : "waiting",
+            fc->dc ? "delivery complete" : "read after write", (unsigned long long)fc->mr_mode);
+  return HIXL_OK;
+}
+
+static void fab_ctx_fini(hixl_ctx_t *ctx)
+{
+  fc_free(FC(ctx));
+  ctx->tp[HIXL_TP_FABRIC] = NULL;
+}
+
+/* ------------------------------------------------------------ regions */
+
+static hixl_status_t fab_mr_reg(hixl_mr_t *mr)
+{
+  fab_ctx_t *fc = FC(mr->ctx);
+  void *buf = mr->addr;
+  if (mr->device >= 0) {
+    /* No FI_HMEM here: the NIC address of device memory, or nothing (the
+     * region then serves other transports; fabric peers are refused). */
+    buf = hixl__dev_nic_addr(mr->addr);
+    if (buf == NULL) {
+      hixl_info("fabric: device region %p+%zu is not reachable by %s", mr->addr, mr->len,
+                fc->prov);
+      return HIXL_OK;
+    }
+  }
+  uint64_t acc = FI_READ | FI_WRITE | FI_SEND | FI_RECV;
+  if (mr->access & HIXL_ACCESS_READ)
+    acc |= FI_REMOTE_READ;
+  if (mr->access & (HIXL_ACCESS_WRITE | HIXL_ACCESS_ATOMIC))
+    acc |= FI_REMOTE_WRITE;
+  fab_mr_t *m = calloc(1, sizeof(*m));
+  if (m == NULL)
+    return hixl__err(HIXL_ERR_NOMEM, "fabric: no memory for a region");
+  int rc = fi_mr_reg(fc->domain, buf, mr->len, acc, 0, atomic_fetch_add(&fc->next_key, 1), 0,
+                     &m->mr, NULL);
+  if (rc == 0 && fc->mr_endpoint &&
+      ((rc = fi_mr_bind(m->mr, &fc->ep->fid, 0)) == 0))
+    rc = fi_mr_enable(m->mr);
+  if (rc) {
+    if (m->mr)
+      fi_close(&m->mr->fid);
+    free(m);
+    return hixl__fab_err(HIXL_ERR_NOMEM, "fi_mr_reg", rc);
+  }
+  m->key = fi_mr_key(m->mr);
+  m->base = fc->virt_addr ? (uint64_t)(uintptr_t)buf : 0;
+  m->desc = fi_mr_desc(m->mr);
+  if (m->key == FI_KEY_NOTAVAIL) {
+    fi_close(&m->mr->fid);
+    free(m);
+    return hixl__err(HIXL_ERR_UNSUPPORTED, "fabric: %s has keys larger than 64 bits", fc->prov);
+  }
+  if (fc->mr_local && mr->device < 0) {
+    pthread_rwlock_wrlock(&fc->lreg_lock);
+    if (fc->n_lregs == fc->cap_lregs) {
+      size_t cap = fc->cap_lregs ? 2 * fc->cap_lregs : 16;
+      fab_lreg_t *v = realloc(fc->lregs, cap * sizeof(*v));
+      if (v == NULL) {
+        pthread_rwlock_unlock(&fc->lreg_lock);
+        fi_close(&m->mr->fid);
+        free(m);
+        return hixl__err(HIXL_ERR_NOMEM, "fabric: no memory for the region index");
+      }
+      fc->lregs = v;
+      fc->cap_lregs = cap;
+    }
+    fc->lregs[fc->n_lregs++] =
+        (fab_lreg_t){(uintptr_t)mr->addr, (uintptr_t)mr->addr + mr->len, m->desc};
+    pthread_rwlock_unlock(&fc->lreg_lock);
+  }
+  mr->tp[HIXL_TP_FABRIC] = m;
+  return HIXL_OK;
+}
+
+static void fab_mr_dereg(hixl_mr_t *mr)
+{
+  fab_mr_t *m = mr->tp[HIXL_TP_FABRIC];
+  if (m == NULL)
+    return;
+  fab_ctx_t *fc = FC(mr->ctx);
+  pthread_rwlock_wrlock(&fc->lreg_lock);
+  for (size_t i = 0; i < fc->n_lregs; i++)
+    if (fc->lregs[i].desc == m->desc && fc->lregs[i].start == (uintptr_t)mr->addr) {
+      fc->lregs[i] = fc->lregs[--fc->n_lregs];
+      break;
+    }
+  pthread_rwlock_unlock(&fc->lreg_lock);
+  fi_close(&m->mr->fid);
+  free(m);
+  mr->tp[HIXL_TP_FABRIC] = NULL;
+}
+
+bool hixl__fabric_mr_key(const hixl_mr_t *mr, uint64_t *key_p, uint64_t *base_p)
+{
+  const fab_mr_t *m = mr->tp[HIXL_TP_FABRIC];
+  if (m == NULL)
+    return false;
+  *key_p = m->key;
+  *base_p = m->base;
+  return true;
+}
+
+void *hixl__fab_region_desc(fab_ctx_t *fc, const void *p, size_t len)
+{
+  uintptr_t a = (uintptr_t)p, e = a + len;
+  void *d = NULL;
+  pthread_rwlock_rdlock(&fc->lreg_lock);
+  for (size_t i = 0; i < fc->n_lregs && d == NULL; i++)
+    if (a >= fc->lregs[i].start && e <= fc->lregs[i].end)
+      d = fc->lregs[i].desc;
+  pthread_rwlock_unlock(&fc->lreg_lock);
+  return d;
+}
+
+/* ------------------------------------------------------------ peers */
+
+static bool fab_usable(hixl_ctx_t *ctx, const hixl_msg_t *hello)
+{
+  fab_ctx_t *fc = FC(ctx);
+  if (fc == NULL)
+    return false;
+  /* The shm provider reaches only this host. */
+  if (strcmp(fc->prov, "shm") == 0)
+    return memcmp(ctx->host_id, hello->host_id, sizeof(ctx->host_id)) == 0;
+  return true;
+}
+
+static hixl_status_t smap_add(fab_ctx_t *fc, hixl_peer_t *peer)
+{
+  pthread_mutex_lock(&fc->poll_lock);
+  if (fc->n_smap == fc->cap_smap) {
+    size_t cap = fc->cap_smap ? 2 * fc->cap_smap : 16;
+    struct fab_smap *v = realloc(fc->smap, cap * sizeof(*v));
+    if (v == NULL) {
+      pthread_mutex_unlock(&fc->poll_lock);
+      return hixl__err(HIXL_ERR_NOMEM, "fabric: no memory for the peer map");
+    }
+    fc->smap = v;
+    fc->cap_smap = cap;
+  }
+  fc->smap[fc->n_smap++] = (struct fab_smap){peer->remote_ctx_id, peer};
+  pthread_mutex_unlock(&fc->poll_lock);
+  return HIXL_OK;
+}
+
+hixl_peer_t *hixl__fab_sender(fab_ctx_t *fc, uint64_t id)
+{
+  /* The newest binding of that context (a reconnect replaces the old). */
+  for (size_t i = fc->n_smap; i-- > 0;)
+    if (fc->smap[i].id == id)
+      return fc->smap[i].peer;
+  return NULL;
+}
+
+/* A peer's fabric state: its address in our vector, its inbox. */
+static hixl_status_t attach_peer(hixl_peer_t *peer, const uint8_t *addr, size_t len)
+{
+  fab_ctx_t *fc = FC(peer->ctx);
+  fab_peer_t *fp = calloc(1, sizeof(*fp));
+  if (fp == NULL)
+    return hixl__err(HIXL_ERR_NOMEM, "fabric: no memory for a peer");
+  fp->peer = peer;
+  int rc = fi_av_insert(fc->av, addr, 1, &fp->fa, 0, NULL);
+  if (rc != 1) {
+    free(fp);
+    return hixl__fab_err(HIXL_ERR_TRANSPORT, "fi_av_insert", rc < 0 ? rc : -FI_EINVAL);
+  }
+  (void)len;
+  peer->inbox = aligned_alloc(HIXL_CACHELINE, hixl_ring_bytes(FAB_NOTIF_RING));
+  if (peer->inbox == NULL) {
+    fi_av_remove(fc->av, &fp->fa, 1, 0);
+    free(fp);
+    return hixl__err(HIXL_ERR_NOMEM, "fabric: no memory for an inbox");
+  }
+  hixl_ring_init(peer->inbox, FAB_NOTIF_RING);
+  hixl_status_t st = smap_add(fc, peer);
+  if (st != HIXL_OK) {
+    free(peer->inbox);
+    peer->inbox = NULL;
+    fi_av_remove(fc->av, &fp->fa, 1, 0);
+    free(fp);
+    return st;
+  }
+  peer->tp = fp;
+  return HIXL_OK;
+}
+
+static hixl_status_t fab_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64_t deadline)
+{
+  (void)ack;
+  fab_ctx_t *fc = FC(peer->ctx);
+  hixl_msg_t m = {.type = HIXL_MSG_FABRIC_BIND}, r;
+  snprintf(m.str[0], sizeof(m.str[0]), "%s", fc->prov);
+  memcpy(m.blob, fc->addr, fc->addrlen);
+  m.blob_len = (uint32_t)fc->addrlen;
+  m.u64[0] = peer->ctx->id;
+  hixl_status_t st = hixl__send(peer, &m, NULL, 0);
+  if (st == HIXL_OK)
+    st = hixl__recv_sync(peer->fd, &r, NULL, 0, deadline, peer->name);
+  if (st != HIXL_OK)
+    return st;
+  if (r.type != HIXL_MSG_FABRIC_BIND_REPLY || r.status != HIXL_OK || r.blob_len == 0)
+    return hixl__err(r.type == HIXL_MSG_FABRIC_BIND_REPLY && r.status == HIXL_ERR_UNSUPPORTED
+                         ? HIXL_ERR_UNSUPPORTED
+                         : HIXL_ERR_TRANSPORT,
+                     "fabric: %s refused our endpoint (%s%s%s)", peer->name,
+                     hixl_strerror(r.status), r.str[0][0] ? ": " : "", r.str[0]);
+  return attach_peer(peer, r.blob, r.blob_len);
+}
+
+static void fab_accept(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out)
+{
+  fab_ctx_t *fc = FC(peer->ctx);
+  memset(out, 0, sizeof(*out));
+  out->type = HIXL_MSG_FABRIC_BIND_REPLY;
+  if (strcmp(m->str[0], fc->prov) != 0) {
+    out->status = HIXL_ERR_UNSUPPORTED;
+    snprintf(out->str[0], sizeof(out->str[0]), "provider %s here, %s there", fc->prov,
+             m->str[0]);
+    return;
+  }
+  hixl_status_t st = m->blob_len ? attach_peer(peer, m->blob, m->blob_len)
+                                 : hixl__err(HIXL_ERR_TRANSPORT, "fabric: empty address");
+  out->status = st;
+  if (st != HIXL_OK) {
+    snprintf(out->str[0], sizeof(out->str[0]), "%s", hixl_last_error());
+    return;
+  }
+  snprintf(out->str[0], sizeof(out->str[0]), "%s", fc->prov);
+  memcpy(out->blob, fc->addr, fc->addrlen);
+  out->blob_len = (uint32_t)fc->addrlen;
+}
+
+static void fab_peer_close(hixl_peer_t *peer)
+{
+  fab_peer_t *fp = peer->tp;
+  if (fp == NULL)
+    return;
+  fab_ctx_t *fc = FC(peer->ctx);
+  if (!hixl__fab_drain_peer(fp))
+    hixl_warn("fabric: %d operations to %s did not finish; their contexts are kept",
+              atomic_load(&fp->outstanding), peer->name);
+  pthread_mutex_lock(&fc->poll_lock);
+  for (size_t i = 0; i < fc->n_smap; i++)
+    if (fc->smap[i].peer == peer) {
+      memmove(fc->smap + i, fc->smap + i + 1, (fc->n_smap - i - 1) * sizeof(*fc->smap));
+      fc->n_smap--;
+      break;
+    }
+  pthread_mutex_unlock(&fc->poll_lock);
+  fi_av_remove(fc->av, &fp->fa, 1, 0);
+  if (atomic_load(&fp->outstanding) == 0)
+    free(fp);
+  peer->tp = NULL;
+  free(peer->inbox);
+  peer->inbox = NULL;
+}
+
+/* ------------------------------------------------------------ remote keys */
+
+static hixl_status_t fab_rmr_attach(hixl_rmr_t *r, int64_t deadline)
+{
+  hixl_msg_t m = {.type = HIXL_MSG_FABRIC_MR}, reply;
+  m.u32[0] = r->slot;
+  m.u32[1] = r->access;
+  m.u32[2] = r->flags;
+  m.u64[0] = r->rkey;
+  m.u64[1] = r->base;
+  m.u64[2] = r->len;
+  hixl_status_t st = hixl__call(r->peer, &m, HIXL_MSG_FABRIC_MR_REPLY, &reply, NULL, deadline);
+  if (st == HIXL_ERR_NOT_REGISTERED)
+    return hixl__err(st, "hixl_rmr_unpack: peer %s has no live region matching the blob "
+                     "(forged or stale key)", r->peer->name);
+  if (st == HIXL_ERR_UNSUPPORTED)
+    return hixl__err(st, "hixl_rmr_unpack: the region of peer %s is device memory its "
+                     "fabric provider cannot reach", r->peer->name);
+  if (st != HIXL_OK)
+    return st;
+  r->tp_key = reply.u64[0];
+  r->tp_base = reply.u64[1];
+  return HIXL_OK;
+}
+
+static void fab_rmr_detach(hixl_rmr_t *r) { (void)r; }
+
+static bool fab_rmr_live(const hixl_rmr_t *r) { return !atomic_load(&r->gone); }
+
+static void fab_notif_poll(hixl_ctx_t *ctx) { hixl__fab_progress(ctx); }
+
+const hixl_transport_ops_t hixl__fabric_ops = {
+    .size = sizeof(hixl_transport_ops_t),
+    .name = "fabric",
+    .id = HIXL_TP_FABRIC,
+    .async = true,
+    .needs_bind = true,
+    .bind_type = HIXL_MSG_FABRIC_BIND,
+    .bind_reply_type = HIXL_MSG_FABRIC_BIND_REPLY,
+    .ctx_init = fab_ctx_init,
+    .ctx_fini = fab_ctx_fini,
+    .mr_reg = fab_mr_reg,
+    .mr_dereg = fab_mr_dereg,
+    .usable = fab_usable,
+    .connect = fab_connect,
+    .accept = fab_accept,
+    .peer_close = fab_peer_close,
+    .rmr_attach = fab_rmr_attach,
+    .rmr_detach = fab_rmr_detach,
+    .rmr_live = fab_rmr_live,
+    .put = hixl__fab_put,
+    .get = hixl__fab_get,
+    .put_imm = hixl__fab_put_imm,
+    .notify = hixl__fab_notify,
+    .atomic = hixl__fab_atomic,
+    .progress = hixl__fab_progress,
+    .on_event = hixl__tp_on_event_none,
+    .notif_poll = fab_notif_poll,
+};

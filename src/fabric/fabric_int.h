@@ -1,0 +1,159 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Inside the libfabric transport.  Two parts:
+ *
+ *   fabric.c  provider choice, the domain / endpoint / CQ / AV, regions,
+ *             peers (bound over the control connection), remote keys, the
+ *             ops table;
+ *   post.c    the data path: RMA writes and reads, notification messages,
+ *             atomics (native or executed by the owner), completions, the
+ *             progress thread that keeps manual-progress providers one-sided.
+ */
+#ifndef HIXL_FABRIC_INT_H
+#define HIXL_FABRIC_INT_H
+
+#include <rdma/fabric.h>
+#include <rdma/fi_atomic.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+
+#include "../core/hixl_int.h"
+
+#define FAB_VERSION FI_VERSION(1, 14)
+#define FAB_ADDR_MAX HIXL_WIRE_BLOB /* endpoint names travel in a blob */
+#define FAB_RECV_COUNT 256          /* posted notification receives */
+#define FAB_MSG_SIZE 32             /* one notification message */
+#define FAB_MSG_MAGIC 0x4e4c5848u   /* "HXLN" */
+#define FAB_CQ_SIZE 8192
+#define FAB_NOTIF_RING 65536
+
+/* A notification on the wire (little-endian). */
+typedef struct fab_msg {
+  uint32_t magic;
+  uint32_t imm;
+  uint64_t len;
+  uint64_t sender; /* the sender's context id: which peer it is */
+  uint64_t reserved;
+} fab_msg_t;
+_Static_assert(sizeof(fab_msg_t) == FAB_MSG_SIZE, "notification message size");
+
+/* A registered region as fabric peers address it. */
+typedef struct fab_mr {
+  struct fid_mr *mr;
+  uint64_t key;
+  uint64_t base; /* remote address of byte 0: its address (FI_MR_VIRT_ADDR), else 0 */
+  void *desc;    /* fi_mr_desc, for FI_MR_LOCAL */
+} fab_mr_t;
+
+/* Local regions (for FI_MR_LOCAL providers: their descriptors). */
+typedef struct fab_lreg {
+  uintptr_t start, end;
+  void *desc;
+} fab_lreg_t;
+
+typedef struct fab_ctx {
+  hixl_ctx_t *ctx;
+  struct fi_info *info;
+  struct fid_fabric *fabric;
+  struct fid_domain *domain;
+  struct fid_ep *ep;
+  struct fid_av *av;
+  struct fid_cq *cq; /* sends, RMA and receives */
+  char prov[64];
+  uint8_t addr[FAB_ADDR_MAX];
+  size_t addrlen;
+  uint64_t mr_mode;
+  bool virt_addr, prov_key, mr_local, mr_endpoint;
+  bool ordered;       /* msg_order has SAW and SAS: notifications need no waiting */
+  bool atomics;       /* native 64-bit FAA and CAS */
+  bool manual;        /* data progress is manual (the progress thread drives it) */
+  bool dc;            /* FI_DELIVERY_COMPLETE (else a read follows each put) */
+  uint64_t tx_flags;  /* FI_COMPLETION, + FI_DELIVERY_COMPLETE */
+  size_t max_msg;
+  _Atomic uint64_t next_key; /* requested keys (no FI_MR_PROV_KEY) */
+  /* Notification receives. */
+  uint8_t *rbufs;
+  struct fid_mr *rbufs_mr;
+  struct fi_context2 rctx[FAB_RECV_COUNT];
+  /* Completions are read and handled under poll_lock, so notifications of a
+   * peer enter its ring in the order they arrived. */
+  pthread_mutex_t poll_lock;
+  int wait_fd; /* the CQ's wait fd, or -1 (then the progress thread naps) */
+  pthread_t thread;
+  bool thread_started;
+  _Atomic bool stop;
+  /* Operation contexts: a free list (no malloc on the fast path). */
+  pthread_mutex_t op_lock;
+  struct fab_op *op_free;
+  struct fab_op **op_chunks;
+  size_t n_op_chunks;
+  /* Regions for FI_MR_LOCAL. */
+  pthread_rwlock_t lreg_lock;
+  fab_lreg_t *lregs;
+  size_t n_lregs, cap_lregs;
+  /* Peers by sender context id, for incoming notifications (poll_lock). */
+  struct fab_smap { uint64_t id; hixl_peer_t *peer; } *smap;
+  size_t n_smap, cap_smap;
+  /* Notifications that found their ring full: kept in arrival order and
+   * retried; past FAB_PEND_MAX their receive buffers stay parked (not
+   * reposted), so the provider holds back what comes next. */
+#define FAB_PEND_MAX (FAB_RECV_COUNT * 16)
+  fab_msg_t pend[FAB_PEND_MAX];
+  int n_pend;
+  int parked[FAB_RECV_COUNT];
+  int n_parked;
+} fab_ctx_t;
+
+typedef struct fab_peer {
+  hixl_peer_t *peer;
+  fi_addr_t fa;
+  _Atomic int outstanding; /* posted, not completed */
+} fab_peer_t;
+
+enum { FAB_OP_WRITE, FAB_OP_READ, FAB_OP_SEND, FAB_OP_AMO };
+
+/* One posted operation; its fi_context2 is what completions hand back. */
+typedef struct fab_op {
+  struct fi_context2 fctx; /* first: the completion's op_context points here */
+  int kind;
+  hixl_req_t *req;
+  fab_peer_t *fp;
+  struct fid_mr *tmp_mr; /* a local buffer registered for this op only */
+  uint8_t *bounce;       /* device memory staged through host memory */
+  void *dev_dst;         /* a get into device memory: copy the bounce there */
+  size_t len;
+  uint64_t result; /* atomics' old value */
+  uint64_t operand, compare;
+  fab_msg_t msg; /* a notification's payload */
+  struct fab_op *next;
+} fab_op_t;
+
+static inline fab_ctx_t *hixl__fc(hixl_ctx_t *ctx) { return ctx->tp[HIXL_TP_FABRIC]; }
+
+/* fabric.c */
+hixl_status_t hixl__fab_err(hixl_status_t st, const char *what, ssize_t rc);
+/* The descriptor of a hixl region holding [p, p+len), or NULL. */
+void *hixl__fab_region_desc(fab_ctx_t *fc, const void *p, size_t len);
+hixl_peer_t *hixl__fab_sender(fab_ctx_t *fc, uint64_t id);
+
+/* post.c */
+hixl_status_t hixl__fab_put(hixl_peer_t *peer, const void *src, size_t len, hixl_rmr_t *rmr,
+                            uint64_t off, hixl_req_t *req);
+hixl_status_t hixl__fab_get(hixl_peer_t *peer, void *dst, size_t len, hixl_rmr_t *rmr,
+                            uint64_t off, hixl_req_t *req);
+hixl_status_t hixl__fab_put_imm(hixl_peer_t *peer, const void *src, size_t len,
+                                hixl_rmr_t *rmr, uint64_t off, uint32_t imm, hixl_req_t *req);
+hixl_status_t hixl__fab_notify(hixl_peer_t *peer, uint32_t imm, uint64_t len, hixl_req_t *req);
+hixl_status_t hixl__fab_atomic(hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t off, int op,
+                               uint64_t a, uint64_t b, uint64_t *old_p, hixl_req_t *req);
+int hixl__fab_progress(hixl_ctx_t *ctx);
+hixl_status_t hixl__fab_post_recvs(fab_ctx_t *fc);
+void *hixl__fab_thread(void *arg);
+void hixl__fab_ops_free(fab_ctx_t *fc);
+/* Wait (bounded) until the peer has nothing in flight. */
+bool hixl__fab_drain_peer(fab_peer_t *fp);
+
+#endif

@@ -1,0 +1,558 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The fabric data path (see fabric.c for what is emulated and why).
+ *
+ * Every operation is one or more posted libfabric operations, each with an
+ * operation context from a free list (fab_op_t: its fi_context2 first) that
+ * the completion hands back; each is a part of the hixl request.  A post
+ * that meets -FI_EAGAIN (queues full) drives completions and tries again,
+ * bounded by the context timeout.
+ *
+ * Completions and notification receives are read under poll_lock, by
+ * whoever drives progress (a caller's hixl_progress or blocking wait, or
+ * the context's progress thread).  The progress thread sleeps on the CQ's
+ * wait fd (manual-progress providers like tcp wake it when bytes arrive),
+ * so a target that never calls hixl still applies incoming writes and
+ * answers reads: one-sided from the user's point of view.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "fabric_int.h"
+
+/* ------------------------------------------------------------ op contexts */
+
+#define OPS_PER_CHUNK 256
+
+static fab_op_t *op_get(fab_ctx_t *fc)
+{
+  pthread_mutex_lock(&fc->op_lock);
+  if (fc->op_free == NULL) { /* grow: only until the pool covers what is in flight */
+    fab_op_t *chunk = calloc(OPS_PER_CHUNK, sizeof(*chunk));
+    fab_op_t **v = chunk ? realloc(fc->op_chunks, (fc->n_op_chunks + 1) * sizeof(*v)) : NULL;
+    if (v == NULL) {
+      free(chunk);
+      pthread_mutex_unlock(&fc->op_lock);
+      return NULL;
+    }
+    fc->op_chunks = v;
+    fc->op_chunks[fc->n_op_chunks++] = chunk;
+    for (int i = 0; i < OPS_PER_CHUNK; i++) {
+      chunk[i].next = fc->op_free;
+      fc->op_free = &chunk[i];
+    }
+  }
+  fab_op_t *op = fc->op_free;
+  fc->op_free = op->next;
+  pthread_mutex_unlock(&fc->op_lock);
+  memset(op, 0, sizeof(*op));
+  return op;
+}
+
+static void op_put(fab_ctx_t *fc, fab_op_t *op)
+{
+  if (op->tmp_mr)
+    fi_close(&op->tmp_mr->fid);
+  free(op->bounce);
+  op->tmp_mr = NULL;
+  op->bounce = NULL;
+  pthread_mutex_lock(&fc->op_lock);
+  op->next = fc->op_free;
+  fc->op_free = op;
+  pthread_mutex_unlock(&fc->op_lock);
+}
+
+void hixl__fab_ops_free(fab_ctx_t *fc)
+{
+  for (size_t i = 0; i < fc->n_op_chunks; i++)
+    free(fc->op_chunks[i]);
+  free(fc->op_chunks);
+  fc->op_chunks = NULL;
+  fc->n_op_chunks = 0;
+}
+
+/* ------------------------------------------------------------ posting */
+
+/* The descriptor a local buffer needs (FI_MR_LOCAL only): a hixl region's,
+ * else a registration for this operation alone. */
+static hixl_status_t local_desc(fab_ctx_t *fc, fab_op_t *op, void *buf, size_t len,
+                                void **desc_p)
+{
+  *desc_p = NULL;
+  if (!fc->mr_local)
+    return HIXL_OK;
+  if ((*desc_p = hixl__fab_region_desc(fc, buf, len)) != NULL)
+    return HIXL_OK;
+  int rc = fi_mr_reg(fc->domain, buf, len, FI_READ | FI_WRITE | FI_SEND | FI_RECV, 0,
+                     atomic_fetch_add(&fc->next_key, 1), 0, &op->tmp_mr, NULL);
+  if (rc == 0 && fc->mr_endpoint && (rc = fi_mr_bind(op->tmp_mr, &fc->ep->fid, 0)) == 0)
+    rc = fi_mr_enable(op->tmp_mr);
+  if (rc)
+    return hixl__fab_err(HIXL_ERR_NOMEM, "fi_mr_reg (a local buffer)", rc);
+  *desc_p = fi_mr_desc(op->tmp_mr);
+  return HIXL_OK;
+}
+
+/* Take a part of req for op (it completes, or fails, exactly once). */
+static void op_begin(fab_op_t *op, int kind, fab_peer_t *fp, hixl_req_t *req, size_t len)
+{
+  op->kind = kind;
+  op->fp = fp;
+  op->req = req;
+  op->len = len;
+  hixl__req_part_add(req);
+  atomic_fetch_add(&fp->outstanding, 1);
+}
+
+static void op_finish(fab_ctx_t *fc, fab_op_t *op, hixl_status_t st)
+{
+  hixl_req_t *req = op->req;
+  fab_peer_t *fp = op->fp;
+  if (st == HIXL_OK && op->dev_dst)
+    st = hixl__dev_copy(op->dev_dst, op->bounce, op->len);
+  if (op->kind == FAB_OP_AMO) {
+    if (st == HIXL_OK && req->old_p)
+      *req->old_p = op->result;
+    req->old_p = NULL; /* written above; completing must not overwrite it */
+  }
+  op_put(fc, op);
+  atomic_fetch_sub(&fp->outstanding, 1);
+  hixl__req_part_done(req, st);
+}
+
+/* Post with fn until it is not -FI_EAGAIN (completions are driven between
+ * tries), bounded by the context timeout. */
+#define POST(fc, peer, what, call)                                                              \
+  ({                                                                                            \
+    ssize_t rc_;                                                                                \
+    int64_t dl_ = 0;                                                                            \
+    unsigned it_ = 0;                                                                           \
+    while ((rc_ = (call)) == -FI_EAGAIN) {                                                      \
+      if (dl_ == 0)                                                                             \
+        dl_ = hixl__deadline(hixl__ctx_timeout((peer)->ctx));                                   \
+      if (atomic_load(&(peer)->state) != HIXL_PEER_UP || hixl__expired(dl_))                    \
+        break;                                                                                  \
+      if (hixl__fab_progress((peer)->ctx) == 0)                                                 \
+        hixl__backoff(&it_);                                                                    \
+    }                                                                                           \
+    rc_ == 0 ? HIXL_OK                                                                          \
+    : atomic_load(&(peer)->state) != HIXL_PEER_UP                                               \
+        ? hixl__err(HIXL_ERR_PEER_LOST, "fabric: peer %s lost", (peer)->name)                   \
+    : rc_ == -FI_EAGAIN ? hixl__err(HIXL_ERR_AGAIN, "fabric: %s: queues full for %d ms", what,  \
+                                    hixl__ctx_timeout((peer)->ctx))                             \
+                        : hixl__fab_err(HIXL_ERR_TRANSPORT, what, rc_);                         \
+  })
+
+/* One RMA transfer of at most max_msg bytes. */
+static hixl_status_t post_rma(hixl_peer_t *peer, bool write, uint8_t *local, size_t len,
+                              uint64_t raddr, uint64_t key, hixl_req_t *req)
+{
+  fab_ctx_t *fc = hixl__fc(peer->ctx);
+  fab_peer_t *fp = peer->tp;
+  fab_op_t *op = op_get(fc);
+  if (op == NULL)
+    return hixl__err(HIXL_ERR_NOMEM, "fabric: no memory for an operation");
+  void *buf = local;
+  hixl_status_t st = HIXL_OK;
+  if (hixl_unlikely(hixl__is_dev(local))) {
+    /* No FI_HMEM: device memory goes through host memory. */
+    op->bounce = malloc(len);
+    if (op->bounce == NULL)
+      st = hixl__err(HIXL_ERR_NOMEM, "fabric: no memory to stage %zu bytes", len);
+    else if (write)
+      st = hixl__dev_copy(op->bounce, local, len);
+    else
+      op->dev_dst = local;
+    buf = op->bounce;
+  }
+  void *desc = NULL;
+  if (st == HIXL_OK)
+    st = local_desc(fc, op, buf, len, &desc);
+  if (st != HIXL_OK) {
+    op_put(fc, op);
+    return st;
+  }
+  op_begin(op, write ? FAB_OP_WRITE : FAB_OP_READ, fp, req, len);
+  struct iovec iov = {buf, len};
+  struct fi_rma_iov rma = {raddr, len, key};
+  struct fi_msg_rma msg = {.msg_iov = &iov, .desc = &desc, .iov_count = 1, .addr = fp->fa,
+                           .rma_iov = &rma, .rma_iov_count = 1, .context = &op->fctx};
+  st = write ? POST(fc, peer, "fi_writemsg", fi_writemsg(fc->ep, &msg, fc->tx_flags))
+             : POST(fc, peer, "fi_readmsg", fi_readmsg(fc->ep, &msg, FI_COMPLETION));
+  if (st != HIXL_OK)
+    op_finish(fc, op, st);
+  return st;
+}
+
+static hixl_status_t transfer(hixl_peer_t *peer, bool write, uint8_t *local, size_t len,
+                              hixl_rmr_t *rmr, uint64_t off, hixl_req_t *req)
+{
+  fab_ctx_t *fc = hixl__fc(peer->ctx);
+  uint64_t raddr = rmr->tp_base + off;
+  hixl_status_t st = HIXL_OK;
+  for (size_t done = 0; done < len && st == HIXL_OK;) {
+    size_t n = len - done < fc->max_msg ? len - done : fc->max_msg;
+    st = post_rma(peer, write, local + done, n, raddr + done, rmr->tp_key, req);
+    done += n;
+  }
+  /* Without delivery completion: a read of the last byte, ordered behind
+   * the writes (FI_ORDER_RAW), completes only once they are visible. */
+  if (st == HIXL_OK && write && !fc->dc) {
+    fab_op_t *op = op_get(fc);
+    if (op == NULL)
+      return hixl__err(HIXL_ERR_NOMEM, "fabric: no memory for an operation");
+    void *desc = NULL;
+    if ((st = local_desc(fc, op, &op->result, 1, &desc)) != HIXL_OK) {
+      op_put(fc, op);
+      return st;
+    }
+    op_begin(op, FAB_OP_READ, peer->tp, req, 1);
+    st = POST(fc, peer, "fi_read", fi_read(fc->ep, &op->result, 1, desc, ((fab_peer_t *)peer->tp)->fa,
+                                           raddr + len - 1, rmr->tp_key, &op->fctx));
+    if (st != HIXL_OK)
+      op_finish(fc, op, st);
+  }
+  return st;
+}
+
+hixl_status_t hixl__fab_put(hixl_peer_t *peer, const void *src, size_t len, hixl_rmr_t *rmr,
+                            uint64_t off, hixl_req_t *req)
+{
+  return transfer(peer, true, (uint8_t *)(uintptr_t)src, len, rmr, off, req);
+}
+
+hixl_status_t hixl__fab_get(hixl_peer_t *peer, void *dst, size_t len, hixl_rmr_t *rmr,
+                            uint64_t off, hixl_req_t *req)
+{
+  return transfer(peer, false, dst, len, rmr, off, req);
+}
+
+/* Everything issued to fp so far has completed (drives completions;
+ * bounded by the context timeout). */
+static hixl_status_t wait_quiet(hixl_peer_t *peer, fab_peer_t *fp)
+{
+  int64_t deadline = hixl__deadline(hixl__ctx_timeout(peer->ctx));
+  unsigned it = 0;
+  while (atomic_load(&fp->outstanding) > 0) {
+    if (atomic_load(&peer->state) != HIXL_PEER_UP)
+      return hixl__err(HIXL_ERR_PEER_LOST, "fabric: peer %s lost", peer->name);
+    if (hixl__expired(deadline))
+      return hixl__err(HIXL_ERR_TIMEOUT, "fabric: operations to %s did not complete in %d ms",
+                       peer->name, hixl__ctx_timeout(peer->ctx));
+    if (hixl__fab_progress(peer->ctx) == 0)
+      hixl__backoff(&it);
+  }
+  return HIXL_OK;
+}
+
+hixl_status_t hixl__fab_notify(hixl_peer_t *peer, uint32_t imm, uint64_t len, hixl_req_t *req)
+{
+  fab_ctx_t *fc = hixl__fc(peer->ctx);
+  fab_peer_t *fp = peer->tp;
+  /* A provider that does not deliver sends after earlier writes and sends:
+   * the notification waits until everything before it has completed. */
+  hixl_status_t st = fc->ordered ? HIXL_OK : wait_quiet(peer, fp);
+  if (st != HIXL_OK)
+    return st;
+  fab_op_t *op = op_get(fc);
+  if (op == NULL)
+    return hixl__err(HIXL_ERR_NOMEM, "fabric: no memory for an operation");
+  op->msg = (fab_msg_t){.magic = htole32(FAB_MSG_MAGIC), .imm = htole32(imm),
+                        .len = htole64(len), .sender = htole64(peer->ctx->id)};
+  void *desc = NULL;
+  bool inject = fc->info->tx_attr->inject_size >= FAB_MSG_SIZE;
+  if (!inject && (st = local_desc(fc, op, &op->msg, FAB_MSG_SIZE, &desc)) != HIXL_OK) {
+    op_put(fc, op);
+    return st;
+  }
+  op_begin(op, FAB_OP_SEND, fp, req, FAB_MSG_SIZE);
+  struct iovec iov = {&op->msg, FAB_MSG_SIZE};
+  struct fi_msg msg = {.msg_iov = &iov, .desc = &desc, .iov_count = 1, .addr = fp->fa,
+                       .context = &op->fctx};
+  st = POST(fc, peer, "fi_sendmsg",
+            fi_sendmsg(fc->ep, &msg, FI_COMPLETION | (inject ? FI_INJECT : 0)));
+  if (st != HIXL_OK)
+    op_finish(fc, op, st);
+  return st;
+}
+
+hixl_status_t hixl__fab_put_imm(hixl_peer_t *peer, const void *src, size_t len,
+                                hixl_rmr_t *rmr, uint64_t off, uint32_t imm, hixl_req_t *req)
+{
+  hixl_status_t st = hixl__fab_put(peer, src, len, rmr, off, req);
+  return st == HIXL_OK ? hixl__fab_notify(peer, imm, len, req) : st;
+}
+
+/* Executed by the owner's control thread (no native atomics): atomic with
+ * respect to the owner and every other peer's atomics. */
+static hixl_status_t owner_atomic(hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t off, int op,
+                                  uint64_t a, uint64_t b, hixl_req_t *req)
+{
+  hixl_msg_t m = {.type = HIXL_MSG_ATOMIC}, reply;
+  m.u32[0] = rmr->slot;
+  m.u32[1] = (uint32_t)op;
+  m.u64[0] = rmr->rkey;
+  m.u64[1] = off;
+  m.u64[2] = a;
+  m.u64[3] = b;
+  int64_t deadline = hixl__deadline(hixl__ctx_timeout(peer->ctx));
+  hixl_status_t st = hixl__call(peer, &m, HIXL_MSG_ATOMIC_REPLY, &reply, NULL, deadline);
+  if (st == HIXL_ERR_UNSUPPORTED)
+    return hixl__err(st, "fabric: peer %s cannot run an atomic in its device memory",
+                     peer->name);
+  if (st != HIXL_OK)
+    return st;
+  if (req->old_p) {
+    *req->old_p = reply.u64[0];
+    req->old_p = NULL; /* completing must not overwrite it */
+  }
+  return HIXL_OK;
+}
+
+hixl_status_t hixl__fab_atomic(hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t off, int op,
+                               uint64_t a, uint64_t b, uint64_t *old_p, hixl_req_t *req)
+{
+  (void)old_p; /* req->old_p receives the old value */
+  if (req == NULL)
+    return HIXL_INPROGRESS;
+  fab_ctx_t *fc = hixl__fc(peer->ctx);
+  if (!fc->atomics || fc->mr_local)
+    return owner_atomic(peer, rmr, off, op, a, b, req);
+  fab_peer_t *fp = peer->tp;
+  fab_op_t *o = op_get(fc);
+  if (o == NULL)
+    return hixl__err(HIXL_ERR_NOMEM, "fabric: no memory for an operation");
+  op_begin(o, FAB_OP_AMO, fp, req, 8);
+  uint64_t raddr = rmr->tp_base + off;
+  hixl_status_t st;
+  if (op == HIXL_AMO_FAA) {
+    o->operand = a;
+    st = POST(fc, peer, "fi_fetch_atomic",
+              fi_fetch_atomic(fc->ep, &o->operand, 1, NULL, &o->result, NULL, fp->fa, raddr,
+                              rmr->tp_key, FI_UINT64, FI_SUM, &o->fctx));
+  } else {
+    o->compare = a;
+    o->operand = b;
+    st = POST(fc, peer, "fi_compare_atomic",
+              fi_compare_atomic(fc->ep, &o->operand, 1, NULL, &o->compare, NULL, &o->result,
+                                NULL, fp->fa, raddr, rmr->tp_key, FI_UINT64, FI_CSWAP,
+                                &o->fctx));
+  }
+  if (st != HIXL_OK)
+    op_finish(fc, o, st);
+  return st == HIXL_OK ? HIXL_INPROGRESS : st;
+}
+
+/* ------------------------------------------------------------ completions */
+
+hixl_status_t hixl__fab_post_recvs(fab_ctx_t *fc)
+{
+  void *desc = fc->rbufs_mr ? fi_mr_desc(fc->rbufs_mr) : NULL;
+  for (int i = 0; i < FAB_RECV_COUNT; i++) {
+    ssize_t rc = fi_recv(fc->ep, fc->rbufs + (size_t)i * FAB_MSG_SIZE, FAB_MSG_SIZE, desc,
+                         FI_ADDR_UNSPEC, &fc->rctx[i]);
+    if (rc)
+      return hixl__fab_err(HIXL_ERR_TRANSPORT, "fi_recv", rc);
+  }
+  return HIXL_OK;
+}
+
+static int recv_index(fab_ctx_t *fc, void *op_context)
+{
+  struct fi_context2 *c = op_context;
+  if (c < fc->rctx || c >= fc->rctx + FAB_RECV_COUNT)
+    return -1;
+  return (int)(c - fc->rctx);
+}
+
+static void repost(fab_ctx_t *fc, int i)
+{
+  void *desc = fc->rbufs_mr ? fi_mr_desc(fc->rbufs_mr) : NULL;
+  ssize_t rc;
+  while ((rc = fi_recv(fc->ep, fc->rbufs + (size_t)i * FAB_MSG_SIZE, FAB_MSG_SIZE, desc,
+                       FI_ADDR_UNSPEC, &fc->rctx[i])) == -FI_EAGAIN)
+    fi_cq_read(fc->cq, NULL, 0);
+  if (rc)
+    hixl_warn("fabric: reposting a receive: %s", fi_strerror((int)-rc));
+}
+
+/* Deliver one notification; false when its peer's ring is full (poll_lock). */
+static bool deliver(fab_ctx_t *fc, const fab_msg_t *m)
+{
+  if (le32toh(m->magic) != FAB_MSG_MAGIC)
+    return true; /* not ours: dropped */
+  hixl_peer_t *p = hixl__fab_sender(fc, le64toh(m->sender));
+  if (p == NULL || p->inbox == NULL)
+    return true; /* gone */
+  return hixl_ring_push(p->inbox, le32toh(m->imm), le64toh(m->len));
+}
+
+/* Retry what found a ring full, in arrival order: the kept messages, then
+ * the parked buffers (reposted as they are delivered).  True when all went. */
+static bool deliver_pending(fab_ctx_t *fc)
+{
+  int k = 0;
+  while (k < fc->n_pend && deliver(fc, &fc->pend[k]))
+    k++;
+  memmove(fc->pend, fc->pend + k, (size_t)(fc->n_pend - k) * sizeof(fc->pend[0]));
+  fc->n_pend -= k;
+  if (fc->n_pend)
+    return false;
+  int j = 0;
+  while (j < fc->n_parked) {
+    fab_msg_t m;
+    memcpy(&m, fc->rbufs + (size_t)fc->parked[j] * FAB_MSG_SIZE, sizeof(m));
+    if (!deliver(fc, &m))
+      break;
+    repost(fc, fc->parked[j++]);
+  }
+  memmove(fc->parked, fc->parked + j, (size_t)(fc->n_parked - j) * sizeof(fc->parked[0]));
+  fc->n_parked -= j;
+  return fc->n_parked == 0;
+}
+
+/* A received notification (poll_lock held). */
+static void on_recv(fab_ctx_t *fc, int ri)
+{
+  fab_msg_t m;
+  memcpy(&m, fc->rbufs + (size_t)ri * FAB_MSG_SIZE, sizeof(m));
+  if (fc->n_pend == 0 && fc->n_parked == 0 && deliver(fc, &m)) {
+    repost(fc, ri);
+  } else if (fc->n_parked == 0 && fc->n_pend < FAB_PEND_MAX) {
+    fc->pend[fc->n_pend++] = m;
+    repost(fc, ri);
+  } else {
+    fc->parked[fc->n_parked++] = ri; /* at most FAB_RECV_COUNT: one per buffer */
+  }
+}
+
+static hixl_status_t cq_err_status(const struct fi_cq_err_entry *e)
+{
+  switch (e->err) {
+  case FI_ECANCELED:
+  case FI_EIO:
+  case FI_ECONNREFUSED:
+  case FI_ECONNRESET:
+  case FI_ECONNABORTED:
+  case FI_ETIMEDOUT:
+  case FI_EHOSTUNREACH:
+  case FI_ENOTCONN:
+  case FI_EADDRNOTAVAIL:
+    return HIXL_ERR_PEER_LOST;
+  case FI_EACCES:
+  case FI_EPERM:
+  case FI_EKEYREJECTED:
+    return HIXL_ERR_ACCESS;
+  default:
+    return HIXL_ERR_TRANSPORT;
+  }
+}
+
+/* Read and handle completions (poll_lock held); returns how many. */
+static int poll_locked(fab_ctx_t *fc)
+{
+  struct fi_cq_data_entry e[32];
+  int total = 0;
+  if (fc->n_pend || fc->n_parked)
+    deliver_pending(fc);
+  for (;;) {
+    ssize_t n = fi_cq_read(fc->cq, e, 32);
+    if (n == -FI_EAVAIL) {
+      struct fi_cq_err_entry err = {0};
+      if (fi_cq_readerr(fc->cq, &err, 0) != 1)
+        break;
+      int ri = recv_index(fc, err.op_context);
+      if (ri >= 0) {
+        if (err.err != FI_ECANCELED)
+          repost(fc, ri);
+        continue;
+      }
+      fab_op_t *op = err.op_context;
+      hixl_status_t st = cq_err_status(&err);
+      char why[160];
+      snprintf(why, sizeof(why), "%s failed: %s",
+               op->kind == FAB_OP_WRITE  ? "write"
+               : op->kind == FAB_OP_READ ? "read"
+               : op->kind == FAB_OP_SEND ? "notification"
+                                         : "atomic",
+               fi_cq_strerror(fc->cq, err.prov_errno, err.err_data, NULL, 0));
+      hixl__err(st, "fabric: peer %s: %s", op->fp->peer->name, why);
+      if (st == HIXL_ERR_PEER_LOST)
+        hixl__peer_lost_async(op->fp->peer, why);
+      op_finish(fc, op, st);
+      total++;
+      continue;
+    }
+    if (n <= 0)
+      break;
+    for (ssize_t i = 0; i < n; i++) {
+      int ri = recv_index(fc, e[i].op_context);
+      if (ri >= 0) {
+        on_recv(fc, ri);
+      } else {
+        op_finish(fc, e[i].op_context, HIXL_OK);
+      }
+    }
+    total += (int)n;
+    if (n < 32)
+      break;
+  }
+  return total;
+}
+
+int hixl__fab_progress(hixl_ctx_t *ctx)
+{
+  fab_ctx_t *fc = hixl__fc(ctx);
+  if (fc == NULL || pthread_mutex_trylock(&fc->poll_lock) != 0)
+    return 0;
+  int n = poll_locked(fc);
+  pthread_mutex_unlock(&fc->poll_lock);
+  return n;
+}
+
+bool hixl__fab_drain_peer(fab_peer_t *fp)
+{
+  int64_t deadline = hixl__deadline(2000);
+  unsigned it = 0;
+  while (atomic_load(&fp->outstanding) > 0 && !hixl__expired(deadline))
+    if (hixl__fab_progress(fp->peer->ctx) == 0)
+      hixl__backoff(&it);
+  return atomic_load(&fp->outstanding) == 0;
+}
+
+/* The context's progress thread: completions and receives while nobody
+ * calls hixl; sleeps on the CQ's wait fd (or naps) when there are none. */
+void *hixl__fab_thread(void *arg)
+{
+  fab_ctx_t *fc = arg;
+  unsigned idle = 0;
+  while (!atomic_load(&fc->stop)) {
+    pthread_mutex_lock(&fc->poll_lock);
+    int n = poll_locked(fc);
+    pthread_mutex_unlock(&fc->poll_lock);
+    if (n > 0 || fc->n_pend || fc->n_parked) {
+      idle = 0;
+      if (fc->n_pend || fc->n_parked) /* a full ring: its owner polls it eventually */
+        nanosleep(&(struct timespec){0, 100000}, NULL);
+      continue;
+    }
+    if (fc->wait_fd >= 0) {
+      struct fid *f = &fc->cq->fid;
+      if (fi_trywait(fc->fabric, &f, 1) == FI_SUCCESS) {
+        struct pollfd pfd = {fc->wait_fd, POLLIN, 0};
+        poll(&pfd, 1, 100); /* woken by the provider; 100 ms: re-check stop */
+      }
+      continue;
+    }
+    /* No wait object: nap, longer the longer it stays idle (50 us .. 1 ms). */
+    long ns = idle < 200 ? 50000 : 1000000;
+    idle++;
+    nanosleep(&(struct timespec){0, ns}, NULL);
+  }
+  return NULL;
+}
