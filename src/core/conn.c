@@ -277,6 +277,19 @@ static void proto_error_locked(hixl_peer_t *p, const char *what, unsigned type)
   hixl__peer_fail_locked(p, HIXL_PEER_LOST, "protocol error");
 }
 
+/* "shm,verbs" for a bit set of HIXL_TP_* (a buffer of the calling thread). */
+static const char *tp_list(uint32_t bits)
+{
+  static const char *const names[HIXL_TP_COUNT] = {"self", "shm", "verbs", "fabric"};
+  static __thread char buf[64];
+  buf[0] = 0;
+  for (int i = 0; i < HIXL_TP_COUNT; i++)
+    if (bits & (1u << i))
+      snprintf(buf + strlen(buf), sizeof(buf) - strlen(buf), "%s%s", buf[0] ? "," : "",
+               names[i]);
+  return buf;
+}
+
 static const hixl_transport_ops_t *pick_transport_locked(hixl_ctx_t *ctx, const hixl_msg_t *hello)
 {
   uint8_t order[HIXL_TP_COUNT];
@@ -338,10 +351,12 @@ static void handle_hello_locked(hixl_peer_t *p, const hixl_msg_t *m, hixl_msg_t 
   const hixl_transport_ops_t *ops = pick_transport_locked(ctx, m);
   if (ops == NULL) {
     ack->status = HIXL_ERR_UNSUPPORTED;
+    bool same_host = memcmp(ctx->host_id, m->host_id, sizeof(ctx->host_id)) == 0;
     snprintf(ack->str[1], sizeof(ack->str[1]),
-             "no common transport (initiator allows \"%s\"; different host, and only self/shm "
-             "are built)",
-             m->str[0]);
+             "no common transport (initiator allows \"%s\" and can use \"%s\"; %s host; here "
+             "\"%s\" is usable)",
+             m->str[0][0] ? m->str[0] : "all", tp_list(m->u32[0]),
+             same_host ? "same" : "different", ctx->tp_names);
     return;
   }
   ack->u32[0] = (uint32_t)ops->id;

@@ -179,6 +179,25 @@ static bool native_atomics(fab_ctx_t *fc)
          fi_query_atomic(fc->domain, FI_UINT64, FI_CSWAP, &a, FI_COMPARE_ATOMIC) == 0;
 }
 
+/* Whether a provider's send-after-write order also means the write's data
+ * is in memory when the send completes at the target.  msg_order promises
+ * the order in which operations are processed, not that data is placed
+ * (sockets claims SAW and delivers a send before the write's bytes: the
+ * conformance case notif_order catches it).  Trusted: providers whose wire
+ * is one ordered stream per peer (tcp, rxm over verbs RC, shm).
+ * HIXL_FABRIC_ORDERED=0/1 overrides. */
+static bool trusted_order(const char *prov)
+{
+  const char *o = getenv("HIXL_FABRIC_ORDERED");
+  if (o && (strcmp(o, "0") == 0 || strcmp(o, "1") == 0))
+    return o[0] == '1';
+  static const char *const ok[] = {"tcp;ofi_rxm", "tcp", "verbs;ofi_rxm", "shm"};
+  for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++)
+    if (strcmp(prov, ok[i]) == 0)
+      return true;
+  return false;
+}
+
 static hixl_status_t fab_ctx_init(hixl_ctx_t *ctx)
 {
   const char *want = getenv("HIXL_FABRIC_PROVIDER");
@@ -214,7 +233,8 @@ static hixl_status_t fab_ctx_init(hixl_ctx_t *ctx)
   fc->mr_local = fc->mr_mode & FI_MR_LOCAL;
   fc->mr_endpoint = fc->mr_mode & FI_MR_ENDPOINT;
   uint64_t order = info->tx_attr->msg_order;
-  fc->ordered = (order & (FI_ORDER_SAW | FI_ORDER_SAS)) == (FI_ORDER_SAW | FI_ORDER_SAS);
+  fc->ordered = (order & (FI_ORDER_SAW | FI_ORDER_SAS)) == (FI_ORDER_SAW | FI_ORDER_SAS) &&
+                trusted_order(fc->prov);
   fc->manual = info->domain_attr->data_progress == FI_PROGRESS_MANUAL;
   fc->max_msg = info->ep_attr->max_msg_size ? info->ep_attr->max_msg_size : SIZE_MAX;
   /* Completion = visible at the target: delivery completion, or a read

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -43,7 +44,9 @@ hixl_ctx_t *test_ctx(int timeout_ms, const char *token)
 {
   hixl_config_t cfg;
   hixl_config_init(&cfg);
-  cfg.listen = "127.0.0.1:0";
+  /* Across network namespaces (tests/netns/netns-run) this host's address. */
+  const char *listen = getenv("HIXL_TEST_LISTEN");
+  cfg.listen = listen && *listen ? listen : "127.0.0.1:0";
   if (timeout_ms > 0)
     cfg.timeout_ms = timeout_ms;
   cfg.auth_token = token;
@@ -386,6 +389,19 @@ void target_start(target_t *t, hixl_ctx_t *ctx, const char *token, int timeout_m
     const char *dev = getenv("HIXL_TEST_TARGET_NET_DEV");
     if (dev)
       setenv("HIXL_NET_DEV", dev, 1);
+    /* Another host: the target runs in another network namespace. */
+    const char *ns = getenv("HIXL_TEST_TARGET_NETNS");
+    if (ns && *ns) {
+      char path[256];
+      snprintf(path, sizeof(path), "/var/run/netns/%s", ns);
+      int nfd = open(path, O_RDONLY | O_CLOEXEC);
+      if (nfd < 0 || setns(nfd, CLONE_NEWNET) != 0)
+        _exit(126);
+      close(nfd);
+      const char *tl = getenv("HIXL_TEST_TARGET_LISTEN");
+      if (tl)
+        setenv("HIXL_TEST_LISTEN", tl, 1);
+    }
     /* A target whose NIC may reach its device memory while ours may not. */
     const char *rdma = getenv("HIXL_TEST_TARGET_DEVICE_RDMA");
     if (rdma)

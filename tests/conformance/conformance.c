@@ -607,6 +607,63 @@ static void test_flood(void **state)
   hixl_ctx_destroy(ctx);
 }
 
+/* --------------------------------------------------------- transport choice */
+
+/* Which transport hixl_connect picks, by what both sides allow and whether
+ * they share a host: across hosts (tests/netns/netns-run puts the target in
+ * another network namespace) shm refuses, with a message saying so, and a
+ * list that also allows fabric falls back to it; on one host shm wins. */
+static void test_choice(void **state)
+{
+  (void)state;
+  const char *ns = getenv("HIXL_TEST_TARGET_NETNS");
+  bool other_host = ns && *ns;
+  hixl_ctx_t *tctx = test_ctx(0, NULL);
+  target_t t;
+  target_start(&t, tctx, NULL, 0);
+  static const char *const lists[] = {"shm", "shm,fabric", "fabric,shm"};
+  for (size_t i = 0; i < 3; i++) {
+    hixl_config_t cfg;
+    hixl_config_init(&cfg);
+    const char *listen = getenv("HIXL_TEST_LISTEN");
+    cfg.listen = listen && *listen ? listen : "127.0.0.1:0";
+    cfg.transports = lists[i];
+    hixl_ctx_t *ctx;
+    EXPECT_OK(hixl_ctx_create(&cfg, &ctx));
+    bool has_fabric = strstr(hixl_ctx_transports(ctx), "fabric") != NULL;
+    hixl_peer_t *peer = NULL;
+    hixl_status_t st = hixl_connect(ctx, t.addr, 10000, &peer);
+    const char *want = !other_host              ? (i == 2 && has_fabric ? "fabric" : "shm")
+                       : i > 0 && has_fabric ? "fabric"
+                                             : NULL;
+    if (want == NULL) {
+      if (st != HIXL_ERR_UNSUPPORTED || peer != NULL)
+        fail_msg("%s across hosts: %s, expected UNSUPPORTED", lists[i], hixl_strerror(st));
+      if (strstr(hixl_last_error(), "different host") == NULL)
+        fail_msg("the refusal does not say why: %s", hixl_last_error());
+    } else {
+      if (st != HIXL_OK)
+        fail_msg("%s: %s (%s)", lists[i], hixl_strerror(st), hixl_last_error());
+      if (strcmp(hixl_peer_transport(peer), want) != 0)
+        fail_msg("%s %s: picked %s, expected %s", lists[i], other_host ? "across hosts" : "on one host",
+                 hixl_peer_transport(peer), want);
+      /* And it works. */
+      hixl_rmr_t *rmr = lookup(peer, "alloc");
+      uint8_t buf[4096];
+      fill_pattern(buf, sizeof(buf), 42 + i);
+      EXPECT_OK(hixl_put(peer, buf, sizeof(buf), rmr, 8192, 0, NULL));
+      EXPECT_OK(hixl_fence(ctx, peer, 10000));
+      if (target_hash(&t, "alloc", 8192, sizeof(buf)) != hash_bytes(buf, sizeof(buf)))
+        fail_msg("a put over %s did not land", want);
+      hixl_rmr_release(rmr);
+      hixl_disconnect(peer);
+    }
+    hixl_ctx_destroy(ctx);
+  }
+  target_stop(&t);
+  hixl_ctx_destroy(tctx);
+}
+
 /* ----------------------------------------------------------------- main */
 
 int main(int argc, char **argv)
@@ -623,6 +680,7 @@ int main(int argc, char **argv)
       cmocka_unit_test(test_cas_lock),    cmocka_unit_test(test_fence),
       cmocka_unit_test(test_connect_churn), cmocka_unit_test(test_world),
       cmocka_unit_test(test_remap),       cmocka_unit_test(test_flood),
+      cmocka_unit_test(test_choice),
   };
   char filter[64];
   snprintf(filter, sizeof(filter), "test_%s", argv[2]);
