@@ -4,7 +4,9 @@ set -euo pipefail
 pkgs=(meson ninja-build gcc g++ pkg-config libcmocka-dev python3 clang
       # Soft-RoCE in a qemu guest (tests/rxe/rxe-run) and the verbs transport:
       qemu-system-x86 busybox-static cpio kmod xz-utils ibverbs-providers ibverbs-utils
-      rdmacm-utils perftest libibverbs-dev librdmacm-dev)
+      rdmacm-utils perftest libibverbs-dev librdmacm-dev
+      # the fabric transport, and network namespaces for its two-host tests:
+      libfabric-dev iproute2)
 # libclang-rt provides libFuzzer and the sanitizer runtimes for clang.
 if apt-cache show libclang-rt-14-dev >/dev/null 2>&1; then pkgs+=(libclang-rt-14-dev); fi
 missing=()

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One command on a fresh Debian machine: install what is missing, build, and
 # run the whole test suite:
-#   1. gcc, warnings as errors: unit, conformance (self, shm), bad input,
-#      peer death, header, tools, examples;
+#   1. gcc, warnings as errors: unit, conformance (self, shm, fabric on one
+#      host), device memory, bad input, peer death, header, tools, examples;
+#      the two-host suite in network namespaces (fabric; root); then the
+#      Soft-RoCE guest (verbs);
 #   2. the same suite under ASan + UBSan;
 #   3. clang, warnings as errors, the suite again; then under ThreadSanitizer;
 #   4. install into a staging prefix and build out-of-tree programs with
@@ -28,12 +30,12 @@ rm -rf "$out/asan" && meson setup "$out/asan" -Dwerror=true -Db_sanitize=address
 ninja -C "$out/asan" >/dev/null
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   meson test -C "$out/asan" --print-errorlogs --num-processes 2 --timeout-multiplier 3 \
-  --no-suite rxe
+  --no-suite rxe --no-suite netns
 
 step "clang build + suite"
 rm -rf "$out/clang" && CC=clang CXX=clang++ meson setup "$out/clang" -Dwerror=true -Dfuzz=true >/dev/null
 ninja -C "$out/clang" >/dev/null
-meson test -C "$out/clang" --print-errorlogs --num-processes 2 --no-suite rxe
+meson test -C "$out/clang" --print-errorlogs --num-processes 2 --no-suite rxe --no-suite netns
 
 step "ThreadSanitizer suite (clang)"
 rm -rf "$out/tsan" && CC=clang CXX=clang++ meson setup "$out/tsan" -Db_sanitize=thread \
@@ -41,7 +43,7 @@ rm -rf "$out/tsan" && CC=clang CXX=clang++ meson setup "$out/tsan" -Db_sanitize=
 ninja -C "$out/tsan" >/dev/null
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
   meson test -C "$out/tsan" --print-errorlogs --num-processes 2 --timeout-multiplier 3 \
-  --no-suite rxe
+  --no-suite rxe --no-suite netns
 
 step "install + pkg-config consumer"
 tests/install/check.sh "$out/gcc"
