@@ -42,8 +42,13 @@ rm -rf "$out/tsan" && CC=clang CXX=clang++ meson setup "$out/tsan" -Db_sanitize=
   -Db_lundef=false >/dev/null
 ninja -C "$out/tsan" >/dev/null
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
-  meson test -C "$out/tsan" --print-errorlogs --num-processes 2 --timeout-multiplier 3 \
-  --no-suite rxe --no-suite netns
+  # Not the fabric suite: there the provider's own threads write region memory
+# with recvmsg for a peer process, and the target reads it after a command
+# that peer sent over a pipe; TSan sees the write and the read but not the
+# order another process imposed, and reports a race on every put (the same
+# data moves checked in every other build; docs/testing.md).
+meson test -C "$out/tsan" --print-errorlogs --num-processes 2 --timeout-multiplier 3 \
+  --no-suite rxe --no-suite netns --no-suite fabric
 
 step "install + pkg-config consumer"
 tests/install/check.sh "$out/gcc"
