@@ -84,6 +84,9 @@ typedef struct fab_ctx {
   int wait_fd; /* the CQ's wait fd, or -1 (then the progress thread naps) */
   pthread_t thread;
   bool thread_started;
+  /* Bumped by every user-driven progress call: while users drive the CQ the
+   * progress thread stays out of their way (see hixl__fab_thread). */
+  _Atomic uint64_t user_polls;
   _Atomic bool stop;
   /* Operation contexts: a free list (no malloc on the fast path). */
   pthread_mutex_t op_lock;
