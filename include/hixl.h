@@ -121,7 +121,8 @@ const char *hixl_ctx_transports(const hixl_ctx_t *ctx);
  * brackets, or a name).  The handshake checks the protocol version and the
  * auth token and picks the transport: "self" when addr is this context,
  * "shm" when both are on the same host (same kernel boot and network
- * namespace), later "verbs" / "fabric" across hosts; cfg.transports limits
+ * namespace), "verbs" when both have an active RDMA port, else "fabric"
+ * (libfabric) across hosts; cfg.transports limits
  * the choice.  Peers that connect to us become hixl_peer_t objects too
  * (they appear in notifications and can be used to reach back).
  * Errors: INVALID (bad address), TIMEOUT, PEER_LOST (refused / closed),
