@@ -5,8 +5,8 @@
  * atomics where the provider has them.
  *
  * Provider: HIXL_FABRIC_PROVIDER (a libfabric provider name such as
- * "tcp;ofi_rxm", "shm", "sockets", "efa"), else the first of efa, cxi,
- * verbs;ofi_rxm, tcp;ofi_rxm, tcp, shm, sockets that fi_getinfo offers with
+ * "tcp;ofi_rxm", "shm", "efa"), else the first of efa, cxi,
+ * verbs;ofi_rxm, tcp;ofi_rxm, tcp, shm that fi_getinfo offers with
  * RMA and messages.  What it lacks is filled in above it, never silently
  * wrong (docs/fabric.md):
  *   - atomics: executed by the owner's control thread (an ATOMIC control
@@ -46,8 +46,11 @@ hixl_status_t hixl__fab_err(hixl_status_t st, const char *what, ssize_t rc)
 
 /* ------------------------------------------------------------ set-up */
 
-static const char *const prefer[] = {"efa",         "cxi", "verbs;ofi_rxm", "tcp;ofi_rxm",
-                                     "tcp",         "shm", "sockets"};
+/* Not sockets (deprecated upstream): it claims send-after-write order it
+ * does not keep, and a 1000-write batch once never completed under load in
+ * CI; it still runs when named in HIXL_FABRIC_PROVIDER. */
+static const char *const prefer[] = {"efa", "cxi", "verbs;ofi_rxm", "tcp;ofi_rxm", "tcp",
+                                     "shm"};
 
 static struct fi_info *hints_for(const char *prov, bool atomics, bool dc)
 {
