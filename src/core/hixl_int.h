@@ -424,6 +424,16 @@ void hixl__primary_ip(char *buf, size_t cap);
 /* Check rkey/slot against our table; base/len/access as claimed. */
 hixl_status_t hixl__reg_check(const hixl_reg_slot_t *table, uint32_t slot, uint64_t rkey,
                               uint64_t base, uint64_t len, uint32_t access, uint32_t flags);
+/* The ATOMIC control message for an owner-executed atomic on r+off. */
+void hixl__atomic_msg(const hixl_rmr_t *r, uint64_t off, int op, uint64_t a, uint64_t b,
+                      struct hixl_msg *m);
+/* Transports whose peers do not read our table (verbs, fabric): ask the
+ * owner for r's transport key (type / reply_type: VERBS_MR or FABRIC_MR),
+ * which checks the whole blob.  unreachable ends the message of an
+ * UNSUPPORTED reply ("device memory <unreachable>"). */
+hixl_status_t hixl__rmr_key_call(hixl_rmr_t *r, uint16_t type, uint16_t reply_type,
+                                 const char *unreachable, struct hixl_msg *reply,
+                                 int64_t deadline);
 /* Run an atomic on our own memory (self, or a peer's ATOMIC request). */
 uint64_t hixl__amo_local(uint64_t *p, int op, uint64_t a, uint64_t b);
 /* The rkey blob a peer publishes under name: asked once (no waiting for

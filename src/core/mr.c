@@ -474,6 +474,38 @@ uint64_t hixl__amo_local(uint64_t *p, int op, uint64_t a, uint64_t b)
   return expected;
 }
 
+void hixl__atomic_msg(const hixl_rmr_t *r, uint64_t off, int op, uint64_t a, uint64_t b,
+                      hixl_msg_t *m)
+{
+  *m = (hixl_msg_t){.type = HIXL_MSG_ATOMIC};
+  m->u32[0] = r->slot;
+  m->u32[1] = (uint32_t)op;
+  m->u64[0] = r->rkey;
+  m->u64[1] = off;
+  m->u64[2] = a;
+  m->u64[3] = b;
+}
+
+hixl_status_t hixl__rmr_key_call(hixl_rmr_t *r, uint16_t type, uint16_t reply_type,
+                                 const char *unreachable, hixl_msg_t *reply, int64_t deadline)
+{
+  hixl_msg_t m = {.type = type};
+  m.u32[0] = r->slot;
+  m.u32[1] = r->access;
+  m.u32[2] = r->flags;
+  m.u64[0] = r->rkey;
+  m.u64[1] = r->base;
+  m.u64[2] = r->len;
+  hixl_status_t st = hixl__call(r->peer, &m, reply_type, reply, NULL, deadline);
+  if (st == HIXL_ERR_NOT_REGISTERED)
+    return hixl__err(st, "hixl_rmr_unpack: peer %s has no live region matching the blob "
+                     "(forged or stale key)", r->peer->name);
+  if (st == HIXL_ERR_UNSUPPORTED)
+    return hixl__err(st, "hixl_rmr_unpack: the region of peer %s is device memory %s",
+                     r->peer->name, unreachable);
+  return st;
+}
+
 /* The owner's view of a peer's request on (slot, rkey). */
 static hixl_mr_t *live_mr(hixl_ctx_t *ctx, uint32_t slot, uint64_t rkey)
 {
@@ -565,37 +597,27 @@ void hixl__serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out, int *o
     pthread_mutex_unlock(&ctx->reg_lock);
     return;
   }
-  case HIXL_MSG_VERBS_MR: {
-    /* The verbs rkey of a live region: only for peers on verbs. */
-    out->type = HIXL_MSG_VERBS_MR_REPLY;
+  case HIXL_MSG_VERBS_MR:
+  case HIXL_MSG_FABRIC_MR: {
+    /* The transport key of a live region (verbs: its rkey; fabric: key and
+     * base), only for peers on that transport. */
+    bool fab = m->type == HIXL_MSG_FABRIC_MR;
+    out->type = fab ? HIXL_MSG_FABRIC_MR_REPLY : HIXL_MSG_VERBS_MR_REPLY;
     out->status = HIXL_ERR_NOT_REGISTERED;
     pthread_mutex_lock(&ctx->reg_lock);
     hixl_mr_t *mr = live_mr(ctx, m->u32[0], m->u64[0]);
     /* The whole blob must match, as for peers that read our table. */
-    if (mr && peer->ops->id == HIXL_TP_VERBS && mr->tp[HIXL_TP_VERBS] &&
-        hixl__reg_check(ctx->reg_table, m->u32[0], m->u64[0], m->u64[1], m->u64[2], m->u32[1],
-                        m->u32[2]) == HIXL_OK) {
-      out->u32[0] = hixl__verbs_mr_rkey(mr);
-      out->status = HIXL_OK;
-    } else if (mr && peer->ops->id == HIXL_TP_VERBS && mr->device >= 0) {
-      out->status = HIXL_ERR_UNSUPPORTED; /* device memory our NIC cannot reach */
-    }
-    pthread_mutex_unlock(&ctx->reg_lock);
-    return;
-  }
-  case HIXL_MSG_FABRIC_MR: {
-    /* The fabric key and base of a live region: only for peers on fabric. */
-    out->type = HIXL_MSG_FABRIC_MR_REPLY;
-    out->status = HIXL_ERR_NOT_REGISTERED;
-    pthread_mutex_lock(&ctx->reg_lock);
-    hixl_mr_t *mr = live_mr(ctx, m->u32[0], m->u64[0]);
-    bool match = mr && peer->ops->id == HIXL_TP_FABRIC &&
+    bool match = mr && peer->ops->id == (fab ? HIXL_TP_FABRIC : HIXL_TP_VERBS) &&
                  hixl__reg_check(ctx->reg_table, m->u32[0], m->u64[0], m->u64[1], m->u64[2],
                                  m->u32[1], m->u32[2]) == HIXL_OK;
-    if (match && hixl__fabric_mr_key(mr, &out->u64[0], &out->u64[1]))
+    bool have = match && (fab ? hixl__fabric_mr_key(mr, &out->u64[0], &out->u64[1])
+                              : mr->tp[HIXL_TP_VERBS] != NULL);
+    if (have && !fab)
+      out->u32[0] = hixl__verbs_mr_rkey(mr);
+    if (have)
       out->status = HIXL_OK;
     else if (match && mr->device >= 0)
-      out->status = HIXL_ERR_UNSUPPORTED; /* device memory our provider cannot reach */
+      out->status = HIXL_ERR_UNSUPPORTED; /* device memory our NIC / provider cannot reach */
     pthread_mutex_unlock(&ctx->reg_lock);
     return;
   }

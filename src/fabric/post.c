@@ -293,13 +293,8 @@ hixl_status_t hixl__fab_put_imm(hixl_peer_t *peer, const void *src, size_t len,
 static hixl_status_t owner_atomic(hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t off, int op,
                                   uint64_t a, uint64_t b, hixl_req_t *req)
 {
-  hixl_msg_t m = {.type = HIXL_MSG_ATOMIC}, reply;
-  m.u32[0] = rmr->slot;
-  m.u32[1] = (uint32_t)op;
-  m.u64[0] = rmr->rkey;
-  m.u64[1] = off;
-  m.u64[2] = a;
-  m.u64[3] = b;
+  hixl_msg_t m, reply;
+  hixl__atomic_msg(rmr, off, op, a, b, &m);
   int64_t deadline = hixl__deadline(hixl__ctx_timeout(peer->ctx));
   hixl_status_t st = hixl__call(peer, &m, HIXL_MSG_ATOMIC_REPLY, &reply, NULL, deadline);
   if (st == HIXL_ERR_UNSUPPORTED)

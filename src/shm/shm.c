@@ -483,13 +483,8 @@ static hixl_status_t shm_atomic(hixl_peer_t *peer, hixl_rmr_t *r, uint64_t off, 
                        SHM_MAX_INFLIGHT, peer->name, hixl__ctx_timeout(peer->ctx));
     hixl__backoff(&it);
   }
-  hixl_msg_t m = {.type = HIXL_MSG_ATOMIC};
-  m.u32[0] = r->slot;
-  m.u32[1] = (uint32_t)op;
-  m.u64[0] = r->rkey;
-  m.u64[1] = off;
-  m.u64[2] = a;
-  m.u64[3] = b;
+  hixl_msg_t m;
+  hixl__atomic_msg(r, off, op, a, b, &m);
   return hixl__call_async(peer, &m, HIXL_MSG_ATOMIC_REPLY, req);
 }
 

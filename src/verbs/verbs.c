@@ -881,21 +881,11 @@ static void vrb_ack_event(hixl_ctx_t *ctx)
 
 static hixl_status_t vrb_rmr_attach(hixl_rmr_t *r, int64_t deadline)
 {
-  hixl_msg_t m = {.type = HIXL_MSG_VERBS_MR}, reply;
-  m.u32[0] = r->slot;
-  m.u32[1] = r->access;
-  m.u32[2] = r->flags;
-  m.u64[0] = r->rkey;
-  m.u64[1] = r->base;
-  m.u64[2] = r->len;
-  hixl_status_t st = hixl__call(r->peer, &m, HIXL_MSG_VERBS_MR_REPLY, &reply, NULL, deadline);
-  if (st == HIXL_ERR_NOT_REGISTERED)
-    return hixl__err(st, "hixl_rmr_unpack: peer %s has no live region matching the blob "
-                     "(forged or stale key)", r->peer->name);
-  if (st == HIXL_ERR_UNSUPPORTED)
-    return hixl__err(st, "hixl_rmr_unpack: the region of peer %s is device memory its NIC "
-                     "cannot reach (no dmabuf or peer-memory support there, or "
-                     "HIXL_DEVICE_RDMA=0)", r->peer->name);
+  hixl_msg_t reply;
+  hixl_status_t st = hixl__rmr_key_call(r, HIXL_MSG_VERBS_MR, HIXL_MSG_VERBS_MR_REPLY,
+                                        "its NIC cannot reach (no dmabuf or peer-memory "
+                                        "support there, or HIXL_DEVICE_RDMA=0)",
+                                        &reply, deadline);
   if (st != HIXL_OK)
     return st;
   r->tp_rkey = reply.u32[0];
