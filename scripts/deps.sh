@@ -6,7 +6,9 @@ pkgs=(meson ninja-build gcc g++ pkg-config libcmocka-dev python3 clang
       qemu-system-x86 busybox-static cpio kmod xz-utils ibverbs-providers ibverbs-utils
       rdmacm-utils perftest libibverbs-dev librdmacm-dev
       # the fabric transport, and network namespaces for its two-host tests:
-      libfabric-dev iproute2)
+      libfabric-dev iproute2
+      # the Python package (python/hixl), its tests, examples and torchrun:
+      python3-dev python3-numpy python3-torch python3-pytest python3-mesonpy python3-pip)
 # libclang-rt provides libFuzzer and the sanitizer runtimes for clang.
 if apt-cache show libclang-rt-14-dev >/dev/null 2>&1; then pkgs+=(libclang-rt-14-dev); fi
 missing=()
