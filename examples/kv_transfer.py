@@ -1,0 +1,359 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: MIT
+"""kv_transfer.py: prefill -> decode transfer of a paged KV cache held in
+torch tensors, with hixl's Python object API (the seeds' example 003).
+
+Decode owns the KV-cache pool, laid out like vLLM's paged attention: one
+ctx.alloc region viewed with region.torch() as a tensor of shape
+[layers, 2 (K, V), blocks, block_tokens, kv_heads, head_dim], fp16, and
+published as "kv_pool".  For each request (a random sequence length) decode
+takes free block ids and hands prefill a descriptor {request, length, block
+ids} with one put_imm into the slot prefill published for it ("kv_slots").
+Prefill "computes" the request's KV layer by layer -- deterministic values
+from (request, layer, K/V, token, lane) -- into a registered staging tensor,
+and writes each layer's blocks into the pool with ONE peer.put_batch of a
+numpy descriptor array (rows: local address, remote offset, length) whose
+immediate {slot, layer} tells decode that layer is there; two layers are in
+flight.  Decode checks every byte of every block of every layer against a
+regenerated copy, and frees the blocks.
+
+The same requests then run again with one peer.put per block and an ORDERED
+notify per layer, to show what batching buys.  Decode prints KV bytes, GB/s
+(end to end: prefill's compute, the transfer, decode's check), time to first
+layer and the batching gain; prefill prints its per-layer write latency.
+
+    /usr/bin/python3 examples/kv_transfer.py                      # both roles, forked here
+    /usr/bin/python3 examples/kv_transfer.py --role decode         # host A: prints its address
+    /usr/bin/python3 examples/kv_transfer.py --role prefill --connect A:PORT   # host B
+"""
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+import hixl
+
+SHAPES = {  # layers, kv_heads, head_dim, block_tokens
+    "tiny": (4, 4, 64, 16),           # 8 KiB per K or V block
+    "llama2-7b": (32, 32, 128, 16),   # 128 KiB per K or V block
+    "llama2-70b": (80, 8, 128, 16),   # grouped-query attention: 8 KV heads
+}
+MAX_SLOTS = 64
+MAX_REQ_BLOCKS = 512
+SLOT_INTS = 4 + MAX_REQ_BLOCKS      # req, seq_len, nblocks, pass, block ids (int32)
+IMM_DESC = 0x80000000               # decode -> prefill: a descriptor in slot (low bits)
+IMM_HELLO = 0x40000000              # prefill -> decode: here I am
+IMM_STOP = 0x20000000               # decode -> prefill: no more requests
+IMM_BYE = 0x10000000                # prefill -> decode: all my writes are done
+WAIT_S = 120.0
+
+
+class Cfg:
+    def __init__(self, a):
+        self.layers, self.heads, self.head_dim, self.block_tokens = SHAPES[a.model]
+        for k in ("layers", "heads", "head_dim", "block_tokens"):
+            v = getattr(a, k.replace("heads", "kv_heads"))
+            if v:
+                setattr(self, k, v)
+        self.model = a.model
+        self.requests, self.blocks, self.concurrency = a.requests, a.blocks, a.concurrency
+        self.seq_min, self.seq_max = (int(v) for v in a.seq_len.split(":"))
+        self.lanes = self.heads * self.head_dim
+        self.block_bytes = self.block_tokens * self.lanes * 2  # fp16
+        self.max_nb = -(-self.seq_max // self.block_tokens)
+
+    def pool_off(self, layer, kv, block):
+        """Byte offset of (layer, K=0/V=1, block) in the pool."""
+        return ((layer * 2 + kv) * self.blocks + block) * self.block_bytes
+
+
+# ------------------------------------------------------------------ the KV values
+
+M32 = 0xFFFFFFFF
+
+
+def mix32(x):
+    """A 32-bit integer hash, elementwise on an int64 tensor."""
+    x = x & M32
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & M32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & M32
+    return x ^ (x >> 16)
+
+
+def fp16_bits(x):
+    """Sign and 10 mantissa bits of a hash, as int16 (the exponent is OR-ed in
+    later: values in +-[1, 2), never NaN)."""
+    x = x & 0x83FF
+    return (x - ((x >> 15) << 16)).to(torch.int16)
+
+
+_lane_bits = {}
+
+
+def generate(cfg, req, layer, ntok, out=None):
+    """The "computed" K and V of tokens 0..ntok-1 of request `req` at `layer`,
+    shape [2, ntok, lanes], as int16 (the bits of fp16 values): one hash per
+    (request, layer, K/V, token), combined with one per lane.  Any misplaced,
+    stale or torn block shows."""
+    lanes = _lane_bits.get(cfg.lanes)
+    if lanes is None:
+        lanes = _lane_bits[cfg.lanes] = fp16_bits(
+            mix32(torch.arange(cfg.lanes, dtype=torch.int64) + 0x5BD1E995)).view(1, 1, -1)
+    kv = torch.arange(2, dtype=torch.int64).view(2, 1)
+    tok = torch.arange(ntok, dtype=torch.int64).view(1, ntok)
+    key = mix32(mix32(mix32(torch.tensor(req * 0x10000 + layer)) + kv) + tok)
+    out = torch.bitwise_xor(fp16_bits(key).view(2, ntok, 1), lanes, out=out)
+    out.bitwise_or_(0x3C00)
+    return out
+
+
+def pct(v, p):
+    if not v:
+        return 0.0
+    v = sorted(v)
+    return v[(len(v) - 1) * p // 100]
+
+
+# ------------------------------------------------------------------ prefill
+
+def prefill(cfg, addr):
+    with hixl.Context() as ctx:
+        dec = ctx.connect(addr, timeout=60)
+        pool = dec.lookup("kv_pool", timeout=60)
+        slots_region = ctx.alloc(MAX_SLOTS * SLOT_INTS * 4)
+        slots = slots_region.numpy(np.int32).reshape(MAX_SLOTS, SLOT_INTS)
+        slots_region.publish("kv_slots")
+        # Staging: two layers of the largest request, K and V blocks.
+        layer_elems = 2 * cfg.max_nb * cfg.block_tokens * cfg.lanes
+        stage = torch.empty(2 * layer_elems, dtype=torch.int16)
+        stage_region = ctx.register(stage)
+        bb = cfg.block_bytes
+        lat = []
+        dec.notify(IMM_HELLO)
+        while True:
+            n = ctx.wait(timeout=WAIT_S)
+            if n.imm == IMM_STOP:
+                break
+            if not n.imm & IMM_DESC:
+                raise SystemExit(f"prefill: unexpected notification {n.imm:#x}")
+            slot = n.imm & 0xFFFF
+            req, seq_len, nb, per_block = (int(v) for v in slots[slot, :4])
+            block_ids = slots[slot, 4:4 + nb].astype(np.uint64)
+            ntok = nb * cfg.block_tokens
+            inflight = [None, None]
+            t_issue = [0.0, 0.0]
+            kvs = np.repeat(np.arange(2, dtype=np.uint64), nb)
+            bs = np.tile(np.arange(nb, dtype=np.uint64), 2)
+            for layer in range(cfg.layers):
+                half = layer & 1
+                if inflight[half] is not None:   # its staging half is about to be rewritten
+                    inflight[half].wait(WAIT_S)
+                    lat.append(time.perf_counter() - t_issue[half])
+                    inflight[half] = None
+                buf = stage[half * layer_elems:half * layer_elems + 2 * ntok * cfg.lanes]
+                generate(cfg, req, layer, ntok, out=buf.view(2, ntok, cfg.lanes))
+                # One row per block: (local address, remote offset, length).
+                rows = np.empty((2 * nb, 3), dtype=np.uint64)
+                rows[:, 0] = buf.data_ptr() + (kvs * nb + bs) * bb
+                rows[:, 1] = ((layer * 2 + kvs) * cfg.blocks + block_ids[bs]) * bb
+                rows[:, 2] = bb
+                imm = slot << 8 | layer
+                t_issue[half] = time.perf_counter()
+                if not per_block:
+                    inflight[half] = dec.put_batch(rows, pool, imm=imm, wait=False)
+                else:
+                    for r in rows:
+                        dec.put((int(r[0]), bb), pool, int(r[1]), wait=False)
+                    # ORDERED: the notification goes once every put above has landed.
+                    inflight[half] = dec.notify(imm, ordered=True, wait=False)
+            for half in (0, 1):
+                if inflight[half] is not None:
+                    inflight[half].wait(WAIT_S)
+                    lat.append(time.perf_counter() - t_issue[half])
+        ctx.fence()
+        print(f"  prefill: per-layer write latency p50 {pct(lat, 50) * 1e3:.3f} ms, "
+              f"p99 {pct(lat, 99) * 1e3:.3f} ms ({len(lat)} layers)", flush=True)
+        dec.notify(IMM_BYE)
+        pool.release()
+        del slots
+        stage_region.close()
+    return 0
+
+
+# ------------------------------------------------------------------ decode
+
+def decode_pass(cfg, ctx, pre, slots_rmr, kv, per_block, seed=42):
+    """One pass over cfg.requests requests; returns its statistics."""
+    pool16 = kv.view(torch.int16)
+    free_ids = list(range(cfg.blocks - 1, -1, -1))
+    live = [None] * MAX_SLOTS
+    conc = min(cfg.concurrency, MAX_SLOTS)
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(cfg.seq_min, cfg.seq_max + 1, size=cfg.requests)
+    desc = np.zeros((MAX_SLOTS, SLOT_INTS), dtype=np.int32)  # stays until the slot is reused
+    issued = done = inflight = 0
+    nbytes = 0
+    ttfl, gaps = [], []
+    t0 = time.perf_counter()
+    while done < cfg.requests:
+        while issued < cfg.requests and inflight < conc:
+            seq_len = int(lens[issued])
+            nb = -(-seq_len // cfg.block_tokens)
+            if nb > len(free_ids):
+                break   # wait for blocks to come back
+            slot = live.index(None)
+            blocks = [free_ids.pop() for _ in range(nb)]
+            d = desc[slot]
+            # Request ids differ between the passes: a block the second pass
+            # failed to write would still hold the first pass's data.
+            req = issued + per_block * cfg.requests
+            d[:4] = (req, seq_len, nb, per_block)
+            d[4:4 + nb] = blocks
+            live[slot] = {"req": req, "blocks": blocks, "layers": 0,
+                          "sent": time.perf_counter(), "last": 0.0}
+            # put_imm: the notification follows the descriptor's bytes.
+            pre.put_imm(d[:4 + nb], slots_rmr, slot * SLOT_INTS * 4, imm=IMM_DESC | slot)
+            issued += 1
+            inflight += 1
+        n = ctx.wait(timeout=WAIT_S)
+        slot, layer = n.imm >> 8, n.imm & 0xFF
+        L = live[slot] if slot < MAX_SLOTS else None
+        if L is None or layer != L["layers"]:
+            raise SystemExit(f"decode: unexpected notification {n.imm:#x}")
+        t = time.perf_counter()
+        (ttfl if layer == 0 else gaps).append(t - (L["sent"] if layer == 0 else L["last"]))
+        L["last"] = t
+        # Every byte of this layer's K and V blocks against a regenerated copy.
+        nb = len(L["blocks"])
+        ntok = nb * cfg.block_tokens
+        got = pool16[layer][:, L["blocks"]].reshape(2, ntok, cfg.lanes)
+        want = generate(cfg, L["req"], layer, ntok)
+        if not torch.equal(got, want):
+            bad = (got != want).reshape(2, nb, -1).any(dim=2).nonzero().tolist()
+            kvn, b = bad[0]
+            raise SystemExit(f"decode: request {L['req']} layer {layer} {'KV'[kvn]} block {b} "
+                             f"(pool block {L['blocks'][b]}): wrong data "
+                             f"({len(bad)} bad blocks in this layer)")
+        nbytes += 2 * nb * cfg.block_bytes
+        L["layers"] += 1
+        if L["layers"] == cfg.layers:   # used: its blocks go back
+            free_ids.extend(L["blocks"])
+            live[slot] = None
+            inflight -= 1
+            done += 1
+    return {"seconds": time.perf_counter() - t0, "bytes": nbytes,
+            "ttfl50": pct(ttfl, 50), "ttfl99": pct(ttfl, 99),
+            "gap50": pct(gaps, 50), "gap99": pct(gaps, 99)}
+
+
+def decode(cfg, addr_fd=None):
+    with hixl.Context() as ctx:
+        pool_bytes = cfg.layers * 2 * cfg.blocks * cfg.block_bytes
+        region = ctx.alloc(pool_bytes)
+        kv = region.torch(torch.float16).view(cfg.layers, 2, cfg.blocks, cfg.block_tokens,
+                                              cfg.heads, cfg.head_dim)
+        region.publish("kv_pool")
+        print(f"kv_transfer.py: {cfg.model} ({cfg.layers} layers, {cfg.heads} KV heads x "
+              f"{cfg.head_dim}, {cfg.block_tokens}-token blocks: {cfg.block_bytes >> 10} KiB per "
+              f"K or V block), pool {list(kv.shape)} fp16 = {pool_bytes / 2**20:.1f} MiB, "
+              f"{cfg.requests} requests of {cfg.seq_min}..{cfg.seq_max} tokens, "
+              f"{cfg.concurrency} at a time", flush=True)
+        if addr_fd is not None:
+            os.write(addr_fd, (ctx.address + "\n").encode())
+            os.close(addr_fd)
+        else:
+            print(f"decode listening at {ctx.address}", flush=True)
+        n = ctx.wait(timeout=WAIT_S)
+        if n.imm != IMM_HELLO:
+            raise SystemExit("decode: expected prefill's hello")
+        pre = n.peer
+        slots = pre.lookup("kv_slots", timeout=60)
+        print(f"over {pre.transport}", flush=True)
+        r = []
+        for per_block in (0, 1):
+            s = decode_pass(cfg, ctx, pre, slots, kv, per_block)
+            r.append(s)
+            print(f"{'one put per block:' if per_block else 'one batch per layer:':<22} "
+                  f"{s['bytes'] / 2**20:8.1f} MiB in {s['seconds']:7.3f} s = "
+                  f"{s['bytes'] / s['seconds'] / 1e9:7.3f} GB/s; first layer after p50 "
+                  f"{s['ttfl50'] * 1e3:.3f} ms (p99 {s['ttfl99'] * 1e3:.3f}); next layers "
+                  f"every p50 {s['gap50'] * 1e3:.3f} ms (p99 {s['gap99'] * 1e3:.3f})", flush=True)
+        bw = [s["bytes"] / s["seconds"] for s in r]
+        print(f"batching gain: {bw[0] / bw[1]:.2f}x the bandwidth of one put per block; "
+              f"every byte of {sum(s['bytes'] for s in r) / 2**20:.1f} MiB verified", flush=True)
+        pre.notify(IMM_STOP)
+        n = ctx.wait(timeout=WAIT_S)   # prefill is done with the pool
+        if n.imm != IMM_BYE:
+            raise SystemExit(f"decode: expected prefill's goodbye, got {n.imm:#x}")
+        slots.release()
+        del kv
+    return 0
+
+
+# ------------------------------------------------------------------ main
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", choices=sorted(SHAPES), default="tiny")
+    ap.add_argument("--layers", type=int)
+    ap.add_argument("--kv-heads", type=int)
+    ap.add_argument("--head-dim", type=int)
+    ap.add_argument("--block-tokens", type=int)
+    ap.add_argument("--requests", type=int, default=32)
+    ap.add_argument("--seq-len", default="16:256", help="MIN:MAX tokens per request")
+    ap.add_argument("--blocks", type=int, default=256, help="blocks in the pool")
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--role", choices=["decode", "prefill", "both"], default="both")
+    ap.add_argument("--connect", metavar="ADDR", help="decode's address (--role prefill)")
+    a = ap.parse_args()
+    cfg = Cfg(a)
+    if not (1 <= cfg.layers <= 255 and cfg.heads >= 1 and cfg.head_dim >= 1 and
+            cfg.block_tokens >= 1 and cfg.requests >= 1 and 1 <= cfg.seq_min <= cfg.seq_max and
+            cfg.max_nb <= min(MAX_REQ_BLOCKS, cfg.blocks) and cfg.concurrency >= 1):
+        ap.error(f"bad shape or sizes (at most {MAX_REQ_BLOCKS} blocks per request, and no more "
+                 "than the pool; at most 255 layers)")
+    torch.set_num_threads(1)
+    if a.role == "prefill":
+        if not a.connect:
+            ap.error("--role prefill needs --connect ADDR")
+        return prefill(cfg, a.connect)
+    if a.role == "decode":
+        return decode(cfg)
+    # Both on this host: prefill forked first (no hixl threads yet), told
+    # decode's address through a pipe.
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        rc = 1
+        try:
+            os.close(wfd)
+            with os.fdopen(rfd) as f:
+                addr = f.readline().strip()
+            if addr:
+                rc = prefill(cfg, addr)
+        except BaseException as e:  # noqa: BLE001 -- the child must not return into main
+            print(f"prefill: {e!r}", file=sys.stderr, flush=True)
+        finally:
+            sys.stdout.flush()
+            os._exit(rc)
+    os.close(rfd)
+    try:
+        rc = decode(cfg, wfd)
+    except BaseException:
+        os.kill(pid, 15)
+        os.waitpid(pid, 0)
+        raise
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        print(f"kv_transfer.py: prefill failed (status {status:#x})", file=sys.stderr)
+        rc = 1
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
