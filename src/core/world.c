@@ -10,6 +10,17 @@
  * waits for the tagged inbound connections of the ranks above it: one
  * connection per pair.  Barrier and exchange travel as control messages,
  * so they never mix with the user's notifications.
+ *
+ * Under torchrun, MASTER_PORT is taken: the agent serves its TCPStore there
+ * (TORCHELASTIC_USE_AGENT_STORE=True).  Then the same exchange goes through
+ * that store, as torch's own process groups bootstrap (store.c): under
+ * hixl/world/<run id>/<restart>/<generation>/, every rank sets addr/<rank>
+ * to "HIXLW 1 <rank> <size> <ctx address>"; rank 0 waits for all, and sets
+ * "table" to exactly the answer the listening rank 0 sends; the others wait
+ * for the table.  The generation is the value of an add on
+ * hixl/world/<run id>/<restart>/gen/<rank>: the n-th world a rank creates
+ * is generation n in every rank, and never meets the keys of another.
+ * HIXL_RENDEZVOUS=store|listen overrides the choice.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -24,6 +35,7 @@
 
 #include "config.h"
 #include "hixl_int.h"
+#include "store.h"
 
 struct hixl_world {
   hixl_ctx_t *ctx;
@@ -215,6 +227,217 @@ static hixl_status_t rendezvous_client(hixl_world_t *w, const char *host, const 
   return st;
 }
 
+/* ------------------------------------------------------------ torchrun's store */
+
+#define STORE_VAL_MAX 256
+#define STORE_KEY_CAP 256
+
+/* A piece of a key from the environment: printable, no '/', bounded. */
+static void key_part(char *out, size_t cap, const char *v, const char *dflt)
+{
+  if (v == NULL || *v == 0)
+    v = dflt;
+  size_t n = 0;
+  for (; *v && n + 1 < cap; v++)
+    out[n++] = (*v > ' ' && *v <= '~' && *v != '/') ? *v : '_';
+  out[n] = 0;
+}
+
+/* "2, 3, 5": the ranks (not self) whose address is not in the store, asked
+ * after a timeout with a short grace of its own. */
+static void missing_ranks(hixl_store_t *s, const char *base, int size, int self, char *out,
+                          size_t cap)
+{
+  int64_t grace = hixl__deadline(2000);
+  size_t n = 0;
+  int listed = 0, more = 0;
+  out[0] = 0;
+  for (int r = 0; r < size; r++) {
+    if (r == self)
+      continue;
+    char key[STORE_KEY_CAP + 32];
+    snprintf(key, sizeof(key), "%s/addr/%d", base, r);
+    const char *k = key;
+    bool ready = false;
+    if (hixl__store_check(s, &k, 1, &ready, grace) != HIXL_OK) {
+      snprintf(out, cap, "(unknown: the store did not answer a check)");
+      return;
+    }
+    if (ready)
+      continue;
+    if (listed < 16 && n < cap) {
+      n += (size_t)snprintf(out + n, cap - n, "%s%d", listed ? ", " : "", r);
+      listed++;
+    } else {
+      more++;
+    }
+  }
+  if (more && n < cap)
+    snprintf(out + n, cap - n, " and %d more", more);
+}
+
+/* Rank 0's table: exactly what the listening rank 0 answers each rank. */
+static char *table_make(const hixl_world_t *w, char (*addrs)[128], size_t *len_p)
+{
+  size_t cap = 64 + (size_t)w->size * 129, n;
+  char *t = malloc(cap);
+  if (t == NULL)
+    return NULL;
+  n = (size_t)snprintf(t, cap, "HIXLW 1 %08" PRIx32 " %d\n", w->id, w->size);
+  for (int r = 0; r < w->size; r++)
+    n += (size_t)snprintf(t + n, cap - n, "%s\n", addrs[r]);
+  *len_p = n;
+  return t;
+}
+
+/* Parse the table (untrusted: it came through the store) strictly. */
+static hixl_status_t table_parse(hixl_world_t *w, const char *t, size_t len, char (*addrs)[128],
+                                 const char *store)
+{
+  const char *p = t, *end = t + len;
+  int ver, size, used = 0;
+  unsigned id;
+  const char *nl = memchr(p, '\n', (size_t)(end - p));
+  char line[LINE_MAX_];
+  if (nl == NULL || (size_t)(nl - p) >= sizeof(line))
+    goto bad;
+  memcpy(line, p, (size_t)(nl - p));
+  line[nl - p] = 0;
+  if (sscanf(line, "HIXLW %d %8x %d%n", &ver, &id, &size, &used) != 3 || ver != 1 ||
+      used != nl - p)
+    goto bad;
+  if (size != w->size)
+    return hixl__err(HIXL_ERR_INVALID, "hixl_world_create: rank 0 formed a world of %d ranks, "
+                     "this rank was started with %d (torch store at %s)", size, w->size, store);
+  p = nl + 1;
+  for (int r = 0; r < w->size; r++) {
+    nl = memchr(p, '\n', (size_t)(end - p));
+    if (nl == NULL || nl - p >= 128)
+      goto bad;
+    memcpy(addrs[r], p, (size_t)(nl - p));
+    addrs[r][nl - p] = 0;
+    if (!addr_ok(addrs[r]))
+      goto bad;
+    p = nl + 1;
+  }
+  if (p != end || strcmp(addrs[w->rank], hixl_ctx_address(w->ctx)) != 0)
+    goto bad;
+  w->id = id;
+  return HIXL_OK;
+bad:
+  return hixl__err(HIXL_ERR_TRANSPORT, "hixl_world_create: malformed world table from the "
+                   "torch store at %s", store);
+}
+
+static hixl_status_t rendezvous_store(hixl_world_t *w, const char *host, const char *port,
+                                      char (*addrs)[128], int64_t deadline)
+{
+  const char *proto = getenv("HIXL_STORE_PROTOCOL");
+  int dialect = hixl__store_dialect_parse(proto);
+  if (dialect < 0)
+    return hixl__err(HIXL_ERR_INVALID, "hixl_world_create: HIXL_STORE_PROTOCOL=%.32s (want "
+                     "auto, legacy or validate)", proto);
+  hixl_store_t *s;
+  hixl_status_t st = hixl__store_connect(host, port, dialect, deadline, &s);
+  if (st != HIXL_OK) {
+    char why[512];
+    snprintf(why, sizeof(why), "%s", hixl_last_error());
+    return hixl__err(st, "hixl_world_create: %s", why);
+  }
+  const char *store = hixl__store_name(s);
+  char run[64], restart[24], key[STORE_KEY_CAP + 32], base[STORE_KEY_CAP];
+  key_part(run, sizeof(run), getenv("TORCHELASTIC_RUN_ID"), "-");
+  key_part(restart, sizeof(restart), getenv("TORCHELASTIC_RESTART_COUNT"), "0");
+  snprintf(key, sizeof(key), "hixl/world/%s/%s/gen/%d", run, restart, w->rank);
+  int64_t gen = 0;
+  char (*keys)[STORE_KEY_CAP + 32] = NULL;
+  const char **kp = NULL;
+  char *table = NULL;
+  if ((st = hixl__store_add(s, key, 1, &gen, deadline)) != HIXL_OK)
+    goto out;
+  if (gen < 1 || gen > (1 << 30)) {
+    st = hixl__err(HIXL_ERR_TRANSPORT, "hixl_world_create: torch store at %s: counter \"%s\" "
+                   "is %" PRId64 ", not a world generation", store, key, gen);
+    goto out;
+  }
+  snprintf(base, sizeof(base), "hixl/world/%s/%s/%" PRId64, run, restart, gen);
+  char val[STORE_VAL_MAX];
+  int vn = snprintf(val, sizeof(val), "HIXLW 1 %d %d %s", w->rank, w->size,
+                    hixl_ctx_address(w->ctx));
+  snprintf(key, sizeof(key), "%s/addr/%d", base, w->rank);
+  if ((st = hixl__store_set(s, key, val, (size_t)vn, deadline)) != HIXL_OK)
+    goto out;
+  size_t tcap = 64 + (size_t)w->size * 129, tlen = 0;
+  if (w->rank == 0) {
+    keys = calloc((size_t)w->size, sizeof(*keys));
+    kp = calloc((size_t)w->size, sizeof(*kp));
+    if (keys == NULL || kp == NULL) {
+      st = hixl__err(HIXL_ERR_NOMEM, "hixl_world_create: no memory");
+      goto out;
+    }
+    for (int r = 0; r < w->size; r++) {
+      snprintf(keys[r], sizeof(keys[r]), "%s/addr/%d", base, r);
+      kp[r] = keys[r];
+    }
+    st = hixl__store_wait(s, kp + 1, (size_t)w->size - 1, deadline);
+    for (int r = 1; r < w->size && st == HIXL_OK; r++) {
+      size_t len = 0;
+      int ver, rr, sz, used = 0;
+      char a[128];
+      if ((st = hixl__store_get(s, kp[r], val, sizeof(val) - 1, &len, deadline)) != HIXL_OK)
+        break;
+      val[len] = 0;
+      if (strlen(val) != len || sscanf(val, "HIXLW %d %d %d %127s%n", &ver, &rr, &sz, a, &used) != 4 ||
+          ver != 1 || rr != r || (size_t)used != len || !addr_ok(a)) {
+        st = hixl__err(HIXL_ERR_TRANSPORT, "hixl_world_create: malformed address of rank %d in "
+                       "the torch store at %s (\"%.60s\")", r, store, val);
+        break;
+      }
+      if (sz != w->size) {
+        st = hixl__err(HIXL_ERR_INVALID, "hixl_world_create: rank %d was started with a world "
+                       "of %d ranks, rank 0 with %d (torch store at %s)", r, sz, w->size, store);
+        break;
+      }
+      snprintf(addrs[r], 128, "%s", a);
+    }
+    if (st == HIXL_OK) {
+      snprintf(addrs[0], 128, "%s", hixl_ctx_address(w->ctx));
+      if ((table = table_make(w, addrs, &tlen)) == NULL) {
+        st = hixl__err(HIXL_ERR_NOMEM, "hixl_world_create: no memory");
+        goto out;
+      }
+      snprintf(key, sizeof(key), "%s/table", base);
+      st = hixl__store_set(s, key, table, tlen, deadline);
+    }
+  } else {
+    snprintf(key, sizeof(key), "%s/table", base);
+    if ((table = malloc(tcap)) == NULL) {
+      st = hixl__err(HIXL_ERR_NOMEM, "hixl_world_create: no memory");
+      goto out;
+    }
+    if ((st = hixl__store_get(s, key, table, tcap, &tlen, deadline)) == HIXL_OK)
+      st = table_parse(w, table, tlen, addrs, store);
+  }
+  if (st == HIXL_ERR_TIMEOUT) {
+    char miss[160];
+    missing_ranks(s, base, w->size, w->rank, miss, sizeof(miss));
+    if (miss[0])
+      st = hixl__err(HIXL_ERR_TIMEOUT, "hixl_world_create: rank(s) %s of %d did not join within "
+                     "%d ms (torch store at %s, world generation %" PRId64 ")", miss, w->size,
+                     hixl__ctx_timeout(w->ctx), store, gen);
+    else if (w->rank != 0)
+      st = hixl__err(HIXL_ERR_TIMEOUT, "hixl_world_create: every rank joined, but rank 0 did not "
+                     "publish the world within %d ms (torch store at %s, world generation %"
+                     PRId64 ")", hixl__ctx_timeout(w->ctx), store, gen);
+  }
+out:
+  free(table);
+  free(kp);
+  free(keys);
+  hixl__store_close(s);
+  return st;
+}
+
 static uint64_t tag_of(uint32_t id, int rank) { return (uint64_t)id << 32 | (uint32_t)(rank + 1); }
 
 hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char *rendezvous,
@@ -235,6 +458,23 @@ hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char 
   }
   if (size < 1 || rank >= size)
     return hixl__err(HIXL_ERR_INVALID, "hixl_world_create: rank %d not in [0, %d)", rank, size);
+  /* Rank 0 listening, or torchrun's store (HIXL_RENDEZVOUS, default auto:
+   * the store when torchrun's agent holds MASTER_PORT with it). */
+  const char *mode = getenv("HIXL_RENDEZVOUS");
+  bool use_store;
+  if (mode == NULL || *mode == 0 || strcmp(mode, "auto") == 0) {
+    const char *agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
+    use_store = rendezvous == NULL && agent != NULL &&
+                (strcmp(agent, "True") == 0 || strcmp(agent, "true") == 0 ||
+                 strcmp(agent, "1") == 0);
+  } else if (strcmp(mode, "store") == 0) {
+    use_store = true;
+  } else if (strcmp(mode, "listen") == 0) {
+    use_store = false;
+  } else {
+    return hixl__err(HIXL_ERR_INVALID, "hixl_world_create: HIXL_RENDEZVOUS=%.32s (want auto, "
+                     "store or listen)", mode);
+  }
   char rdv[256];
   if (rendezvous == NULL) {
     const char *a = getenv("MASTER_ADDR"), *p = getenv("MASTER_PORT");
@@ -260,7 +500,10 @@ hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char 
   w->rank = rank;
   w->size = size;
   int64_t deadline = hixl__deadline(hixl__ctx_timeout(ctx));
-  if (size > 1) {
+  if (size > 1 && use_store) {
+    w->id = (uint32_t)hixl__random64();
+    st = rendezvous_store(w, host, port, addrs, deadline);
+  } else if (size > 1) {
     if (rank == 0) {
       w->id = (uint32_t)hixl__random64();
       st = rendezvous_server(w, host, port, addrs, deadline);
