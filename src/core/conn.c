@@ -482,6 +482,10 @@ static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t 
   }
   switch (m->type) {
   case HIXL_MSG_HEARTBEAT:
+    if (m->u32[0] & 1) { /* a probe: the peer's timeout is shorter than our pace */
+      hixl_msg_t hb = {.type = HIXL_MSG_HEARTBEAT};
+      hixl__send(p, &hb, NULL, 0);
+    }
     return;
   case HIXL_MSG_BYE:
     hixl__peer_fail_locked(p, HIXL_PEER_CLOSED, "peer disconnected");
@@ -688,9 +692,18 @@ static void housekeeping_locked(hixl_ctx_t *ctx, int64_t now)
         snprintf(why, sizeof(why), "no heartbeat for %d ms", ctx->cfg.timeout_ms);
         hixl__peer_fail_locked(p, HIXL_PEER_LOST, why);
         st = HIXL_PEER_LOST;
-      } else if (now - atomic_load_explicit(&p->last_tx_ns, memory_order_relaxed) > hb_ns) {
-        hixl_msg_t hb = {.type = HIXL_MSG_HEARTBEAT};
-        hixl__send(p, &hb, NULL, 0);
+      } else {
+        /* Each side sends heartbeats at a quarter of its own timeout, and
+         * the peer's may be much longer than ours: once it has been silent
+         * for half of our timeout, probe it (it answers at once), so a live
+         * peer is never declared dead for its slower pace. */
+        bool probe = now - p->last_rx_ns > timeout_ns / 2;
+        if (now - atomic_load_explicit(&p->last_tx_ns, memory_order_relaxed) >
+            (probe ? hb_ns / 2 : hb_ns)) {
+          hixl_msg_t hb = {.type = HIXL_MSG_HEARTBEAT};
+          hb.u32[0] = probe;
+          hixl__send(p, &hb, NULL, 0);
+        }
       }
     } else if (st == HIXL_PEER_CONNECTING && p->inbound && now - p->last_rx_ns > timeout_ns) {
       hixl__peer_fail_locked(p, HIXL_PEER_LOST, "handshake timed out");

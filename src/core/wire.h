@@ -36,7 +36,7 @@ enum hixl_msg_type {
   HIXL_MSG_FD_REPLY,       /* status (+ 1 fd) */
   HIXL_MSG_ATOMIC,         /* slot, rkey, off, op, a, b */
   HIXL_MSG_ATOMIC_REPLY,   /* status, old */
-  HIXL_MSG_HEARTBEAT,      /* empty */
+  HIXL_MSG_HEARTBEAT,      /* u32[0] bit 0: a probe, answer with a heartbeat at once */
   HIXL_MSG_BYE,            /* empty: orderly disconnect */
   HIXL_MSG_WORLD_BARRIER,  /* world id, epoch */
   HIXL_MSG_WORLD_XCHG,     /* world id, epoch, blob */
