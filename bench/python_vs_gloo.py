@@ -120,9 +120,7 @@ def main():
         hixl.barrier()
         if rank == 1:   # what landed
             got = t if region == 0 else mem.torch(torch.float32)
-            ok = torch.equal(got[:: max(1, n // 4096)],
-                             torch.arange(n, dtype=torch.float32)[:: max(1, n // 4096)])
-            if not ok:
+            if not torch.equal(got, torch.arange(n, dtype=torch.float32)):
                 raise SystemExit(f"python_vs_gloo.py: {name}: wrong data")
             del got
         results[name] = times

@@ -64,6 +64,8 @@ class Cfg:
         self.lanes = self.heads * self.head_dim
         self.block_bytes = self.block_tokens * self.lanes * 2  # fp16
         self.max_nb = -(-self.seq_max // self.block_tokens)
+        self.warmup = a.warmup
+        self.passes = [{"batch": 0, "block": 1}[p] for p in a.passes.split(",")]
 
     def pool_off(self, layer, kv, block):
         """Byte offset of (layer, K=0/V=1, block) in the pool."""
@@ -130,10 +132,13 @@ def prefill(cfg, addr):
         slots_region.publish("kv_slots")
         # Staging: two layers of the largest request, K and V blocks.
         layer_elems = 2 * cfg.max_nb * cfg.block_tokens * cfg.lanes
-        stage = torch.empty(2 * layer_elems, dtype=torch.int16)
+        stage = torch.zeros(2 * layer_elems, dtype=torch.int16)   # pages in now, not in pass 1
         stage_region = ctx.register(stage)
         bb = cfg.block_bytes
-        lat = []
+        # Per pass: bytes written and seconds spent inside hixl calls (issuing
+        # a layer's writes, waiting for them): the transfer, without the
+        # compute around it.
+        passes = {}
         dec.notify(IMM_HELLO)
         while True:
             n = ctx.wait(timeout=WAIT_S)
@@ -142,19 +147,29 @@ def prefill(cfg, addr):
             if not n.imm & IMM_DESC:
                 raise SystemExit(f"prefill: unexpected notification {n.imm:#x}")
             slot = n.imm & 0xFFFF
-            req, seq_len, nb, per_block = (int(v) for v in slots[slot, :4])
+            req, seq_len, nb, mode = (int(v) for v in slots[slot, :4])
+            per_block = mode & 1
+            st = passes.setdefault(mode >> 1, {"per_block": per_block, "bytes": 0, "busy": 0.0,
+                                               "layer": []})
             block_ids = slots[slot, 4:4 + nb].astype(np.uint64)
             ntok = nb * cfg.block_tokens
             inflight = [None, None]
-            t_issue = [0.0, 0.0]
+            busy = [0.0, 0.0]
             kvs = np.repeat(np.arange(2, dtype=np.uint64), nb)
             bs = np.tile(np.arange(nb, dtype=np.uint64), 2)
+
+            def finish(half):
+                t = time.perf_counter()
+                inflight[half].wait(WAIT_S)
+                busy[half] += time.perf_counter() - t
+                st["busy"] += busy[half]
+                st["layer"].append(busy[half])
+                inflight[half] = None
+
             for layer in range(cfg.layers):
                 half = layer & 1
                 if inflight[half] is not None:   # its staging half is about to be rewritten
-                    inflight[half].wait(WAIT_S)
-                    lat.append(time.perf_counter() - t_issue[half])
-                    inflight[half] = None
+                    finish(half)
                 buf = stage[half * layer_elems:half * layer_elems + 2 * ntok * cfg.lanes]
                 generate(cfg, req, layer, ntok, out=buf.view(2, ntok, cfg.lanes))
                 # One row per block: (local address, remote offset, length).
@@ -163,7 +178,7 @@ def prefill(cfg, addr):
                 rows[:, 1] = ((layer * 2 + kvs) * cfg.blocks + block_ids[bs]) * bb
                 rows[:, 2] = bb
                 imm = slot << 8 | layer
-                t_issue[half] = time.perf_counter()
+                t = time.perf_counter()
                 if not per_block:
                     inflight[half] = dec.put_batch(rows, pool, imm=imm, wait=False)
                 else:
@@ -171,13 +186,21 @@ def prefill(cfg, addr):
                         dec.put((int(r[0]), bb), pool, int(r[1]), wait=False)
                     # ORDERED: the notification goes once every put above has landed.
                     inflight[half] = dec.notify(imm, ordered=True, wait=False)
+                busy[half] = time.perf_counter() - t
+                st["bytes"] += 2 * nb * bb
             for half in (0, 1):
                 if inflight[half] is not None:
-                    inflight[half].wait(WAIT_S)
-                    lat.append(time.perf_counter() - t_issue[half])
+                    finish(half)
         ctx.fence()
-        print(f"  prefill: per-layer write latency p50 {pct(lat, 50) * 1e3:.3f} ms, "
-              f"p99 {pct(lat, 99) * 1e3:.3f} ms ({len(lat)} layers)", flush=True)
+        for k in sorted(passes):
+            st = passes[k]
+            if k == 0:
+                continue   # the warm-up
+            what = "one put per block" if st["per_block"] else "one batch per layer"
+            print(f"  prefill, {what + ':':<20} {st['bytes'] / 2**20:8.1f} MiB, "
+                  f"{st['busy']:.3f} s in hixl calls = {st['bytes'] / st['busy'] / 1e9:.3f} GB/s; "
+                  f"per layer p50 {pct(st['layer'], 50) * 1e3:.3f} ms, "
+                  f"p99 {pct(st['layer'], 99) * 1e3:.3f} ms", flush=True)
         dec.notify(IMM_BYE)
         pool.release()
         del slots
@@ -187,8 +210,9 @@ def prefill(cfg, addr):
 
 # ------------------------------------------------------------------ decode
 
-def decode_pass(cfg, ctx, pre, slots_rmr, kv, per_block, seed=42):
-    """One pass over cfg.requests requests; returns its statistics."""
+def decode_pass(cfg, ctx, pre, slots_rmr, kv, per_block, pass_no, seed=42):
+    """One pass over cfg.requests requests (the same lengths in every pass,
+    request ids of their own); returns its statistics."""
     pool16 = kv.view(torch.int16)
     free_ids = list(range(cfg.blocks - 1, -1, -1))
     live = [None] * MAX_SLOTS
@@ -209,10 +233,10 @@ def decode_pass(cfg, ctx, pre, slots_rmr, kv, per_block, seed=42):
             slot = live.index(None)
             blocks = [free_ids.pop() for _ in range(nb)]
             d = desc[slot]
-            # Request ids differ between the passes: a block the second pass
-            # failed to write would still hold the first pass's data.
-            req = issued + per_block * cfg.requests
-            d[:4] = (req, seq_len, nb, per_block)
+            # Request ids differ between the passes: a block a later pass
+            # failed to write would still hold an earlier pass's data.
+            req = issued + pass_no * cfg.requests
+            d[:4] = (req, seq_len, nb, pass_no << 1 | per_block)
             d[4:4 + nb] = blocks
             live[slot] = {"req": req, "blocks": blocks, "layers": 0,
                           "sent": time.perf_counter(), "last": 0.0}
@@ -257,6 +281,7 @@ def decode(cfg, addr_fd=None):
         region = ctx.alloc(pool_bytes)
         kv = region.torch(torch.float16).view(cfg.layers, 2, cfg.blocks, cfg.block_tokens,
                                               cfg.heads, cfg.head_dim)
+        kv.zero_()   # the pool's pages in now, not during the first pass
         region.publish("kv_pool")
         print(f"kv_transfer.py: {cfg.model} ({cfg.layers} layers, {cfg.heads} KV heads x "
               f"{cfg.head_dim}, {cfg.block_tokens}-token blocks: {cfg.block_bytes >> 10} KiB per "
@@ -274,17 +299,24 @@ def decode(cfg, addr_fd=None):
         pre = n.peer
         slots = pre.lookup("kv_slots", timeout=60)
         print(f"over {pre.transport}", flush=True)
+        if cfg.warmup:   # (pass 0)
+            # Untimed: the first writes to each page of the pool fault it into
+            # prefill's mapping (shm maps it lazily); measure what follows.
+            s = decode_pass(cfg, ctx, pre, slots, kv, 0, 0)
+            print(f"warm-up pass (untimed): {s['bytes'] / 2**20:.1f} MiB in "
+                  f"{s['seconds']:.3f} s, verified", flush=True)
         r = []
-        for per_block in (0, 1):
-            s = decode_pass(cfg, ctx, pre, slots, kv, per_block)
+        for i, per_block in enumerate(cfg.passes):
+            s = decode_pass(cfg, ctx, pre, slots, kv, per_block, i + 1)
             r.append(s)
             print(f"{'one put per block:' if per_block else 'one batch per layer:':<22} "
                   f"{s['bytes'] / 2**20:8.1f} MiB in {s['seconds']:7.3f} s = "
                   f"{s['bytes'] / s['seconds'] / 1e9:7.3f} GB/s; first layer after p50 "
                   f"{s['ttfl50'] * 1e3:.3f} ms (p99 {s['ttfl99'] * 1e3:.3f}); next layers "
                   f"every p50 {s['gap50'] * 1e3:.3f} ms (p99 {s['gap99'] * 1e3:.3f})", flush=True)
-        bw = [s["bytes"] / s["seconds"] for s in r]
-        print(f"batching gain: {bw[0] / bw[1]:.2f}x the bandwidth of one put per block; "
+        bw = {p: s["bytes"] / s["seconds"] for p, s in zip(cfg.passes, r)}
+        gain = f"{bw[0] / bw[1]:.2f}x" if len(bw) == 2 else "-"
+        print(f"batching gain: {gain} the bandwidth of one put per block; "
               f"every byte of {sum(s['bytes'] for s in r) / 2**20:.1f} MiB verified", flush=True)
         pre.notify(IMM_STOP)
         n = ctx.wait(timeout=WAIT_S)   # prefill is done with the pool
@@ -308,6 +340,11 @@ def main():
     ap.add_argument("--seq-len", default="16:256", help="MIN:MAX tokens per request")
     ap.add_argument("--blocks", type=int, default=256, help="blocks in the pool")
     ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--passes", default="batch,block", choices=["batch,block", "block,batch",
+                                                                 "batch", "block"],
+                    help="one put_batch per layer, one put per block, or both (in this order)")
+    ap.add_argument("--no-warmup", dest="warmup", action="store_false",
+                    help="no untimed pass first (the first pass then pays the page faults)")
     ap.add_argument("--role", choices=["decode", "prefill", "both"], default="both")
     ap.add_argument("--connect", metavar="ADDR", help="decode's address (--role prefill)")
     a = ap.parse_args()
