@@ -472,9 +472,12 @@ static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t 
       close(fds[i]);
     return;
   }
-  /* Only FD_REPLY and DEV_IPC_REPLY may carry an fd once connected. */
-  if (m->nfds >
-      (m->type == HIXL_MSG_FD_REPLY || m->type == HIXL_MSG_DEV_IPC_REPLY ? 1 : 0)) {
+  /* Only FD_REPLY, DEV_IPC_REPLY and SHM_STAGE_REPLY may carry an fd once
+   * connected. */
+  if (m->nfds > (m->type == HIXL_MSG_FD_REPLY || m->type == HIXL_MSG_DEV_IPC_REPLY ||
+                         m->type == HIXL_MSG_SHM_STAGE_REPLY
+                     ? 1
+                     : 0)) {
     for (int i = 0; i < m->nfds; i++)
       close(fds[i]);
     proto_error_locked(p, "unexpected file descriptors", m->type);
@@ -497,7 +500,15 @@ static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t 
   case HIXL_MSG_VERBS_MR_REPLY:
   case HIXL_MSG_FABRIC_MR_REPLY:
   case HIXL_MSG_REGION_GONE_ACK:
+  case HIXL_MSG_SHM_STAGE_REPLY:
     complete_pending_locked(p, m, fd);
+    return;
+  case HIXL_MSG_SHM_STAGE_REQ:
+    /* shm without CMA: the owner-side copies (src/shm/stage.c). */
+    hixl__shm_stage_serve(p, m, out, out_fds, n_out);
+    return;
+  case HIXL_MSG_SHM_COPY:
+    hixl__shm_copy_serve(p, m); /* no reply: the outcome is in the staging header */
     return;
   case HIXL_MSG_LOOKUP:
   case HIXL_MSG_FD_REQ:

@@ -254,6 +254,12 @@ hixl_status_t hixl__self_init(hixl_peer_t *peer);
 /* shm target side: map the initiator's segments (fds), create ours. */
 hixl_status_t hixl__shm_accept(hixl_peer_t *peer, const int *fds, int nfds, int *out_fds,
                                int *n_out);
+/* shm owner side when the kernel refuses CMA (src/shm/stage.c; control
+ * thread, ctx->lock held): lend a peer a staging area (SHM_STAGE_REQ), and
+ * perform one of its copies (SHM_COPY; drops ctx->lock while copying). */
+void hixl__shm_stage_serve(hixl_peer_t *peer, const struct hixl_msg *m, struct hixl_msg *out,
+                           int *out_fds, int *n_out);
+void hixl__shm_copy_serve(hixl_peer_t *peer, const struct hixl_msg *m);
 /* All transports built in, in default preference order. */
 extern const hixl_transport_ops_t *const hixl__transports[];
 extern const size_t hixl__n_transports;
@@ -424,6 +430,14 @@ void hixl__primary_ip(char *buf, size_t cap);
 /* Check rkey/slot against our table; base/len/access as claimed. */
 hixl_status_t hixl__reg_check(const hixl_reg_slot_t *table, uint32_t slot, uint64_t rkey,
                               uint64_t base, uint64_t len, uint32_t access, uint32_t flags);
+/* Owner side of a copy a peer asks us to perform (shm without CMA): the
+ * live region (slot, rkey) holds [off, off + len) and grants need; *addr_p
+ * is our address of byte off.  NOT_REGISTERED (no such live region, or the
+ * range is outside it), UNSUPPORTED (device memory), ACCESS.  reg_lock held
+ * (and kept for the copy: a deregistration waits for it). */
+hixl_status_t hixl__serve_range_locked(hixl_ctx_t *ctx, uint32_t slot, uint64_t rkey,
+                                       uint64_t off, uint64_t len, unsigned need,
+                                       uint8_t **addr_p);
 /* The ATOMIC control message for an owner-executed atomic on r+off. */
 void hixl__atomic_msg(const hixl_rmr_t *r, uint64_t off, int op, uint64_t a, uint64_t b,
                       struct hixl_msg *m);

@@ -515,6 +515,22 @@ static hixl_mr_t *live_mr(hixl_ctx_t *ctx, uint32_t slot, uint64_t rkey)
   return mr && mr->rkey == rkey ? mr : NULL;
 }
 
+hixl_status_t hixl__serve_range_locked(hixl_ctx_t *ctx, uint32_t slot, uint64_t rkey,
+                                       uint64_t off, uint64_t len, unsigned need,
+                                       uint8_t **addr_p)
+{
+  /* The initiator checked all of this too; that is not trusted. */
+  hixl_mr_t *mr = live_mr(ctx, slot, rkey);
+  if (mr == NULL || len == 0 || off > mr->len || len > mr->len - off)
+    return HIXL_ERR_NOT_REGISTERED;
+  if (mr->device >= 0) /* the CPU cannot copy device memory */
+    return HIXL_ERR_UNSUPPORTED;
+  if ((mr->access & need) != need)
+    return HIXL_ERR_ACCESS;
+  *addr_p = (uint8_t *)mr->addr + off;
+  return HIXL_OK;
+}
+
 void hixl__serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out, int *out_fds,
                  int *n_out)
 {

@@ -38,6 +38,9 @@ static const uint8_t schema[HIXL_MSG_TYPE_MAX][12] = {
     [HIXL_MSG_FABRIC_BIND_REPLY] = {F_STATUS, F_STR0, F_BLOB},
     [HIXL_MSG_FABRIC_MR] = {F_U32_0, F_U32_1, F_U32_2, F_U64_0, F_U64_1, F_U64_2},
     [HIXL_MSG_FABRIC_MR_REPLY] = {F_STATUS, F_U64_0, F_U64_1},
+    [HIXL_MSG_SHM_STAGE_REQ] = {F_END},
+    [HIXL_MSG_SHM_STAGE_REPLY] = {F_STATUS, F_U64_0},
+    [HIXL_MSG_SHM_COPY] = {F_U32_0, F_U32_1, F_U64_0, F_U64_1, F_U64_2, F_U64_3},
 };
 
 static const char *const type_names[HIXL_MSG_TYPE_MAX] = {
@@ -54,6 +57,8 @@ static const char *const type_names[HIXL_MSG_TYPE_MAX] = {
     [HIXL_MSG_DEV_IPC_REQ] = "DEV_IPC_REQ", [HIXL_MSG_DEV_IPC_REPLY] = "DEV_IPC_REPLY",
     [HIXL_MSG_FABRIC_BIND] = "FABRIC_BIND", [HIXL_MSG_FABRIC_BIND_REPLY] = "FABRIC_BIND_REPLY",
     [HIXL_MSG_FABRIC_MR] = "FABRIC_MR", [HIXL_MSG_FABRIC_MR_REPLY] = "FABRIC_MR_REPLY",
+    [HIXL_MSG_SHM_STAGE_REQ] = "SHM_STAGE_REQ", [HIXL_MSG_SHM_STAGE_REPLY] = "SHM_STAGE_REPLY",
+    [HIXL_MSG_SHM_COPY] = "SHM_COPY",
 };
 
 const char *hixl_wire_type_name(unsigned type)

@@ -18,8 +18,8 @@
 #include <stdint.h>
 
 #define HIXL_WIRE_MAGIC 0x4c584948u /* "HIXL" */
-#define HIXL_WIRE_VERSION 3 /* 2: VERBS_QP carries the QP count; REGION_GONE_ACK; 3: DEV_IPC,
-                             * FABRIC_* */
+#define HIXL_WIRE_VERSION 4 /* 2: VERBS_QP carries the QP count; REGION_GONE_ACK; 3: DEV_IPC,
+                             * FABRIC_*; 4: SHM_STAGE_*, SHM_COPY, HEARTBEAT probe flag */
 #define HIXL_WIRE_HDR 24
 #define HIXL_WIRE_MAX 4096 /* payload bytes; every message is far smaller */
 #define HIXL_WIRE_STR 256  /* string field capacity, NUL included */
@@ -52,6 +52,9 @@ enum hixl_msg_type {
   HIXL_MSG_FABRIC_BIND_REPLY, /* status, the target's provider and endpoint name */
   HIXL_MSG_FABRIC_MR,      /* as VERBS_MR: the region's fabric key please */
   HIXL_MSG_FABRIC_MR_REPLY, /* status, key, remote address of byte 0 */
+  HIXL_MSG_SHM_STAGE_REQ,  /* shm without CMA: lend me a staging area for your copies */
+  HIXL_MSG_SHM_STAGE_REPLY, /* status, its size (+1 fd: the sealed memfd) */
+  HIXL_MSG_SHM_COPY,       /* copy between a staging piece and a region (no reply message) */
   HIXL_MSG_TYPE_MAX
 };
 
@@ -103,6 +106,12 @@ typedef struct hixl_msg {
  * DEV_IPC_REPLY: status, u32[0] device, u64[0] offset of the region in what the
  *              handle maps, u64[1] bytes it maps, blob = the runtime's handle
  *              (+1 fd: the emulated backend's memfd)
+ * SHM_STAGE_REQ: empty
+ * SHM_STAGE_REPLY: status, u64[0] bytes of data after the 4096-byte header (+1 fd)
+ * SHM_COPY:    u32[0] slot, u32[1] direction (1: staging -> region, 2: region -> staging),
+ *              u64[0] rkey, u64[1] offset in the region, u64[2] length, u64[3] offset in
+ *              the staging data (all checked by the owner; the outcome goes into the
+ *              staging header, see src/shm/shm_int.h)
  */
 
 /* Encode m into buf (capacity cap).  Returns bytes written or 0 if it does

@@ -14,8 +14,13 @@
  *    mapped into the initiator once, at rmr unpack (FD_REQ passes the fd),
  *    with PROT_WRITE only if the region grants WRITE or ATOMIC: a put or get
  *    is one copy, an atomic one CPU instruction, no syscall;
- *  - other regions are reached with process_vm_writev/readv (CMA); atomics
- *    on them are executed by the owner's control thread (ATOMIC message);
+ *  - other regions are reached with process_vm_writev/readv (CMA, cma.c;
+ *    large transfers split across helper threads); atomics on them are
+ *    executed by the owner's control thread (ATOMIC message);
+ *  - where the kernel refuses CMA towards a peer (EPERM: Yama, seccomp,
+ *    containers; ENOSYS), that is remembered for the peer and its
+ *    non-mapped regions are reached through the owner's control thread,
+ *    which copies through a staging area it lends (stage.c);
  *  - every operation first checks the owner's region table (mapped
  *    read-only) so a deregistered region is refused without a syscall;
  *  - notifications are pushed into the owner's inbox ring (ring.h) after
@@ -40,17 +45,11 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "../core/hixl_int.h"
 #include "../device/device.h"
+#include "shm_int.h"
 
 #define SHM_RING_CAP 16384u
 #define SHM_MAX_INFLIGHT 1024 /* atomics executed by the owner, per peer */
-
-typedef struct shm_peer {
-  const hixl_reg_slot_t *table; /* theirs, read-only */
-  hixl_ring_t *outbox;          /* their inbox: we produce */
-  hixl_ring_t *inbox;           /* ours: they produce, we consume */
-} shm_peer_t;
 
 static size_t table_bytes(void) { return HIXL_REG_SLOTS * sizeof(hixl_reg_slot_t); }
 
@@ -59,10 +58,24 @@ static bool shm_usable(hixl_ctx_t *ctx, const hixl_msg_t *hello)
   return memcmp(ctx->host_id, hello->host_id, sizeof(ctx->host_id)) == 0;
 }
 
+static shm_peer_t *shm_peer_new(hixl_ctx_t *ctx)
+{
+  shm_peer_t *sp = calloc(1, sizeof(*sp));
+  if (sp == NULL)
+    return NULL;
+  pthread_mutex_init(&sp->out.lock, NULL);
+  sp->in.fd = -1;
+  const shm_ctx_t *sc = ctx->tp[HIXL_TP_SHM];
+  atomic_init(&sp->cma_refused, sc->cma_off);
+  return sp;
+}
+
 static void shm_free(shm_peer_t *sp)
 {
   if (sp == NULL)
     return;
+  hixl__shm_stage_free(sp);
+  pthread_mutex_destroy(&sp->out.lock);
   if (sp->table)
     munmap((void *)sp->table, table_bytes());
   if (sp->outbox)
@@ -114,7 +127,7 @@ static hixl_status_t map_theirs(shm_peer_t *sp, const int *fds, const char *who)
 static hixl_status_t shm_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64_t deadline)
 {
   hixl_ctx_t *ctx = peer->ctx;
-  shm_peer_t *sp = calloc(1, sizeof(*sp));
+  shm_peer_t *sp = shm_peer_new(ctx);
   if (sp == NULL)
     return hixl__err(HIXL_ERR_NOMEM, "shm: no memory");
   int inbox_fd = -1, ufd = -1, tcp_fd = peer->fd;
@@ -173,7 +186,7 @@ fail:
 hixl_status_t hixl__shm_accept(hixl_peer_t *peer, const int *fds, int nfds, int *out_fds,
                                int *n_out)
 {
-  shm_peer_t *sp = calloc(1, sizeof(*sp));
+  shm_peer_t *sp = shm_peer_new(peer->ctx);
   if (sp == NULL || nfds != 2) {
     for (int i = 0; i < nfds; i++)
       close(fds[i]);
@@ -305,8 +318,9 @@ static bool shm_rmr_live(const hixl_rmr_t *r)
                               memory_order_acquire) == r->rkey;
 }
 
-static hixl_status_t cma_error(hixl_peer_t *peer, const char *call, int e)
+static hixl_status_t cma_error(hixl_peer_t *peer, bool write, int e)
 {
+  const char *call = write ? "process_vm_writev" : "process_vm_readv";
   if (e == ESRCH) {
     /* The process is gone: say so for every later call too, without
      * waiting for the control thread to see the socket close. */
@@ -316,43 +330,52 @@ static hixl_status_t cma_error(hixl_peer_t *peer, const char *call, int e)
     return hixl__err(HIXL_ERR_PEER_LOST, "shm: peer %s (pid %d) is gone", peer->name,
                      (int)peer->remote_pid);
   }
-  return hixl__err(e == EPERM ? HIXL_ERR_ACCESS : HIXL_ERR_TRANSPORT,
-                   "shm: %s into peer %s (pid %d) failed: %s%s", call, peer->name,
-                   (int)peer->remote_pid, strerror(e),
-                   e == EPERM ? " (ptrace permission; use hixl_mem_alloc memory)" : "");
+  return hixl__err(HIXL_ERR_TRANSPORT, "shm: %s into peer %s (pid %d) failed: %s", call,
+                   peer->name, (int)peer->remote_pid, strerror(e));
 }
 
-/* Cross-memory attach of cnt elements whose local and remote lengths pair
- * up (l[i].iov_len == r[i].iov_len); loops over partial transfers, which the
- * kernel may end anywhere (advancing both lists in step). */
-static hixl_status_t cma_v(hixl_peer_t *peer, bool write, struct iovec *l, struct iovec *r,
-                           size_t cnt)
+/* The kernel refuses CMA towards this peer: from now on (this peer only,
+ * no system call tried again) its non-mapped regions go through its
+ * control thread. */
+static HIXL_COLD bool cma_refused(hixl_peer_t *peer, bool write, int e)
 {
-  while (cnt > 0) {
-    ssize_t n = write ? process_vm_writev(peer->remote_pid, l, cnt, r, cnt, 0)
-                      : process_vm_readv(peer->remote_pid, l, cnt, r, cnt, 0);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n <= 0)
-      return cma_error(peer, write ? "process_vm_writev" : "process_vm_readv",
-                       n < 0 ? errno : EFAULT);
-    size_t done = (size_t)n;
-    while (cnt > 0 && done >= l->iov_len) {
-      done -= l->iov_len;
-      l++, r++, cnt--;
-    }
-    if (cnt > 0 && done > 0) { /* part of the first remaining element went */
-      l->iov_base = (uint8_t *)l->iov_base + done, l->iov_len -= done;
-      r->iov_base = (uint8_t *)r->iov_base + done, r->iov_len -= done;
-    }
+  if (e != EPERM && e != ENOSYS)
+    return false;
+  shm_peer_t *sp = peer->tp;
+  if (!atomic_exchange(&sp->cma_refused, true))
+    hixl_info("shm: %s into peer %s (pid %d): %s; its registered memory is reached through "
+              "its control thread from now on",
+              write ? "process_vm_writev" : "process_vm_readv", peer->name,
+              (int)peer->remote_pid, strerror(e));
+  return true;
+}
+
+/* Owner-side copies of one range (a session of its own). */
+static HIXL_COLD hixl_status_t staged(hixl_peer_t *peer, bool put, void *local, const hixl_rmr_t *r,
+                                      uint64_t off, size_t len)
+{
+  shm_stage_sess_t s;
+  hixl_status_t st = hixl__shm_stage_begin(peer, &s);
+  if (st != HIXL_OK)
+    return st;
+  hixl__shm_stage_add(&s, put, local, r, off, len);
+  return hixl__shm_stage_end(&s);
+}
+
+/* A range of a non-mapped region: CMA, or the owner's copies. */
+static hixl_status_t cma(hixl_peer_t *peer, bool write, void *local, const hixl_rmr_t *r,
+                         uint64_t off, size_t len)
+{
+  shm_peer_t *sp = peer->tp;
+  if (hixl_likely(!atomic_load_explicit(&sp->cma_refused, memory_order_relaxed))) {
+    struct iovec l = {local, len}, rv = {(void *)(uintptr_t)(r->base + off), len};
+    int e = hixl__shm_cma(peer, write, &l, &rv, 1, len);
+    if (hixl_likely(e == 0))
+      return HIXL_OK;
+    if (!cma_refused(peer, write, e))
+      return cma_error(peer, write, e);
   }
-  return HIXL_OK;
-}
-
-static hixl_status_t cma(hixl_peer_t *peer, bool write, void *local, uint64_t remote, size_t len)
-{
-  struct iovec l = {local, len}, r = {(void *)(uintptr_t)remote, len};
-  return cma_v(peer, write, &l, &r, 1);
+  return staged(peer, write, local, r, off, len);
 }
 
 /* Device memory on either side (shm_put / shm_get's slow path): the
@@ -370,7 +393,7 @@ static HIXL_COLD hixl_status_t dev_xfer(hixl_peer_t *peer, bool put, void *local
     size_t n = len - done < PIECE ? len - done : PIECE;
     hixl_status_t st = put ? hixl__dev_copy(buf, (uint8_t *)local + done, n) : HIXL_OK;
     if (st == HIXL_OK)
-      st = cma(peer, put, buf, r->base + off + done, n);
+      st = cma(peer, put, buf, r, off + done, n);
     if (st == HIXL_OK && !put)
       st = hixl__dev_copy((uint8_t *)local + done, buf, n);
     if (st != HIXL_OK)
@@ -390,7 +413,7 @@ static HIXL_HOT hixl_status_t shm_put(hixl_peer_t *peer, const void *src, size_t
     hixl__copy(r->map + off, src, len);
     return HIXL_OK;
   }
-  return cma(peer, true, (void *)(uintptr_t)src, r->base + off, len);
+  return cma(peer, true, (void *)(uintptr_t)src, r, off, len);
 }
 
 static HIXL_HOT hixl_status_t shm_get(hixl_peer_t *peer, void *dst, size_t len, hixl_rmr_t *r,
@@ -403,7 +426,7 @@ static HIXL_HOT hixl_status_t shm_get(hixl_peer_t *peer, void *dst, size_t len, 
     hixl__copy(dst, r->map + off, len);
     return HIXL_OK;
   }
-  return cma(peer, false, dst, r->base + off, len);
+  return cma(peer, false, dst, r, off, len);
 }
 
 static hixl_status_t shm_notify(hixl_peer_t *peer, uint32_t imm, uint64_t len, hixl_req_t *req)
@@ -415,20 +438,80 @@ static hixl_status_t shm_notify(hixl_peer_t *peer, uint32_t imm, uint64_t len, h
 /* A batch: blocks in mapped regions copied directly, streamed when the batch
  * as a whole is as large as a copy that hixl__copy would stream (1024 x 16
  * KiB blocks are one 16 MiB transfer to the caches); blocks in unmapped
- * regions gathered into one process_vm_writev/readv per IOV_MAX of them
- * instead of a system call each.  Then the notification, after all. */
+ * regions gathered into one process_vm_writev/readv per CMA_IOV of them
+ * instead of a system call each (or, without CMA, into one session of owner
+ * copies, pipelined).  Then the notification, after all. */
+typedef struct shm_batch_cma {
+  hixl_peer_t *peer;
+  const hixl_xfer_t *x;
+  bool is_put;
+  size_t k, bytes;
+  size_t idx[256]; /* the elements in lv / rv */
+  struct iovec lv[256], rv[256];
+  shm_stage_sess_t sess; /* owner copies, open while in_sess */
+  bool in_sess;
+} shm_batch_cma_t;
+
+static hixl_status_t batch_staged(shm_batch_cma_t *b, size_t i)
+{
+  if (!b->in_sess) {
+    hixl_status_t st = hixl__shm_stage_begin(b->peer, &b->sess);
+    if (st != HIXL_OK)
+      return st;
+    b->in_sess = true;
+  }
+  const hixl_xfer_t *x = &b->x[i];
+  return hixl__shm_stage_add(&b->sess, b->is_put, x->local, x->rmr, x->off, x->len);
+}
+
+/* The gathered elements: one CMA call (split across threads when large),
+ * or, where the kernel refuses it, owner copies of the same elements. */
+static hixl_status_t batch_flush(shm_batch_cma_t *b)
+{
+  size_t k = b->k;
+  b->k = 0;
+  if (k == 0)
+    return HIXL_OK;
+  int e = hixl__shm_cma(b->peer, b->is_put, b->lv, b->rv, k, b->bytes);
+  b->bytes = 0;
+  if (hixl_likely(e == 0))
+    return HIXL_OK;
+  if (!cma_refused(b->peer, b->is_put, e))
+    return cma_error(b->peer, b->is_put, e);
+  hixl_status_t st = HIXL_OK;
+  for (size_t j = 0; j < k && st == HIXL_OK; j++)
+    st = batch_staged(b, b->idx[j]);
+  return st;
+}
+
+static hixl_status_t batch_end_sess(shm_batch_cma_t *b, hixl_status_t st)
+{
+  if (!b->in_sess)
+    return st;
+  b->in_sess = false;
+  hixl_status_t st2 = hixl__shm_stage_end(&b->sess);
+  return st != HIXL_OK ? st : st2;
+}
+
 static hixl_status_t shm_batch(hixl_peer_t *peer, const hixl_xfer_t *x, size_t n, bool is_put,
                                const uint32_t *imm, uint64_t total, hixl_req_t *req)
 {
-  enum { CMA_IOV = 256 }; /* per system call (IOV_MAX is 1024); 8 KiB of stack */
-  struct iovec lv[CMA_IOV], rv[CMA_IOV];
-  size_t k = 0;
+  shm_batch_cma_t b;
+  b.peer = peer;
+  b.x = x;
+  b.is_put = is_put;
+  b.k = b.bytes = 0;
+  b.in_sess = false;
+  shm_peer_t *sp = peer->tp;
   bool stream = total >= hixl__stream_min;
   hixl_status_t st = HIXL_OK;
   for (size_t i = 0; i < n && st == HIXL_OK; i++) {
     hixl_rmr_t *r = x[i].rmr;
     if (hixl_unlikely((r->flags & HIXL_REGF_DEVICE) || hixl__is_dev(x[i].local))) {
-      st = dev_xfer(peer, is_put, x[i].local, x[i].len, r, x[i].off);
+      /* Its own CMA calls or owner copies (a session of its own). */
+      st = batch_end_sess(&b, batch_flush(&b));
+      if (st == HIXL_OK)
+        st = dev_xfer(peer, is_put, x[i].local, x[i].len, r, x[i].off);
       continue;
     }
     if (hixl_likely(r->map != NULL)) {
@@ -441,17 +524,22 @@ static hixl_status_t shm_batch(hixl_peer_t *peer, const hixl_xfer_t *x, size_t n
         hixl__copy(dst, src, x[i].len);
       continue;
     }
-    lv[k] = (struct iovec){x[i].local, x[i].len};
-    rv[k] = (struct iovec){(void *)(uintptr_t)(r->base + x[i].off), x[i].len};
-    if (++k == CMA_IOV) {
-      st = cma_v(peer, is_put, lv, rv, k);
-      k = 0;
+    if (hixl_unlikely(atomic_load_explicit(&sp->cma_refused, memory_order_relaxed))) {
+      st = batch_staged(&b, i);
+      continue;
     }
+    b.idx[b.k] = i;
+    b.lv[b.k] = (struct iovec){x[i].local, x[i].len};
+    b.rv[b.k] = (struct iovec){(void *)(uintptr_t)(r->base + x[i].off), x[i].len};
+    b.bytes += x[i].len;
+    if (++b.k == sizeof(b.idx) / sizeof(b.idx[0]))
+      st = batch_flush(&b);
   }
   if (stream)
     hixl__copy_fence();
-  if (st == HIXL_OK && k)
-    st = cma_v(peer, is_put, lv, rv, k);
+  if (st == HIXL_OK)
+    st = batch_flush(&b);
+  st = batch_end_sess(&b, st);
   if (st == HIXL_OK && imm)
     st = shm_notify(peer, *imm, total, req);
   return st;
@@ -500,8 +588,8 @@ const hixl_transport_ops_t hixl__shm_ops = {
     .id = HIXL_TP_SHM,
     .async = false,
     .needs_bind = true,
-    .ctx_init = hixl__tp_ctx_init_none,
-    .ctx_fini = hixl__tp_ctx_fini_none,
+    .ctx_init = hixl__shm_ctx_init,
+    .ctx_fini = hixl__shm_ctx_fini,
     .mr_reg = hixl__tp_mr_reg_none,
     .mr_dereg = hixl__tp_mr_dereg_none,
     .usable = shm_usable,

@@ -1,0 +1,124 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Inside the shm transport: what shm.c (binding, data path), cma.c
+ * (process_vm_writev/readv, split across threads) and stage.c (copies the
+ * owner performs when the kernel refuses CMA) share.  White-box tests
+ * (tests/cma/owner_copy.c) read it too.
+ */
+#ifndef HIXL_SHM_INT_H
+#define HIXL_SHM_INT_H
+
+#include <sys/uio.h>
+
+#include "../core/hixl_int.h"
+
+/*
+ * The staging area: when the kernel refuses CMA towards a peer (EPERM under
+ * Yama ptrace_scope >= 1 between siblings, seccomp, containers; ENOSYS),
+ * data for its non-mapped regions travels through a memfd the owner creates
+ * for that peer, seals (no shrink, no grow, no more seals) and lends it
+ * (SHM_STAGE_REQ / SHM_STAGE_REPLY).  The initiator copies a piece into the
+ * data area and sends SHM_COPY (slot, rkey, offset, length, staging
+ * offset); the owner's control thread checks everything as for an atomic
+ * and copies.  Gets go the other way.  Pieces are pipelined through a ring
+ * of the data area: the initiator fills the next while the owner copies
+ * the last.
+ *
+ * The owner only ever writes the header (below) and never reads it: all it
+ * acts on comes in the message and is checked against its own registry and
+ * the staging's size.
+ */
+#define SHM_STAGE_HDR 4096u
+enum { SHM_COPY_PUT = 1, SHM_COPY_GET = 2 };
+typedef struct shm_stage_hdr {
+  _Atomic uint64_t done;      /* SHM_COPY messages the owner has finished */
+  uint8_t pad0[56];
+  _Atomic uint64_t err_seq;   /* number (1-based) of the last one that failed */
+  _Atomic int32_t err_status; /* and why (written before done is published) */
+} shm_stage_hdr_t;
+
+/* Initiator side: the peer's staging area we fill (one user at a time). */
+#define SHM_STAGE_FIFO 64 /* pieces in flight, at most: bounds the socket's load */
+typedef struct shm_stage_piece {
+  uint64_t seq;   /* its SHM_COPY's number */
+  size_t start, len;
+  void *dst;      /* a get: where the bytes go once done (NULL: a put) */
+} shm_stage_piece_t;
+typedef struct shm_stage_out {
+  pthread_mutex_t lock;
+  bool ready;     /* mapped */
+  shm_stage_hdr_t *hdr;
+  uint8_t *data;
+  size_t size, map_len;
+  uint64_t sent;  /* SHM_COPY messages sent */
+  size_t head;    /* next free byte of the ring */
+  shm_stage_piece_t fifo[SHM_STAGE_FIFO];
+  unsigned fifo_first, fifo_n;
+} shm_stage_out_t;
+
+/* Owner side: the staging area we lent the peer (control thread only). */
+typedef struct shm_stage_in {
+  int fd;
+  shm_stage_hdr_t *hdr;
+  uint8_t *data;
+  size_t size, map_len;
+  uint64_t handled; /* SHM_COPY messages handled */
+} shm_stage_in_t;
+
+typedef struct shm_peer {
+  const hixl_reg_slot_t *table; /* theirs, read-only */
+  hixl_ring_t *outbox;          /* their inbox: we produce */
+  hixl_ring_t *inbox;           /* ours: they produce, we consume */
+  /* The kernel refused CMA towards this peer (or HIXL_SHM_CMA=0): its
+   * non-mapped regions are reached through the owner's copies. */
+  _Atomic bool cma_refused;
+  shm_stage_out_t out;
+  shm_stage_in_t in;
+} shm_peer_t;
+
+/* Per context (ctx->tp[HIXL_TP_SHM]): settings read at hixl_ctx_create and
+ * the helper threads that split large CMA transfers (started lazily, at
+ * the first transfer of split_min bytes or more). */
+#define SHM_CMA_MAX_THREADS 16
+struct shm_cma_job;
+typedef struct shm_ctx {
+  bool cma_off;        /* HIXL_SHM_CMA=0 */
+  int cma_threads;     /* HIXL_SHM_CMA_THREADS: threads per large transfer, the caller too */
+  size_t split_min;    /* HIXL_SHM_CMA_SPLIT_MIN */
+  size_t stage_bytes;  /* HIXL_SHM_STAGE_BYTES: data area of a staging we lend */
+  pthread_mutex_t lock;
+  pthread_cond_t work, idle;
+  struct shm_cma_job *queue; /* jobs helpers may join */
+  int started;               /* helper threads running */
+  bool stopping;
+  pthread_t threads[SHM_CMA_MAX_THREADS];
+} shm_ctx_t;
+
+/* cma.c */
+hixl_status_t hixl__shm_ctx_init(hixl_ctx_t *ctx);
+void hixl__shm_ctx_fini(hixl_ctx_t *ctx);
+/* Move cnt paired elements (l[i].iov_len == r[i].iov_len, total bytes in
+ * all) to or from the peer's memory with process_vm_writev/readv, split
+ * across the context's helper threads from split_min bytes up.  Returns 0,
+ * or the errno that stopped it (EPERM / ENOSYS: the kernel refuses; the
+ * caller falls back).  l and r may be modified. */
+int hixl__shm_cma(hixl_peer_t *peer, bool write, struct iovec *l, struct iovec *r, size_t cnt,
+                  size_t total);
+
+/* stage.c, initiator side: copies through the owner.  A session holds the
+ * peer's staging for one operation or one batch: add pieces, then end
+ * (which waits for all of them and reports the first failure). */
+typedef struct shm_stage_sess {
+  hixl_peer_t *peer;
+  shm_stage_out_t *so;
+  uint64_t first;  /* the first SHM_COPY number of this session */
+  hixl_status_t st;
+  int64_t deadline;
+} shm_stage_sess_t;
+hixl_status_t hixl__shm_stage_begin(hixl_peer_t *peer, shm_stage_sess_t *s);
+hixl_status_t hixl__shm_stage_add(shm_stage_sess_t *s, bool put, void *local, const hixl_rmr_t *r,
+                                  uint64_t off, size_t len);
+hixl_status_t hixl__shm_stage_end(shm_stage_sess_t *s);
+void hixl__shm_stage_free(shm_peer_t *sp);
+
+#endif
