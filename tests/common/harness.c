@@ -194,10 +194,17 @@ static void target_setup(target_state_t *ts)
   memcpy(ts->regions, proto_regions, sizeof(proto_regions));
   const char *dr = getenv("HIXL_TEST_DEVICE_REGIONS");
   g_device_regions = dr && strcmp(dr, "1") == 0;
+  /* HIXL_TEST_REGIONS=heap: every host region is malloc + hixl_mr_reg (so
+   * shm reaches all of them with CMA, or the owner's copies without it),
+   * aligned as hixl_mem_alloc's would be. */
+  const char *rk = getenv("HIXL_TEST_REGIONS");
+  bool heap = rk && strcmp(rk, "heap") == 0;
   for (size_t i = 0; i < NREG; i++) {
     region_t *r = &ts->regions[i];
     if (r->device && !g_device_regions)
       continue;
+    if (heap && !r->device && r->alloc)
+      r->alloc = false; /* misalign stays 0 */
     if (r->device && r->alloc) {
       EXPECT_OK(hixl_mem_alloc(ts->ctx, r->len, HIXL_MEM_DEVICE, r->access, &r->addr, &r->mr));
     } else if (r->device) {
