@@ -123,89 +123,102 @@ def pct(v, p):
 
 # ------------------------------------------------------------------ prefill
 
-def prefill(cfg, addr):
-    with hixl.Context() as ctx:
-        dec = ctx.connect(addr, timeout=60)
-        pool = dec.lookup("kv_pool", timeout=60)
-        slots_region = ctx.alloc(MAX_SLOTS * SLOT_INTS * 4)
-        slots = slots_region.numpy(np.int32).reshape(MAX_SLOTS, SLOT_INTS)
-        slots_region.publish("kv_slots")
-        # Staging: two layers of the largest request, K and V blocks.
-        layer_elems = 2 * cfg.max_nb * cfg.block_tokens * cfg.lanes
-        stage = torch.zeros(2 * layer_elems, dtype=torch.int16)   # pages in now, not in pass 1
-        stage_region = ctx.register(stage)
-        bb = cfg.block_bytes
-        # Per pass: bytes written and seconds spent inside hixl calls (issuing
-        # a layer's writes, waiting for them): the transfer, without the
-        # compute around it.
-        passes = {}
-        dec.notify(IMM_HELLO)
-        while True:
-            n = ctx.wait(timeout=WAIT_S)
-            if n.imm == IMM_STOP:
-                break
-            if not n.imm & IMM_DESC:
-                raise SystemExit(f"prefill: unexpected notification {n.imm:#x}")
-            slot = n.imm & 0xFFFF
-            req, seq_len, nb, mode = (int(v) for v in slots[slot, :4])
-            per_block = mode & 1
-            st = passes.setdefault(mode >> 1, {"per_block": per_block, "bytes": 0, "busy": 0.0,
-                                               "layer": []})
-            block_ids = slots[slot, 4:4 + nb].astype(np.uint64)
-            ntok = nb * cfg.block_tokens
-            inflight = [None, None]
-            busy = [0.0, 0.0]
-            kvs = np.repeat(np.arange(2, dtype=np.uint64), nb)
-            bs = np.tile(np.arange(nb, dtype=np.uint64), 2)
+def _prefill(ctx, cfg, addr):
+    dec = ctx.connect(addr, timeout=60)
+    pool = dec.lookup("kv_pool", timeout=60)
+    slots_region = ctx.alloc(MAX_SLOTS * SLOT_INTS * 4)
+    slots = slots_region.numpy(np.int32).reshape(MAX_SLOTS, SLOT_INTS)
+    slots_region.publish("kv_slots")
+    # Staging: two layers of the largest request, K and V blocks.
+    layer_elems = 2 * cfg.max_nb * cfg.block_tokens * cfg.lanes
+    stage = torch.zeros(2 * layer_elems, dtype=torch.int16)   # pages in now, not in pass 1
+    stage_region = ctx.register(stage)
+    bb = cfg.block_bytes
+    # Per pass: bytes written and seconds spent inside hixl calls (issuing
+    # a layer's writes, waiting for them): the transfer, without the
+    # compute around it.
+    passes = {}
+    dec.notify(IMM_HELLO)
+    while True:
+        n = ctx.wait(timeout=WAIT_S)
+        if n.imm == IMM_STOP:
+            break
+        if not n.imm & IMM_DESC:
+            raise SystemExit(f"prefill: unexpected notification {n.imm:#x}")
+        slot = n.imm & 0xFFFF
+        req, seq_len, nb, mode = (int(v) for v in slots[slot, :4])
+        per_block = mode & 1
+        st = passes.setdefault(mode >> 1, {"per_block": per_block, "bytes": 0, "busy": 0.0,
+                                           "layer": []})
+        block_ids = slots[slot, 4:4 + nb].astype(np.uint64)
+        ntok = nb * cfg.block_tokens
+        inflight = [None, None]
+        busy = [0.0, 0.0]
+        kvs = np.repeat(np.arange(2, dtype=np.uint64), nb)
+        bs = np.tile(np.arange(nb, dtype=np.uint64), 2)
 
-            def finish(half):
-                t = time.perf_counter()
-                inflight[half].wait(WAIT_S)
-                busy[half] += time.perf_counter() - t
-                st["busy"] += busy[half]
-                st["layer"].append(busy[half])
-                inflight[half] = None
+        def finish(half):
+            t = time.perf_counter()
+            inflight[half].wait(WAIT_S)
+            busy[half] += time.perf_counter() - t
+            st["busy"] += busy[half]
+            st["layer"].append(busy[half])
+            inflight[half] = None
 
-            for layer in range(cfg.layers):
-                half = layer & 1
-                if inflight[half] is not None:   # its staging half is about to be rewritten
-                    finish(half)
-                buf = stage[half * layer_elems:half * layer_elems + 2 * ntok * cfg.lanes]
-                generate(cfg, req, layer, ntok, out=buf.view(2, ntok, cfg.lanes))
-                # One row per block: (local address, remote offset, length).
-                rows = np.empty((2 * nb, 3), dtype=np.uint64)
-                rows[:, 0] = buf.data_ptr() + (kvs * nb + bs) * bb
-                rows[:, 1] = ((layer * 2 + kvs) * cfg.blocks + block_ids[bs]) * bb
-                rows[:, 2] = bb
-                imm = slot << 8 | layer
-                t = time.perf_counter()
-                if not per_block:
-                    inflight[half] = dec.put_batch(rows, pool, imm=imm, wait=False)
-                else:
-                    for r in rows:
-                        dec.put((int(r[0]), bb), pool, int(r[1]), wait=False)
-                    # ORDERED: the notification goes once every put above has landed.
-                    inflight[half] = dec.notify(imm, ordered=True, wait=False)
-                busy[half] = time.perf_counter() - t
-                st["bytes"] += 2 * nb * bb
-            for half in (0, 1):
-                if inflight[half] is not None:
-                    finish(half)
-        ctx.fence()
-        for k in sorted(passes):
-            st = passes[k]
-            if k == 0:
-                continue   # the warm-up
-            what = "one put per block" if st["per_block"] else "one batch per layer"
-            print(f"  prefill, {what + ':':<20} {st['bytes'] / 2**20:8.1f} MiB, "
-                  f"{st['busy']:.3f} s in hixl calls = {st['bytes'] / st['busy'] / 1e9:.3f} GB/s; "
-                  f"per layer p50 {pct(st['layer'], 50) * 1e3:.3f} ms, "
-                  f"p99 {pct(st['layer'], 99) * 1e3:.3f} ms", flush=True)
-        dec.notify(IMM_BYE)
-        pool.release()
-        del slots
-        stage_region.close()
+        for layer in range(cfg.layers):
+            half = layer & 1
+            if inflight[half] is not None:   # its staging half is about to be rewritten
+                finish(half)
+            buf = stage[half * layer_elems:half * layer_elems + 2 * ntok * cfg.lanes]
+            generate(cfg, req, layer, ntok, out=buf.view(2, ntok, cfg.lanes))
+            # One row per block: (local address, remote offset, length).
+            rows = np.empty((2 * nb, 3), dtype=np.uint64)
+            rows[:, 0] = buf.data_ptr() + (kvs * nb + bs) * bb
+            rows[:, 1] = ((layer * 2 + kvs) * cfg.blocks + block_ids[bs]) * bb
+            rows[:, 2] = bb
+            imm = slot << 8 | layer
+            t = time.perf_counter()
+            if not per_block:
+                inflight[half] = dec.put_batch(rows, pool, imm=imm, wait=False)
+            else:
+                for r in rows:
+                    dec.put((int(r[0]), bb), pool, int(r[1]), wait=False)
+                # ORDERED: the notification goes once every put above has landed.
+                inflight[half] = dec.notify(imm, ordered=True, wait=False)
+            busy[half] = time.perf_counter() - t
+            st["bytes"] += 2 * nb * bb
+        for half in (0, 1):
+            if inflight[half] is not None:
+                finish(half)
+    ctx.fence()
+    for k in sorted(passes):
+        st = passes[k]
+        if k == 0:
+            continue   # the warm-up
+        what = "one put per block" if st["per_block"] else "one batch per layer"
+        print(f"  prefill, {what + ':':<20} {st['bytes'] / 2**20:8.1f} MiB, "
+              f"{st['busy']:.3f} s in hixl calls = {st['bytes'] / st['busy'] / 1e9:.3f} GB/s; "
+              f"per layer p50 {pct(st['layer'], 50) * 1e3:.3f} ms, "
+              f"p99 {pct(st['layer'], 99) * 1e3:.3f} ms", flush=True)
+    dec.notify(IMM_BYE)
+    pool.release()
+    del slots
+    stage_region.close()
     return 0
+
+
+def prefill(cfg, addr):
+    ctx = hixl.Context()
+    try:
+        return _prefill(ctx, cfg, addr)
+    finally:
+        # Not `with`: an exception leaves views of the region alive in its
+        # traceback, and Context.close() would then raise BufferError in its
+        # place (the context goes with the process instead).
+        try:
+            ctx.close()
+        except BufferError:
+            pass
 
 
 # ------------------------------------------------------------------ decode
@@ -275,56 +288,69 @@ def decode_pass(cfg, ctx, pre, slots_rmr, kv, per_block, pass_no, seed=42):
             "gap50": pct(gaps, 50), "gap99": pct(gaps, 99)}
 
 
-def decode(cfg, addr_fd=None):
-    with hixl.Context() as ctx:
-        pool_bytes = cfg.layers * 2 * cfg.blocks * cfg.block_bytes
-        region = ctx.alloc(pool_bytes)
-        kv = region.torch(torch.float16).view(cfg.layers, 2, cfg.blocks, cfg.block_tokens,
-                                              cfg.heads, cfg.head_dim)
-        kv.zero_()   # the pool's pages in now, not during the first pass
-        region.publish("kv_pool")
-        print(f"kv_transfer.py: {cfg.model} ({cfg.layers} layers, {cfg.heads} KV heads x "
-              f"{cfg.head_dim}, {cfg.block_tokens}-token blocks: {cfg.block_bytes >> 10} KiB per "
-              f"K or V block), pool {list(kv.shape)} fp16 = {pool_bytes / 2**20:.1f} MiB, "
-              f"{cfg.requests} requests of {cfg.seq_min}..{cfg.seq_max} tokens, "
-              f"{cfg.concurrency} at a time", flush=True)
-        if addr_fd is not None:
-            os.write(addr_fd, (ctx.address + "\n").encode())
-            os.close(addr_fd)
-        else:
-            print(f"decode listening at {ctx.address}", flush=True)
-        n = ctx.wait(timeout=WAIT_S)
-        if n.imm != IMM_HELLO:
-            raise SystemExit("decode: expected prefill's hello")
-        pre = n.peer
-        slots = pre.lookup("kv_slots", timeout=60)
-        print(f"over {pre.transport}", flush=True)
-        if cfg.warmup:   # (pass 0)
-            # Untimed: the first writes to each page of the pool fault it into
-            # prefill's mapping (shm maps it lazily); measure what follows.
-            s = decode_pass(cfg, ctx, pre, slots, kv, 0, 0)
-            print(f"warm-up pass (untimed): {s['bytes'] / 2**20:.1f} MiB in "
-                  f"{s['seconds']:.3f} s, verified", flush=True)
-        r = []
-        for i, per_block in enumerate(cfg.passes):
-            s = decode_pass(cfg, ctx, pre, slots, kv, per_block, i + 1)
-            r.append(s)
-            print(f"{'one put per block:' if per_block else 'one batch per layer:':<22} "
-                  f"{s['bytes'] / 2**20:8.1f} MiB in {s['seconds']:7.3f} s = "
-                  f"{s['bytes'] / s['seconds'] / 1e9:7.3f} GB/s; first layer after p50 "
-                  f"{s['ttfl50'] * 1e3:.3f} ms (p99 {s['ttfl99'] * 1e3:.3f}); next layers "
-                  f"every p50 {s['gap50'] * 1e3:.3f} ms (p99 {s['gap99'] * 1e3:.3f})", flush=True)
-        bw = {p: s["bytes"] / s["seconds"] for p, s in zip(cfg.passes, r)}
-        gain = f"{bw[0] / bw[1]:.2f}x" if len(bw) == 2 else "-"
-        print(f"batching gain: {gain} the bandwidth of one put per block; "
-              f"every byte of {sum(s['bytes'] for s in r) / 2**20:.1f} MiB verified", flush=True)
-        pre.notify(IMM_STOP)
-        n = ctx.wait(timeout=WAIT_S)   # prefill is done with the pool
-        if n.imm != IMM_BYE:
-            raise SystemExit(f"decode: expected prefill's goodbye, got {n.imm:#x}")
-        slots.release()
-        del kv
+def _decode(ctx, cfg, addr_fd=None):
+    pool_bytes = cfg.layers * 2 * cfg.blocks * cfg.block_bytes
+    region = ctx.alloc(pool_bytes)
+    kv = region.torch(torch.float16).view(cfg.layers, 2, cfg.blocks, cfg.block_tokens,
+                                          cfg.heads, cfg.head_dim)
+    kv.zero_()   # the pool's pages in now, not during the first pass
+    region.publish("kv_pool")
+    print(f"kv_transfer.py: {cfg.model} ({cfg.layers} layers, {cfg.heads} KV heads x "
+          f"{cfg.head_dim}, {cfg.block_tokens}-token blocks: {cfg.block_bytes >> 10} KiB per "
+          f"K or V block), pool {list(kv.shape)} fp16 = {pool_bytes / 2**20:.1f} MiB, "
+          f"{cfg.requests} requests of {cfg.seq_min}..{cfg.seq_max} tokens, "
+          f"{cfg.concurrency} at a time", flush=True)
+    if addr_fd is not None:
+        os.write(addr_fd, (ctx.address + "\n").encode())
+        os.close(addr_fd)
+    else:
+        print(f"decode listening at {ctx.address}", flush=True)
+    n = ctx.wait(timeout=WAIT_S)
+    if n.imm != IMM_HELLO:
+        raise SystemExit("decode: expected prefill's hello")
+    pre = n.peer
+    slots = pre.lookup("kv_slots", timeout=60)
+    print(f"over {pre.transport}", flush=True)
+    if cfg.warmup:   # (pass 0)
+        # Untimed: the first writes to each page of the pool fault it into
+        # prefill's mapping (shm maps it lazily); measure what follows.
+        s = decode_pass(cfg, ctx, pre, slots, kv, 0, 0)
+        print(f"warm-up pass (untimed): {s['bytes'] / 2**20:.1f} MiB in "
+              f"{s['seconds']:.3f} s, verified", flush=True)
+    r = []
+    for i, per_block in enumerate(cfg.passes):
+        s = decode_pass(cfg, ctx, pre, slots, kv, per_block, i + 1)
+        r.append(s)
+        print(f"{'one put per block:' if per_block else 'one batch per layer:':<22} "
+              f"{s['bytes'] / 2**20:8.1f} MiB in {s['seconds']:7.3f} s = "
+              f"{s['bytes'] / s['seconds'] / 1e9:7.3f} GB/s; first layer after p50 "
+              f"{s['ttfl50'] * 1e3:.3f} ms (p99 {s['ttfl99'] * 1e3:.3f}); next layers "
+              f"every p50 {s['gap50'] * 1e3:.3f} ms (p99 {s['gap99'] * 1e3:.3f})", flush=True)
+    bw = {p: s["bytes"] / s["seconds"] for p, s in zip(cfg.passes, r)}
+    gain = f"{bw[0] / bw[1]:.2f}x" if len(bw) == 2 else "-"
+    print(f"batching gain: {gain} the bandwidth of one put per block; "
+          f"every byte of {sum(s['bytes'] for s in r) / 2**20:.1f} MiB verified", flush=True)
+    pre.notify(IMM_STOP)
+    n = ctx.wait(timeout=WAIT_S)   # prefill is done with the pool
+    if n.imm != IMM_BYE:
+        raise SystemExit(f"decode: expected prefill's goodbye, got {n.imm:#x}")
+    slots.release()
+    del kv
     return 0
+
+
+def decode(cfg, addr_fd=None):
+    ctx = hixl.Context()
+    try:
+        return _decode(ctx, cfg, addr_fd)
+    finally:
+        # Not `with`: an exception leaves views of the region alive in its
+        # traceback, and Context.close() would then raise BufferError in its
+        # place (the context goes with the process instead).
+        try:
+            ctx.close()
+        except BufferError:
+            pass
 
 
 # ------------------------------------------------------------------ main
