@@ -299,7 +299,12 @@ static int dial(hixl_store_t *s, int64_t deadline, hixl_status_t *st)
   }
 }
 
-/* Connect again in the settled dialect (a VALIDATE server wants its hello first). */
+/* Connect again in the settled dialect.  A VALIDATE server wants its hello
+ * first; a GETNUMKEYS rides with it and must be answered before anything
+ * else is sent.  (Were the server a legacy one after all, it would read the
+ * hello as a SET whose 8-byte key length ends in our next query's bytes, a
+ * length of terabytes: nothing more goes out until the hello is answered,
+ * and a legacy server never answers it.) */
 static hixl_status_t ensure(hixl_store_t *s, int64_t deadline)
 {
   hixl_status_t st = check_quiet(s);
@@ -307,8 +312,17 @@ static hixl_status_t ensure(hixl_store_t *s, int64_t deadline)
     return st;
   if ((s->fd = dial(s, deadline, &st)) < 0)
     return st;
-  if (s->dialect == HIXL_STORE_VALIDATE)
-    return send_all(s, validate_hello, sizeof(validate_hello), deadline, "the VALIDATE hello");
+  if (s->dialect == HIXL_STORE_VALIDATE) {
+    uint8_t hello[6], le[8];
+    memcpy(hello, validate_hello, 5);
+    hello[5] = op_code[HIXL_STORE_VALIDATE][OP_NUMKEYS];
+    if ((st = send_all(s, hello, sizeof(hello), deadline, "the VALIDATE hello")) != HIXL_OK ||
+        (st = recv_all(s, le, 8, deadline, "the VALIDATE hello")) != HIXL_OK)
+      return st;
+    if (get_u64(le) > (1ull << 40))
+      return fail(s, HIXL_ERR_TRANSPORT, "answered the VALIDATE hello with 0x%016" PRIx64
+                  ", not a key count", get_u64(le));
+  }
   return HIXL_OK;
 }
 
