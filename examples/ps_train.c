@@ -23,14 +23,18 @@
  * one process and compares the parameters bit for bit (same code, same
  * order of floating-point operations): exit 1 on any difference.
  *
- * Start it like torchrun does (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT),
- * or let it fork N local ranks itself:  ps_train --launch 4
+ * Start it with torchrun (python3 -m torch.distributed.run --no_python
+ * --nproc_per_node 4 hixl-ps-train: the world rendezvous goes through
+ * torchrun's store), with torchrun's variables by hand (RANK, WORLD_SIZE,
+ * MASTER_ADDR, MASTER_PORT), or let it fork N local ranks itself:
+ * ps_train --launch 4
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
 #include <getopt.h>
 #include <hixl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -420,7 +424,16 @@ static run_stats_t twosided(hixl_ctx_t *ctx, const opts_t *o, float *final_w)
     take(ctx, &n); /* the PS's port */
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(n.imm & 0xffff))};
-    inet_pton(AF_INET, host, &a.sin_addr);
+    /* MASTER_ADDR is often a host name under torchrun (--master_addr). */
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *res;
+    int g = getaddrinfo(host, NULL, &hints, &res);
+    if (g != 0) {
+      fprintf(stderr, "rank %d: two-sided: cannot resolve MASTER_ADDR %s: %s\n", g_rank, host,
+              gai_strerror(g));
+      exit(1);
+    }
+    a.sin_addr = ((struct sockaddr_in *)res->ai_addr)->sin_addr;
+    freeaddrinfo(res);
     if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
       fprintf(stderr, "rank %d: two-sided connect: %s\n", g_rank, strerror(errno));
       exit(1);
