@@ -7,6 +7,8 @@
  *   memcpy     one thread, between two local buffers of the size
  *   writev     one process_vm_writev of the size into the target's region
  *              (readv for gets): what shm did before it split transfers
+ *   writev-2t  two threads, one process_vm_writev (readv) of half each: the
+ *              most a split in two could give
  *   hixl       hixl_put / hixl_get with the defaults (CMA split across
  *              HIXL_SHM_CMA_THREADS threads from HIXL_SHM_CMA_SPLIT_MIN up)
  *   hixl-1t    the same with HIXL_SHM_CMA_THREADS=1
@@ -25,6 +27,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <hixl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -100,9 +103,9 @@ static int run_target(size_t max, int out, int sock)
 
 /* ------------------------------------------------------------- initiator */
 
-enum { C_MEMCPY, C_CMA1, C_HIXL, C_HIXL1, C_OWNER, C_SOCKET, NCOL };
-static const char *const col_name[NCOL] = {"memcpy", "writev", "hixl", "hixl-1t", "owner",
-                                           "socket"};
+enum { C_MEMCPY, C_CMA1, C_CMA2, C_HIXL, C_HIXL1, C_OWNER, C_SOCKET, NCOL };
+static const char *const col_name[NCOL] = {"memcpy", "writev", "writev-2t", "hixl", "hixl-1t",
+                                           "owner", "socket"};
 
 typedef struct bench {
   pid_t pid;
@@ -129,6 +132,36 @@ static hixl_ctx_t *ctx_with(const char *var, const char *val)
   return ctx;
 }
 
+/* One process_vm_writev / readv of [off, off + len) (looping over partial
+ * transfers); false when the kernel refuses. */
+static bool cma_once(pid_t pid, bool put, uint8_t *local, uint8_t *remote, size_t len)
+{
+  struct iovec l = {local, len}, r = {remote, len};
+  for (size_t done = 0; done < len;) {
+    ssize_t n = put ? process_vm_writev(pid, &l, 1, &r, 1, 0)
+                    : process_vm_readv(pid, &l, 1, &r, 1, 0);
+    if (n <= 0)
+      return false;
+    done += (size_t)n;
+    l.iov_base = (uint8_t *)l.iov_base + n, l.iov_len -= (size_t)n;
+    r.iov_base = (uint8_t *)r.iov_base + n, r.iov_len -= (size_t)n;
+  }
+  return true;
+}
+
+typedef struct half {
+  bench_t *b;
+  bool put, ok;
+  size_t off, len;
+} half_t;
+
+static void *half_main(void *arg)
+{
+  half_t *h = arg;
+  h->ok = cma_once(h->b->pid, h->put, h->b->a + h->off, h->b->remote + h->off, h->len);
+  return NULL;
+}
+
 /* Seconds for one transfer of size bytes in column c. */
 static double once(bench_t *b, int c, bool put, size_t size)
 {
@@ -137,17 +170,20 @@ static double once(bench_t *b, int c, bool put, size_t size)
   case C_MEMCPY:
     memcpy(put ? b->b : b->a, put ? b->a : b->b, size);
     break;
-  case C_CMA1: {
-    struct iovec l = {b->a, size}, r = {b->remote, size};
-    for (size_t done = 0; done < size;) {
-      ssize_t n = put ? process_vm_writev(b->pid, &l, 1, &r, 1, 0)
-                      : process_vm_readv(b->pid, &l, 1, &r, 1, 0);
-      if (n <= 0)
-        return -1; /* refused here (no-cma, Yama): the column stays empty */
-      done += (size_t)n;
-      l.iov_base = (uint8_t *)l.iov_base + n, l.iov_len -= (size_t)n;
-      r.iov_base = (uint8_t *)r.iov_base + n, r.iov_len -= (size_t)n;
-    }
+  case C_CMA1:
+    if (!cma_once(b->pid, put, b->a, b->remote, size))
+      return -1; /* refused here (no-cma, Yama): the column stays empty */
+    break;
+  case C_CMA2: {
+    size_t h = size / 2 & ~(size_t)4095;
+    half_t one = {b, put, false, 0, h}, two = {b, put, false, h, size - h};
+    pthread_t th;
+    if (pthread_create(&th, NULL, half_main, &two) != 0)
+      return -1;
+    half_main(&one);
+    pthread_join(th, NULL);
+    if (!one.ok || !two.ok)
+      return -1;
     break;
   }
   case C_HIXL:
@@ -304,7 +340,7 @@ int main(int argc, char **argv)
     printf("# %s\n%9s", put ? "put" : "get", "size");
     for (int c = 0; c < NCOL; c++)
       if (put || c != C_SOCKET)
-        printf(" %9s", c == C_CMA1 && !put ? "readv" : col_name[c]);
+        printf(" %9s", c == C_CMA1 && !put ? "readv" : c == C_CMA2 && !put ? "readv-2t" : col_name[c]);
     printf(" %12s %12s %12s\n", "hixl/" "cma1", "hixl/memcpy", "owner/memcpy");
     for (int si = 0; si < nsizes; si++) {
       size_t size = sizes[si];

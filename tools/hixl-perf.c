@@ -43,6 +43,7 @@
 #include <string.h>
 #include <sched.h>
 #include <sys/prctl.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -271,7 +272,8 @@ static int run_target(const cfg_t *c, int out_fd, hixl_ctx_t *shared)
     return 0;
   }
   if (out_fd >= 0) {
-    dprintf(out_fd, "%s\n", hixl_ctx_address(ctx));
+    /* The region's address too: the initiator's process_vm_writev reference. */
+    dprintf(out_fd, "%s %llx\n", hixl_ctx_address(ctx), (unsigned long long)(uintptr_t)addr);
     close(out_fd);
   } else {
     printf("hixl-perf server: %s (region %zu bytes, %s memory); waiting for a client\n",
@@ -292,6 +294,7 @@ typedef struct result {
   long iters, lat_iters;
   double p50_us, p99_us, gbps, mops, memcpy_gbps;
   double contig_gbps; /* batches: one put/get of the same bytes */
+  double cma_gbps;    /* -m reg over shm: one process_vm_writev/readv of the same bytes */
 } result_t;
 
 typedef struct bench {
@@ -306,6 +309,8 @@ typedef struct bench {
   hixl_req_t **win; /* window of requests */
   uint64_t *olds;   /* atomics' results, one per window slot */
   hixl_xfer_t *xf;  /* batch entries */
+  pid_t cma_pid;    /* -m reg, target forked here: its pid and region, for the */
+  uint8_t *cma_mem; /* single process_vm_writev/readv reference (0 / NULL: none) */
 } bench_t;
 
 static int cmp_double(const void *a, const void *b)
@@ -355,6 +360,35 @@ static double memcpy_gbps(size_t size, long iters, void *a, const void *b, bool 
     __asm__ volatile("" ::: "memory");
   }
   return (double)size * (double)iters / (now_s() - t0) / 1e9;
+}
+
+/* The reference of -m reg over shm: what one process_vm_writev (puts) or
+ * process_vm_readv (gets) of the same bytes into the target's region does on
+ * one thread; 0 where the kernel refuses (no CMA: hixl's owner copies). */
+static double cma_gbps(const bench_t *b, bool put, size_t size, long iters)
+{
+  double t0 = 0;
+  for (long i = -1; i < iters; i++) { /* -1: warm */
+    if (i == 0)
+      t0 = now_s();
+    struct iovec l = {put ? b->buf : b->buf2, size}, r = {b->cma_mem, size};
+    for (size_t done = 0; done < size;) {
+      ssize_t n = put ? process_vm_writev(b->cma_pid, &l, 1, &r, 1, 0)
+                      : process_vm_readv(b->cma_pid, &l, 1, &r, 1, 0);
+      if (n <= 0)
+        return 0;
+      done += (size_t)n;
+      l.iov_base = (uint8_t *)l.iov_base + n, l.iov_len -= (size_t)n;
+      r.iov_base = (uint8_t *)r.iov_base + n, r.iov_len -= (size_t)n;
+    }
+  }
+  return (double)size * (double)iters / (now_s() - t0) / 1e9;
+}
+
+static bool has_cma_ref(const bench_t *b)
+{
+  int t = b->c->test;
+  return b->cma_mem != NULL && (t == T_PUT || t == T_GET || t == T_PUT_IMM);
 }
 
 /* Latency: each operation alone, with its completion. */
@@ -535,6 +569,8 @@ static result_t measure(bench_t *b, size_t size, long iters)
   bool dev = b->c->dev_local || b->c->dev_remote;
   r.memcpy_gbps = memcpy_gbps(bytes, iters < 100000 ? iters : 100000, dev ? b->ref : b->buf2,
                               b->buf, dev);
+  if (has_cma_ref(b) && c->bw)
+    r.cma_gbps = cma_gbps(b, c->test != T_GET, bytes, iters < 100000 ? iters : 100000);
   return r;
 }
 
@@ -567,8 +603,9 @@ static bool check_data(bench_t *b)
   return ok;
 }
 
-static void print_row(const cfg_t *c, const result_t *r, FILE *jf, bool first)
+static void print_row(const bench_t *b, const result_t *r, FILE *jf, bool first)
 {
+  const cfg_t *c = b->c;
   char p50[32] = "-", p99[32] = "-", gb[32] = "-", mo[32] = "-", ra[32] = "-";
   if (r->lat_iters) {
     snprintf(p50, sizeof(p50), "%.3f", r->p50_us);
@@ -583,6 +620,10 @@ static void print_row(const cfg_t *c, const result_t *r, FILE *jf, bool first)
          r->memcpy_gbps, ra);
   if (is_batch(c->test) && r->contig_gbps > 0)
     printf(" %12.4g %8.3g", r->contig_gbps, r->gbps / r->contig_gbps);
+  if (has_cma_ref(b) && r->cma_gbps > 0 && r->mops > 0)
+    printf(" %12.4g %8.3g", r->cma_gbps, r->gbps / r->cma_gbps);
+  else if (has_cma_ref(b))
+    printf(" %12s %8s", "-", "-");
   printf("\n");
   fflush(stdout);
   if (!jf)
@@ -595,6 +636,8 @@ static void print_row(const cfg_t *c, const result_t *r, FILE *jf, bool first)
   fprintf(jf, ",\"memcpy_gbps\":%.4f", r->memcpy_gbps);
   if (r->contig_gbps > 0)
     fprintf(jf, ",\"contig_gbps\":%.4f", r->contig_gbps);
+  if (r->cma_gbps > 0)
+    fprintf(jf, ",\"cma_gbps\":%.4f", r->cma_gbps);
   fprintf(jf, "}");
 }
 
@@ -610,9 +653,15 @@ static bool sane(const cfg_t *c, const result_t *r)
   return ok;
 }
 
-static int run_initiator(const cfg_t *c, hixl_ctx_t *ctx, const char *addr)
+static int run_initiator(const cfg_t *c, hixl_ctx_t *ctx, const char *addr, pid_t target_pid,
+                         uint64_t target_mem)
 {
   bench_t b = {.c = c, .ctx = ctx};
+  if (target_pid > 0 && target_mem && strcmp(c->mem, "reg") == 0 && !c->dev_local &&
+      !c->dev_remote) {
+    b.cma_pid = target_pid;
+    b.cma_mem = (uint8_t *)(uintptr_t)target_mem;
+  }
   CK(hixl_connect(ctx, addr, 10000, &b.peer));
   CK(hixl_rmr_lookup(b.peer, "perf", 10000, &b.rmr));
 
@@ -663,6 +712,8 @@ static int run_initiator(const cfg_t *c, hixl_ctx_t *ctx, const char *addr)
          "Mops/s", "memcpy GB/s", "ratio");
   if (is_batch(c->test))
     printf(" %12s %8s", "contig GB/s", "batch/1");
+  if (has_cma_ref(&b))
+    printf(" %12s %8s", c->test == T_GET ? "readv GB/s" : "writev GB/s", "hixl/cma");
   printf("\n");
   FILE *jf = NULL;
   if (c->json && (jf = fopen(c->json, "w")) == NULL) {
@@ -682,7 +733,7 @@ static int run_initiator(const cfg_t *c, hixl_ctx_t *ctx, const char *addr)
     size_t bytes = c->sizes[i] * (is_batch(c->test) ? (size_t)c->batch : 1);
     long n = c->iters ? c->iters : iters_for(bytes, c->quick);
     result_t r = measure(&b, c->sizes[i], n);
-    print_row(c, &r, jf, i == 0);
+    print_row(&b, &r, jf, i == 0);
     ok = ok && sane(c, &r);
   }
   if (jf) {
@@ -876,6 +927,7 @@ int main(int argc, char **argv)
   hixl_ctx_t *ctx = NULL;
   char addr[256] = {0};
   pid_t pid = -1;
+  unsigned long long target_mem = 0;
   if (c.client) {
     snprintf(addr, sizeof(addr), "%s", c.client);
   } else if (self) {
@@ -910,11 +962,16 @@ int main(int argc, char **argv)
       return 1;
     }
     addr[strcspn(addr, "\n")] = 0;
+    char *sp = strchr(addr, ' '); /* "ADDRESS REGION" */
+    if (sp) {
+      *sp = 0;
+      target_mem = strtoull(sp + 1, NULL, 16);
+    }
   }
   pin(c.cpu_init);
   if (ctx == NULL) /* only now: fork before any hixl thread exists */
     CK(hixl_ctx_create(NULL, &ctx));
-  int rc = run_initiator(&c, ctx, addr);
+  int rc = run_initiator(&c, ctx, addr, pid, target_mem);
   hixl_ctx_destroy(ctx);
   free(g_self_mem);
   if (pid > 0) {
