@@ -311,10 +311,13 @@ hixl_status_t hixl_notif_wait(hixl_ctx_t *ctx, hixl_notif_t *out, int timeout_ms
 
 /* Join a fixed group: rank in [0, size).  rank or size < 0: taken from RANK /
  * WORLD_SIZE; rendezvous "host:port" (rank 0 listens there), NULL:
- * MASTER_ADDR:MASTER_PORT.  Every rank gets a peer to every other rank
+ * MASTER_ADDR:MASTER_PORT.  Under torchrun (TORCHELASTIC_USE_AGENT_STORE) the
+ * ranks meet through the torch TCPStore its agent serves there instead
+ * (HIXL_RENDEZVOUS=auto|store|listen; docs/configuration.md#under-torchrun).
+ * Every rank gets a peer to every other rank
  * (one connection per pair) and a self peer for itself.  Blocks until all
  * ranks have joined or ctx's timeout expires.
- * Errors: INVALID, TIMEOUT, PEER_LOST, AUTH, NOMEM. */
+ * Errors: INVALID, TIMEOUT, PEER_LOST, TRANSPORT, AUTH, NOMEM. */
 hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char *rendezvous,
                                 hixl_world_t **world_p);
 /* The peer for rank (own rank: a self peer); NULL if out of range. */
