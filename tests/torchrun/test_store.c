@@ -67,7 +67,8 @@ static void py_start(pyserver_t *p, const char *mode)
 }
 
 /* One command, one line back (without the newline). */
-static char *py_cmd(pyserver_t *p, char *buf, size_t cap, const char *fmt, ...)
+static char *__attribute__((format(printf, 4, 5)))
+py_cmd(pyserver_t *p, char *buf, size_t cap, const char *fmt, ...)
 {
   va_list ap;
   va_start(ap, fmt);
