@@ -1650,10 +1650,13 @@ static PyObject *op_finish(PeerObject *p, hixl_req_t *req, local_t *l, int kind,
     pend->has_view = l->has_view;
     pend->keep = l->keep;
   }
+  hixl_status_t st = hixl_req_test(req);
   PyObject *r = req_new(c, pend, kind);
   if (r == NULL) {
     pend->next = c->orphans; /* the op is in flight: keep the buffer */
     c->orphans = pend;
+  } else if (st != HIXL_INPROGRESS) {
+    req_finish((ReqObject *)r, st); /* done in the call (shm, self): release now */
   }
   return r;
 }

@@ -29,8 +29,10 @@
  * name in its address vector and answers with its own.
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdio.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -71,6 +73,75 @@ static struct fi_info *hints_for(const char *prov, bool atomics, bool dc)
   return h;
 }
 
+/* A library must not take the application's signals, and some of
+ * libfabric's providers do when they are loaded (fabric_int.h): save every
+ * handler before, put them back after. */
+static const int kept_sigs[] = {SIGINT, SIGTERM, SIGQUIT, SIGHUP, SIGUSR1, SIGUSR2,
+                                SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGPIPE};
+#define N_KEPT (sizeof(kept_sigs) / sizeof(kept_sigs[0]))
+
+static void sigs_save(struct sigaction *old)
+{
+  for (size_t i = 0; i < N_KEPT; i++)
+    sigaction(kept_sigs[i], NULL, &old[i]);
+}
+
+static void sigs_restore(const struct sigaction *old)
+{
+  for (size_t i = 0; i < N_KEPT; i++)
+    sigaction(kept_sigs[i], &old[i], NULL);
+}
+
+hixl_fab_lib_t hixl__fab_lib;
+static pthread_once_t fab_lib_once = PTHREAD_ONCE_INIT;
+static char fab_lib_error[256];
+
+static void fab_lib_load_once(void)
+{
+  struct sigaction old[N_KEPT];
+  sigs_save(old);
+  void *h = dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL);
+  sigs_restore(old);
+  if (h == NULL) {
+    snprintf(fab_lib_error, sizeof(fab_lib_error), "cannot load libfabric.so.1: %s", dlerror());
+    return;
+  }
+  hixl_fab_lib_t l = {
+      .getinfo = (int (*)(uint32_t, const char *, const char *, uint64_t, const struct fi_info *,
+                          struct fi_info **))dlsym(h, "fi_getinfo"),
+      .freeinfo = (void (*)(struct fi_info *))dlsym(h, "fi_freeinfo"),
+      .dupinfo = (struct fi_info * (*)(const struct fi_info *)) dlsym(h, "fi_dupinfo"),
+      .fabric = (int (*)(struct fi_fabric_attr *, struct fid_fabric **, void *))dlsym(h, "fi_fabric"),
+      .strerror = (const char *(*)(int))dlsym(h, "fi_strerror"),
+  };
+  if (!l.getinfo || !l.freeinfo || !l.dupinfo || !l.fabric || !l.strerror) {
+    snprintf(fab_lib_error, sizeof(fab_lib_error), "libfabric.so.1 lacks fi_getinfo, "
+             "fi_freeinfo, fi_dupinfo, fi_fabric or fi_strerror");
+    dlclose(h);
+    return;
+  }
+  hixl__fab_lib = l; /* the handle stays open for the life of the process */
+}
+
+/* Load libfabric once per process; NO_DEVICE (saying why) without it. */
+static hixl_status_t fab_lib_load(void)
+{
+  pthread_once(&fab_lib_once, fab_lib_load_once);
+  if (hixl__fab_lib.getinfo == NULL)
+    return hixl__err(HIXL_ERR_NO_DEVICE, "fabric: %s", fab_lib_error);
+  return HIXL_OK;
+}
+
+/* fi_getinfo loads providers on its first call: keep the signals there too. */
+static int getinfo_keep_signals(struct fi_info *hints, struct fi_info **info)
+{
+  struct sigaction old[N_KEPT];
+  sigs_save(old);
+  int rc = fi_getinfo(FAB_VERSION, NULL, NULL, 0, hints, info);
+  sigs_restore(old);
+  return rc;
+}
+
 /* The first info of provider prov: with atomics if it has them, with
  * delivery completion if it has it (*dc_p says). */
 static struct fi_info *probe(const char *prov, bool *dc_p)
@@ -84,7 +155,7 @@ static struct fi_info *probe(const char *prov, bool *dc_p)
     struct fi_info *h = hints_for(prov, tries[t][0], tries[t][1]), *info = NULL;
     if (h == NULL)
       return NULL;
-    int rc = fi_getinfo(FAB_VERSION, NULL, NULL, 0, h, &info);
+    int rc = getinfo_keep_signals(h, &info);
     fi_freeinfo(h);
     if (rc == 0 && info) {
       /* fi_getinfo matches "tcp" inside "tcp;ofi_rxm": keep exact names. */
@@ -207,6 +278,9 @@ static bool trusted_order(const char *prov)
 
 static hixl_status_t fab_ctx_init(hixl_ctx_t *ctx)
 {
+  hixl_status_t lst = fab_lib_load();
+  if (lst != HIXL_OK)
+    return lst;
   const char *want = getenv("HIXL_FABRIC_PROVIDER");
   struct fi_info *info = NULL;
   bool dc = false;

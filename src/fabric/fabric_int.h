@@ -22,6 +22,29 @@
 
 #include "../core/hixl_int.h"
 
+/* libfabric is loaded at run time (fab_lib_load in fabric.c), not linked:
+ * Debian's libfabric links PSM's libinfinipath, whose constructor installs
+ * a SIGINT handler that calls exit(1) -- linked, it ran before main() in
+ * every program using hixl and took Ctrl-C (a Python KeyboardInterrupt, a
+ * C program's SIG_IGN) away.  Loaded here, with the process's signal
+ * handlers put back after the load.  These are the only entry points hixl
+ * calls; everything else in libfabric is reached through fid ops tables. */
+typedef struct {
+  int (*getinfo)(uint32_t version, const char *node, const char *service, uint64_t flags,
+                 const struct fi_info *hints, struct fi_info **info);
+  void (*freeinfo)(struct fi_info *info);
+  struct fi_info *(*dupinfo)(const struct fi_info *info);
+  int (*fabric)(struct fi_fabric_attr *attr, struct fid_fabric **fabric, void *context);
+  const char *(*strerror)(int errnum);
+} hixl_fab_lib_t;
+extern hixl_fab_lib_t hixl__fab_lib;
+#define fi_getinfo hixl__fab_lib.getinfo
+#define fi_freeinfo hixl__fab_lib.freeinfo
+#define fi_dupinfo hixl__fab_lib.dupinfo
+#define fi_fabric hixl__fab_lib.fabric
+#define fi_strerror hixl__fab_lib.strerror
+#define fi_allocinfo() hixl__fab_lib.dupinfo(NULL)
+
 #define FAB_VERSION FI_VERSION(1, 14)
 #define FAB_ADDR_MAX HIXL_WIRE_BLOB /* endpoint names travel in a blob */
 #define FAB_RECV_COUNT 256          /* posted notification receives */
