@@ -152,8 +152,24 @@ def report_step(opt, t, loss, dt, nbytes):
 
 # ------------------------------------------------------------------ one-sided
 
-def wait_notification(ctx, want):
-    n = ctx.wait(timeout=WAIT_S)
+def wait_notification(ctx, want, poll_sleep=0.0):
+    """The next notification, which must carry `want`.  ctx.wait() polls
+    (then naps 50 us at a time, about a tenth of a core per waiting rank); with
+    --poll-sleep the rank sleeps between ctx.poll() calls instead, leaving the
+    CPU to the ranks that compute when there are more ranks than cores."""
+    if poll_sleep <= 0:
+        n = ctx.wait(timeout=WAIT_S)
+    else:
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            got = ctx.poll(1)
+            if got:
+                n = got[0]
+                break
+            if time.monotonic() > deadline:
+                raise SystemExit(f"rank {os.environ.get('RANK')}: no notification "
+                                 f"in {WAIT_S} s (expected {want})")
+            time.sleep(poll_sleep)
     if n.imm != want:
         raise SystemExit(f"rank {os.environ.get('RANK')}: notification {n.imm}, expected {want}")
     return n
@@ -165,6 +181,7 @@ def onesided(hixl, opt, rank, size, hidden):
     P = n_params(hidden)
     pbytes, gbytes = 4 * P, 4 * (P + 1)
     ctx, world = hixl.context(), hixl.world()
+    nap = opt.poll_sleep_us * 1e-6
     stats = {"seconds": 0.0, "comm": 0.0, "bytes": 0.0, "loss": float("nan")}
     if rank == 0:
         params = initial_params(hidden, opt.seed)          # the global parameters
@@ -181,7 +198,7 @@ def onesided(hixl, opt, rank, size, hidden):
         for t in range(opt.steps):
             t0 = time.perf_counter()
             for _ in range(workers):   # N-1 "ready", in any order
-                wait_notification(ctx, t)
+                wait_notification(ctx, t, nap)
             c0 = time.perf_counter()
             for r in range(1, size):   # pull every gradient, all in flight at once
                 hixl.get(src_rank=r, src_addr=0, dst_addr=grads[r - 1].data_ptr(),
@@ -214,12 +231,12 @@ def onesided(hixl, opt, rank, size, hidden):
     bind_flat(model, params)
     x, y = shard(rank, opt.seed)
     hixl.barrier()
-    ps = world.peer(0)
+    server = world.peer(0)
     for t in range(opt.steps):
-        wait_notification(ctx, t)       # parameters of version t are here
+        wait_notification(ctx, t, nap)       # parameters of version t are here
         gradient(model, grads, x, y, t, opt.batch)
-        ps.notify(t)
-    wait_notification(ctx, opt.steps)   # the last version
+        server.notify(t)
+    wait_notification(ctx, opt.steps, nap)   # the last version
     hixl.barrier()
     return None, stats
 
@@ -288,8 +305,12 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--batch", type=int, default=16, help="samples per worker per step")
     ap.add_argument("--lr", type=float, default=None,
-                    help="SGD step (default 1/sqrt(hidden width): the loss falls at any size)")
+                    help="SGD step (default min(1/sqrt(H), 100/H), H the hidden width: "
+                         "the loss falls at every size)")
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--poll-sleep-us", type=float, default=0, metavar="US",
+                    help="wait for notifications by ctx.poll() and a sleep of US microseconds "
+                         "(default 0: ctx.wait())")
     ap.add_argument("--mode", choices=["onesided", "twosided", "both"], default="both")
     opt = ap.parse_args()
     if opt.steps < 1 or opt.batch < 1 or opt.params < IN + 3:
@@ -304,7 +325,7 @@ def main():
     hidden = hidden_for(opt.params)
     P = n_params(hidden)
     if opt.lr is None:
-        opt.lr = hidden ** -0.5
+        opt.lr = min(hidden ** -0.5, 100.0 / hidden)
     one = two = None
     s1 = s2 = None
     hixl = None

@@ -120,3 +120,12 @@ def test_kv_transfer_roles_apart():
         if dec.poll() is None:
             dec.kill()
             dec.wait()
+
+
+def test_ps_train_onesided_poll_sleep():
+    """One-sided alone, waiting by ctx.poll() and a sleep (--poll-sleep-us)."""
+    rc, out = torchrun("ps_train.py", 3, "--params", "2000", "--steps", "5", "--mode", "onesided",
+                       "--poll-sleep-us", "200")
+    assert rc == 0, out
+    assert "check against the single-process reference: identical, bit for bit" in out, out
+    assert "two-sided" not in out, out
