@@ -144,3 +144,14 @@ def test_module_api_misuse():
     assert r.returncode == 0, r.stderr
     assert [l.split(":")[0] for l in r.stdout.splitlines()] == ["not initialized", "twice",
                                                                  "finalized"]
+
+
+def test_module_api_where_cma_is_refused():
+    # Ordinary tensors registered by address are heap memory, which shm
+    # reaches with process_vm_writev/readv; Yama (ptrace_scope 1), seccomp
+    # profiles and containers refuse that between sibling ranks.  Under
+    # tests/cma/no-cma (a seccomp filter making both calls fail with EPERM)
+    # the same ranks must work through the owner's copies.
+    no_cma = os.path.join(os.environ.get("HIXL_BUILD_DIR", "build"), "tests", "cma", "no-cma")
+    assert os.access(no_cma, os.X_OK), f"{no_cma} was not built"
+    launch_plain(3, prefix=(no_cma,))
