@@ -2,13 +2,15 @@
 # One command on a fresh Debian machine: install what is missing, build, and
 # run the whole test suite:
 #   1. gcc, warnings as errors: unit, conformance (self, shm, fabric on one
-#      host), device memory, bad input, peer death, header, tools, examples;
+#      host), device memory, bad input, peer death, header, tools, examples,
+#      the Python package (pytest, Debian's /usr/bin/python3), torchrun;
 #      the two-host suite in network namespaces (fabric; root); then the
 #      Soft-RoCE guest (verbs);
 #   2. the same suite under ASan + UBSan;
 #   3. clang, warnings as errors, the suite again; then under ThreadSanitizer;
 #   4. install into a staging prefix and build out-of-tree programs with
-#      pkg-config against it;
+#      pkg-config against it; import the Python package installed there and
+#      the one pip builds through meson-python;
 #   5. a short libFuzzer run of every parser of peer bytes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,14 +43,14 @@ step "ThreadSanitizer suite (clang)"
 rm -rf "$out/tsan" && CC=clang CXX=clang++ meson setup "$out/tsan" -Db_sanitize=thread \
   -Db_lundef=false >/dev/null
 ninja -C "$out/tsan" >/dev/null
-TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
-  # Not the fabric suite: there the provider's own threads write region memory
+# Not the fabric suite: there the provider's own threads write region memory
 # with recvmsg for a peer process, and the target reads it after a command
 # that peer sent over a pipe; TSan sees the write and the read but not the
 # order another process imposed, and reports a race on every put (the same
 # data moves checked in every other build; docs/testing.md).  Nor does TSan
 # see libfabric's own synchronization (not built with TSan), so its threads
 # reading buffers handed over by fi_writemsg look racy too.
+TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
 meson test -C "$out/tsan" --print-errorlogs --num-processes 2 --timeout-multiplier 3 \
   --no-suite rxe --no-suite netns --no-suite fabric
 
