@@ -244,8 +244,9 @@ static void key_part(char *out, size_t cap, const char *v, const char *dflt)
 }
 
 /* "2, 3, 5": the ranks (not self) whose address is not in the store, asked
- * after a timeout with a short grace of its own. */
-static void missing_ranks(hixl_store_t *s, const char *base, int size, int self, char *out,
+ * after a timeout with a short grace of its own; false when the store did
+ * not say. */
+static bool missing_ranks(hixl_store_t *s, const char *base, int size, int self, char *out,
                           size_t cap)
 {
   int64_t grace = hixl__deadline(2000);
@@ -259,10 +260,8 @@ static void missing_ranks(hixl_store_t *s, const char *base, int size, int self,
     snprintf(key, sizeof(key), "%s/addr/%d", base, r);
     const char *k = key;
     bool ready = false;
-    if (hixl__store_check(s, &k, 1, &ready, grace) != HIXL_OK) {
-      snprintf(out, cap, "(unknown: the store did not answer a check)");
-      return;
-    }
+    if (hixl__store_check(s, &k, 1, &ready, grace) != HIXL_OK)
+      return false;
     if (ready)
       continue;
     if (listed < 16 && n < cap) {
@@ -274,6 +273,7 @@ static void missing_ranks(hixl_store_t *s, const char *base, int size, int self,
   }
   if (more && n < cap)
     snprintf(out + n, cap - n, " and %d more", more);
+  return true;
 }
 
 /* Rank 0's table: exactly what the listening rank 0 answers each rank. */
@@ -420,8 +420,11 @@ static hixl_status_t rendezvous_store(hixl_world_t *w, const char *host, const c
   }
   if (st == HIXL_ERR_TIMEOUT) {
     char miss[160];
-    missing_ranks(s, base, w->size, w->rank, miss, sizeof(miss));
-    if (miss[0])
+    if (!missing_ranks(s, base, w->size, w->rank, miss, sizeof(miss)))
+      st = hixl__err(HIXL_ERR_TIMEOUT, "hixl_world_create: the world did not form within %d ms, "
+                     "and the torch store at %s did not say which ranks are missing (world "
+                     "generation %" PRId64 ")", hixl__ctx_timeout(w->ctx), store, gen);
+    else if (miss[0])
       st = hixl__err(HIXL_ERR_TIMEOUT, "hixl_world_create: rank(s) %s of %d did not join within "
                      "%d ms (torch store at %s, world generation %" PRId64 ")", miss, w->size,
                      hixl__ctx_timeout(w->ctx), store, gen);
@@ -431,6 +434,11 @@ static hixl_status_t rendezvous_store(hixl_world_t *w, const char *host, const c
                      PRId64 ")", hixl__ctx_timeout(w->ctx), store, gen);
   }
 out:
+  if (st != HIXL_OK && strncmp(hixl_last_error(), "hixl_world_create", 17) != 0) {
+    char why[512];
+    snprintf(why, sizeof(why), "%s", hixl_last_error());
+    st = hixl__err(st, "hixl_world_create: %s", why);
+  }
   free(table);
   free(kp);
   free(keys);
