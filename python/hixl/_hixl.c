@@ -108,6 +108,7 @@ static PyObject *raise_status(int st, const char *msg)
   return NULL;
 }
 
+static PyObject *raise_fmt(int st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static PyObject *raise_fmt(int st, const char *fmt, ...)
 {
   char buf[512];
