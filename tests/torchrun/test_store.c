@@ -14,6 +14,7 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <setjmp.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -294,6 +295,7 @@ enum bad { GARBAGE, SILENT, CLOSER, HUGE_COUNT, BAD_WAIT, HUGE_VALUE };
 typedef struct {
   enum bad kind;
   int lfd;
+  _Atomic int cfd; /* the connection being served, -1: none */
   char port[16];
   pthread_t th;
 } badserver_t;
@@ -316,6 +318,7 @@ static void *bad_serve(void *arg)
     int fd = accept(b->lfd, NULL, NULL);
     if (fd < 0)
       return NULL;
+    b->cfd = fd;
     uint8_t out[4096];
     switch (b->kind) {
     case GARBAGE: /* talks first, and nonsense */
@@ -355,6 +358,7 @@ static void *bad_serve(void *arg)
       drain(fd, 1 << 20);
       break;
     }
+    b->cfd = -1;
     close(fd);
   }
 }
@@ -362,6 +366,7 @@ static void *bad_serve(void *arg)
 static void bad_start(badserver_t *b, enum bad kind)
 {
   b->kind = kind;
+  b->cfd = -1;
   b->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   socklen_t al = sizeof(a);
@@ -372,12 +377,15 @@ static void bad_start(badserver_t *b, enum bad kind)
   assert_int_equal(pthread_create(&b->th, NULL, bad_serve, b), 0);
 }
 
+/* Wake the server out of accept and out of a read, and let it end. */
 static void bad_stop(badserver_t *b)
 {
   shutdown(b->lfd, SHUT_RDWR);
-  close(b->lfd);
-  pthread_cancel(b->th);
+  int fd = b->cfd;
+  if (fd >= 0)
+    shutdown(fd, SHUT_RDWR);
   pthread_join(b->th, NULL);
+  close(b->lfd);
 }
 
 /* Connect (auto) to a bad server: status st within max_s seconds, and the
