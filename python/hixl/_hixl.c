@@ -231,6 +231,7 @@ typedef struct {
   CtxObject *ctx;
   hixl_world_t *w; /* NULL once closed */
   PyObject *peers; /* list of Peer, index = rank */
+  int owns_ctx;    /* created by World(): closed with it */
 } WorldObject;
 
 static PyTypeObject CtxType, PeerType, RegionType, RmrType, ReqType, WorldType;
@@ -2168,14 +2169,26 @@ static PyGetSetDef Rmr_getset[] = {
 
 static int World_init(WorldObject *w, PyObject *args, PyObject *kw)
 {
-  static char *kwl[] = {"ctx", "rank", "size", "rendezvous", NULL};
-  PyObject *co, *ro = Py_None, *so = Py_None;
+  /* World(rank=None, size=None, rendezvous=None, *, ctx=None), or
+   * World(ctx, rank, size, rendezvous) as in C.  Without a context the
+   * World makes one (HIXL_* defaults) and closes it with itself. */
+  static char *kwl_c[] = {"ctx", "rank", "size", "rendezvous", NULL};
+  static char *kwl[] = {"rank", "size", "rendezvous", "ctx", NULL};
+  PyObject *co = Py_None, *ro = Py_None, *so = Py_None;
   const char *rdv = NULL;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|OOz:World", kwl, &CtxType, &co, &ro, &so, &rdv))
+  if (PyTuple_GET_SIZE(args) > 0 && PyObject_TypeCheck(PyTuple_GET_ITEM(args, 0), &CtxType)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|OOz:World", kwl_c, &CtxType, &co, &ro, &so,
+                                     &rdv))
+      return -1;
+  } else if (!PyArg_ParseTupleAndKeywords(args, kw, "|OOz$O:World", kwl, &ro, &so, &rdv, &co)) {
     return -1;
-  CtxObject *c = (CtxObject *)co;
+  }
   if (w->w) {
     raise_status(HIXL_ERR_INVALID, "World.__init__ called twice");
+    return -1;
+  }
+  if (co != Py_None && !PyObject_TypeCheck(co, &CtxType)) {
+    raise_status(HIXL_ERR_INVALID, "World: ctx must be a hixl.Context");
     return -1;
   }
   long rank = -1, size = -1;
@@ -2190,8 +2203,15 @@ static int World_init(WorldObject *w, PyObject *args, PyObject *kw)
     raise_status(HIXL_ERR_INVALID, "World: size must be >= 1");
     return -1;
   }
-  if (!ctx_ok(c))
+  int owns = co == Py_None;
+  CtxObject *c = owns ? (CtxObject *)PyObject_CallNoArgs((PyObject *)&CtxType)
+                      : (CtxObject *)(Py_INCREF(co), co);
+  if (c == NULL)
     return -1;
+  if (!ctx_ok(c)) {
+    Py_DECREF(c);
+    return -1;
+  }
   hixl_world_t *hw;
   hixl_status_t st;
   c->busy++;
@@ -2201,16 +2221,24 @@ static int World_init(WorldObject *w, PyObject *args, PyObject *kw)
   c->busy--;
   if (st != HIXL_OK) {
     raise_status(st, NULL);
+    if (owns) {
+      PyObject *t, *v, *tb;
+      PyErr_Fetch(&t, &v, &tb);
+      ctx_close(c, 1);
+      PyErr_Restore(t, v, tb);
+    }
+    Py_DECREF(c);
     return -1;
   }
   int n = hixl_world_size(hw);
   PyObject *peers = PyList_New(n);
   if (peers == NULL) {
     hixl_world_destroy(hw);
+    Py_DECREF(c);
     return -1;
   }
-  Py_INCREF(c);
-  w->ctx = c;
+  w->ctx = c; /* the reference taken above */
+  w->owns_ctx = owns;
   w->w = hw;
   w->peers = peers;
   for (int i = 0; i < n; i++) {
@@ -2258,6 +2286,8 @@ static void world_close(WorldObject *w)
     hixl_world_destroy(hw);
     Py_END_ALLOW_THREADS
   }
+  if (w->owns_ctx && ctx_close(w->ctx, 0) < 0)
+    PyErr_Clear(); /* views of its memory live: it goes with the last of them */
 }
 
 static PyObject *World_close(WorldObject *w, PyObject *u)
@@ -2371,6 +2401,15 @@ static PyObject *World_get_size(WorldObject *w, void *u)
   return PyLong_FromLong(hixl_world_size(w->w));
 }
 
+static PyObject *World_get_context(WorldObject *w, void *u)
+{
+  (void)u;
+  if (w->ctx == NULL)
+    return raise_status(HIXL_ERR_INVALID, "the world was not created");
+  Py_INCREF(w->ctx);
+  return (PyObject *)w->ctx;
+}
+
 static PyObject *World_get_peers(WorldObject *w, void *u)
 {
   (void)u;
@@ -2391,6 +2430,7 @@ static PyGetSetDef World_getset[] = {
     {"rank", (getter)World_get_rank, NULL, "this process's rank", NULL},
     {"size", (getter)World_get_size, NULL, "number of ranks", NULL},
     {"peers", (getter)World_get_peers, NULL, "tuple of Peer, index = rank", NULL},
+    {"context", (getter)World_get_context, NULL, "its Context", NULL},
     {NULL}};
 
 /* ------------------------------------------------------------ module functions */
@@ -2679,7 +2719,8 @@ static PyTypeObject WorldType = {
     .tp_basicsize = sizeof(WorldObject),
     .tp_dealloc = (destructor)World_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "World(ctx, rank=None, size=None, rendezvous=None): a fixed group of ranks",
+    .tp_doc = "World(rank=None, size=None, rendezvous=None, *, ctx=None) or\n"
+              "World(ctx, rank=None, size=None, rendezvous=None): a fixed group of ranks",
     .tp_traverse = (traverseproc)World_traverse,
     .tp_clear = (inquiry)World_clear,
     .tp_methods = World_methods,

@@ -273,3 +273,17 @@ def test_module_functions():
     assert hixl.mem_query(a.ctypes.data) == ("host", -1)
     with pytest.raises(hixl.InvalidError):
         hixl.mem_copy(bytearray(2), b"toolong", 7)
+
+
+def test_world_makes_its_own_context():
+    w = hixl.World(0, 1, "127.0.0.1:1")          # the spelling: World(rank, size, rendezvous)
+    ctx = w.context
+    assert not ctx.closed and w.peer(0).transport == "self"
+    w.close()
+    assert ctx.closed                             # made by the world, closed with it
+    with hixl.Context() as c:
+        w = hixl.World(rank=0, size=1, rendezvous="127.0.0.1:1", ctx=c)
+        w.close()
+        assert not c.closed                       # the caller's: left open
+    with pytest.raises(hixl.InvalidError):
+        hixl.World(0, 1, "127.0.0.1:1", ctx="not a context")
