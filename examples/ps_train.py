@@ -175,8 +175,10 @@ def wait_notification(ctx, want, poll_sleep=0.0):
     return n
 
 
-def onesided(hixl, opt, rank, size, hidden):
-    """One-sided training; the PS returns (final params, stats)."""
+def onesided(hixl, opt, rank, size, hidden, registered):
+    """One-sided training; the PS returns (final params, stats).  The tensors
+    registered with hixl go into `registered`: hixl.register_memory takes a
+    bare address, so the caller keeps them alive until hixl.finalize()."""
     workers = size - 1
     P = n_params(hidden)
     pbytes, gbytes = 4 * P, 4 * (P + 1)
@@ -186,6 +188,7 @@ def onesided(hixl, opt, rank, size, hidden):
     if rank == 0:
         params = initial_params(hidden, opt.seed)          # the global parameters
         assert hixl.register_memory(params.data_ptr(), pbytes) == 0
+        registered.append(params)   # registered memory must outlive its region
         grads = [torch.empty(P + 1) for _ in range(workers)]  # where the gets land
         hixl.barrier()
         peers = [world.peer(r) for r in range(size)]
@@ -221,12 +224,13 @@ def onesided(hixl, opt, rank, size, hidden):
             report_step(opt, t, loss, dt, nbytes)
         stats["seconds"] = time.perf_counter() - t_start
         hixl.barrier()
-        return params.clone(), stats
+        return params, stats
     # a worker: its parameters (region 0) and gradient (region 1)
     params = torch.zeros(P)
     grads = torch.zeros(P + 1)
     assert hixl.register_memory(params.data_ptr(), pbytes) == 0
     assert hixl.register_memory(grads.data_ptr(), gbytes) == 1
+    registered.extend((params, grads))
     model = MLP(hidden)
     bind_flat(model, params)
     x, y = shard(rank, opt.seed)
@@ -329,6 +333,7 @@ def main():
     one = two = None
     s1 = s2 = None
     hixl = None
+    registered = []
     if opt.mode in ("onesided", "both"):
         import hixl
         hixl.init()
@@ -339,7 +344,7 @@ def main():
                   f"lr {opt.lr:.4g}, over {hixl.world().peer(1).transport}", flush=True)
             print("one-sided (workers notify; the PS gets gradients and puts parameters):",
                   flush=True)
-        one, s1 = onesided(hixl, opt, rank, size, hidden)
+        one, s1 = onesided(hixl, opt, rank, size, hidden, registered)
     if opt.mode in ("twosided", "both"):
         import torch.distributed as dist
         dist.init_process_group("gloo")   # the same torchrun environment
@@ -364,6 +369,7 @@ def main():
                   f"whole steps {s2['seconds'] / s1['seconds']:.2f}x", flush=True)
     if hixl is not None:
         hixl.finalize()   # before the reference: nobody waits in a barrier meanwhile
+        registered.clear()
     if rank == 0:
         ref = reference(opt, hidden, workers)
         bad = [name for name, got in (("one-sided", one), ("two-sided", two))
