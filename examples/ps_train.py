@@ -27,7 +27,8 @@ Workers never receive anything two-sided: the PS pulls and pushes.  With
 --mode twosided (or both, the default) the same steps run again with the same
 bytes moved by torch.distributed send/recv over gloo, and the PS prints the
 one-sided / two-sided ratio of the time spent moving data and of the whole
-steps, measured in the same run.  Finally the PS recomputes the training in
+steps, measured in the same run (--poll-sleep-us: see wait_notification).
+Finally the PS recomputes the training in
 one process (the same gradient and update functions, the same order of
 floating-point operations) and compares the parameters with torch.equal:
 exit 1 on any difference.
@@ -155,7 +156,7 @@ def report_step(opt, t, loss, dt, nbytes):
 def wait_notification(ctx, want, poll_sleep=0.0):
     """The next notification, which must carry `want`.  ctx.wait() polls
     (then naps 50 us at a time, about a tenth of a core per waiting rank); with
-    --poll-sleep the rank sleeps between ctx.poll() calls instead, leaving the
+    --poll-sleep-us the rank sleeps between ctx.poll() calls instead, leaving the
     CPU to the ranks that compute when there are more ranks than cores."""
     if poll_sleep <= 0:
         n = ctx.wait(timeout=WAIT_S)
