@@ -28,10 +28,9 @@ Workers never receive anything two-sided: the PS pulls and pushes.  With
 bytes moved by torch.distributed send/recv over gloo, and the PS prints the
 one-sided / two-sided ratio of the time spent moving data and of the whole
 steps, measured in the same run (--poll-sleep-us: see wait_notification).
-Finally the PS recomputes the training in
-one process (the same gradient and update functions, the same order of
-floating-point operations) and compares the parameters with torch.equal:
-exit 1 on any difference.
+Finally the PS recomputes the training in one process (the same gradient and
+update functions, the same order of floating-point operations) and compares
+the parameters with torch.equal: exit 1 on any difference.
 
     /usr/bin/python3 -m torch.distributed.run --redirects 2 --tee 1 \\
         --nproc_per_node 4 --master_port 29500 examples/ps_train.py --steps 20
