@@ -762,9 +762,15 @@ static PyObject *Ctx_enter(CtxObject *c, PyObject *unused)
 
 static PyObject *Ctx_exit(CtxObject *c, PyObject *args)
 {
-  (void)args;
-  if (ctx_close(c, 0) < 0)
-    return NULL;
+  /* Leaving the block by an exception while views of its memory live (the
+   * traceback often holds them): do not replace the user's error with a
+   * BufferError; the context is destroyed with its last view instead. */
+  int raising = PyTuple_GET_SIZE(args) > 0 && PyTuple_GET_ITEM(args, 0) != Py_None;
+  if (ctx_close(c, 0) < 0) {
+    if (!raising || !PyErr_ExceptionMatches(PyExc_BufferError))
+      return NULL;
+    PyErr_Clear();
+  }
   Py_RETURN_FALSE;
 }
 
@@ -1989,8 +1995,11 @@ static PyObject *peer_batch(PeerObject *p, PyObject *args, PyObject *kw, int put
   Py_buffer v;
   int has_v = 0;
   if (PyObject_CheckBuffer(descs) && !PyBytes_Check(descs)) {
-    if (PyObject_GetBuffer(descs, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
-      return NULL;
+    if (PyObject_GetBuffer(descs, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+      PyErr_Clear();
+      return raise_status(HIXL_ERR_INVALID, "batch: the descriptor array must be C-contiguous "
+                                            "(numpy.ascontiguousarray)");
+    }
     has_v = 1;
     if (batch_from_array(c, &v, r, &b) < 0) {
       PyBuffer_Release(&v);

@@ -287,3 +287,22 @@ def test_world_makes_its_own_context():
         assert not c.closed                       # the caller's: left open
     with pytest.raises(hixl.InvalidError):
         hixl.World(0, 1, "127.0.0.1:1", ctx="not a context")
+
+
+def test_with_block_left_by_an_exception_keeps_it():
+    class Boom(Exception):
+        pass
+    with pytest.raises(Boom):
+        with hixl.Context() as c:
+            view = c.alloc(4096).numpy()
+            raise Boom()                 # not replaced by the BufferError of `view`
+    assert not c.closed and view[0] == 0  # the memory is still there for the view
+    del view
+    c.close()
+    with pytest.raises(hixl.InvalidError, match="C-contiguous"):
+        with hixl.Context() as c2:
+            me = c2.connect(c2.address)
+            reg = c2.alloc(4096)
+            reg.publish("r")
+            rows = np.zeros((3, 4), dtype=np.uint64)[:, :3]     # strided
+            me.put_batch(rows, me.lookup("r"))
