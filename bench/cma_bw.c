@@ -65,17 +65,19 @@ static void die(const char *what, hixl_status_t st)
 /* ---------------------------------------------------------------- target */
 
 /* The target: a region of max bytes, published as "cma"; it tells its
- * address and pid on out, then serves socket transfers (an 8-byte length,
- * then that many bytes into its region, then a 1-byte ack) until the
- * socket closes. */
+ * address on out, then serves socket transfers (an 8-byte length, then that
+ * many bytes into a buffer of the region's size, then a 1-byte ack) until
+ * the socket closes.  (Not into the region itself: its control thread may
+ * be writing there for the owner column at the same time.) */
 static int run_target(size_t max, int out, int sock)
 {
   hixl_ctx_t *ctx;
   hixl_mr_t *mr;
-  uint8_t *mem = malloc(max);
-  if (mem == NULL)
+  uint8_t *mem = malloc(max), *sockbuf = malloc(max);
+  if (mem == NULL || sockbuf == NULL)
     return 1;
   memset(mem, 0x5a, max);
+  memset(sockbuf, 0x5a, max);
   CHECK(hixl_ctx_create(NULL, &ctx));
   CHECK(hixl_mr_reg(ctx, mem, max, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &mr));
   CHECK(hixl_mr_publish(mr, "cma"));
@@ -86,18 +88,19 @@ static int run_target(size_t max, int out, int sock)
     if (recv(sock, &len, 8, MSG_WAITALL) != 8 || len > max)
       break;
     for (size_t got = 0; got < len;) {
-      ssize_t n = recv(sock, mem + got, len - got, 0);
+      ssize_t n = recv(sock, sockbuf + got, len - got, 0);
       if (n <= 0)
         return 1;
       got += (size_t)n;
     }
     char ack = 1;
-    if (send(sock, &ack, 1, 0) != 1)
+    if (send(sock, &ack, 1, MSG_NOSIGNAL) != 1)
       break;
   }
   hixl_mr_dereg(mr);
   hixl_ctx_destroy(ctx);
   free(mem);
+  free(sockbuf);
   return 0;
 }
 
@@ -199,10 +202,10 @@ static double once(bench_t *b, int c, bool put, size_t size)
       return -1; /* one direction is enough to compare */
     uint64_t len = size;
     char ack;
-    if (send(b->sock, &len, 8, 0) != 8)
+    if (send(b->sock, &len, 8, MSG_NOSIGNAL) != 8)
       return -1;
     for (size_t done = 0; done < size;) {
-      ssize_t n = send(b->sock, b->a + done, size - done, 0);
+      ssize_t n = send(b->sock, b->a + done, size - done, MSG_NOSIGNAL);
       if (n <= 0)
         return -1;
       done += (size_t)n;

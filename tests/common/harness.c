@@ -126,9 +126,25 @@ static region_t proto_regions[] = {
 
 typedef struct target_state {
   hixl_ctx_t *ctx;
+  bool own_ctx; /* an exec'd target process (not a self-mode thread) */
   region_t regions[NREG];
   FILE *in, *out;
 } target_state_t;
+
+/* In a target process, the owner's control thread may write and read the
+ * regions on a peer's behalf (shm without CMA: the owner's copies), and the
+ * peer sends its next command only once it saw the copy done, through
+ * shared memory and a pipe: an order ThreadSanitizer cannot see.  The
+ * control thread takes the context lock after each copy, so taking it here
+ * at each command (hixl_fence over all peers takes it; this target issues
+ * nothing, so it returns at once) shows TSan that order.  Costs nothing
+ * otherwise.  Self-mode targets share the test's context (and its fence
+ * reports): order_point does their part. */
+static void target_sync(target_state_t *ts)
+{
+  if (ts->own_ctx)
+    (void)hixl_fence(ts->ctx, NULL, 0);
+}
 
 static region_t *find_region(target_state_t *ts, const char *name)
 {
@@ -288,6 +304,7 @@ static void target_serve(target_state_t *ts)
   char line[256];
   while (fgets(line, sizeof(line), ts->in)) {
     order_point();
+    target_sync(ts);
     char cmd[32] = "", name[32] = "";
     unsigned long long a = 0, b = 0;
     char resp[256] = "bad: unknown command";
@@ -337,6 +354,7 @@ static void target_serve(target_state_t *ts)
     } else if (strcmp(cmd, "ping") == 0) {
       snprintf(resp, sizeof(resp), "ok");
     }
+    target_sync(ts);
     order_point();
     fprintf(ts->out, "%s\n", resp);
     fflush(ts->out);
@@ -433,6 +451,7 @@ void harness_init(int argc, char **argv)
   /* The exec'd target process (see target_start). */
   target_state_t *ts = calloc(1, sizeof(*ts));
   ts->ctx = test_ctx(atoi(argv[4]), strcmp(argv[5], "-") ? argv[5] : NULL);
+  ts->own_ctx = true;
   target_setup(ts);
   ts->in = fdopen(atoi(argv[2]), "r");
   ts->out = fdopen(atoi(argv[3]), "w");
