@@ -365,7 +365,10 @@ int main(int argc, char **argv)
         r_mc[rd] = g[C_HIXL][rd] / g[C_MEMCPY][rd];
         r_own[rd] = g[C_OWNER][rd] / g[C_MEMCPY][rd];
       }
-      printf("%8zuM", size >> 20);
+      if (size % ((size_t)1 << 20) == 0)
+        printf("%8zuM", size >> 20);
+      else
+        printf("%8zuK", size >> 10);
       for (int c = 0; c < NCOL; c++)
         if (put || c != C_SOCKET)
           printf(" %9.2f", median(g[c], rounds));

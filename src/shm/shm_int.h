@@ -89,8 +89,11 @@ typedef struct shm_ctx {
   pthread_mutex_t lock;
   pthread_cond_t work, idle;
   struct shm_cma_job *queue; /* jobs helpers may join */
+  _Atomic int njobs;         /* in the queue: what spinning helpers watch */
+  int sleepers;              /* helpers waiting on work */
   int started;               /* helper threads running */
   bool stopping;
+  _Atomic bool stop_flag;    /* stopping, for spinning helpers */
   pthread_t threads[SHM_CMA_MAX_THREADS];
 } shm_ctx_t;
 
