@@ -192,9 +192,12 @@ int hixl__shm_cma(hixl_peer_t *peer, bool write, struct iovec *l, struct iovec *
   shm_ctx_t *sc = peer->ctx->tp[HIXL_TP_SHM];
   if (hixl_likely(total < sc->split_min || sc->cma_threads < 2))
     return cma_range(peer->remote_pid, write, l, r, cnt, 0, total, total);
+  /* About four pieces per thread, at least 1 MiB (or half the threshold,
+   * if lower) each: a system call per piece costs nothing beside it. */
+  size_t floor = sc->split_min / 2 < ((size_t)1 << 20) ? sc->split_min / 2 : (size_t)1 << 20;
   size_t piece = total / ((size_t)sc->cma_threads * 4);
-  if (piece < ((size_t)1 << 20))
-    piece = (size_t)1 << 20;
+  if (piece < floor)
+    piece = floor;
   piece = (piece + 4095) & ~(size_t)4095;
   shm_cma_job_t j = {.pid = peer->remote_pid, .write = write, .l = l, .r = r, .cnt = cnt,
                      .total = total, .piece = piece, .npieces = (total + piece - 1) / piece};
