@@ -351,8 +351,8 @@ static HIXL_COLD bool cma_refused(hixl_peer_t *peer, bool write, int e)
 }
 
 /* Owner-side copies of one range (a session of its own). */
-static HIXL_COLD hixl_status_t staged(hixl_peer_t *peer, bool put, void *local, const hixl_rmr_t *r,
-                                      uint64_t off, size_t len)
+static hixl_status_t staged(hixl_peer_t *peer, bool put, void *local, const hixl_rmr_t *r,
+                            uint64_t off, size_t len)
 {
   shm_stage_sess_t s;
   hixl_status_t st = hixl__shm_stage_begin(peer, &s);
