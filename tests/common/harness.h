@@ -7,7 +7,9 @@
  *    context, so every peer the test makes to it is a self peer;
  *  - "shm":  the target is a forked process with its own context.
  *
- * The target creates a fixed set of regions (below), publishes them by name,
+ * The target creates a fixed set of regions (below; HIXL_TEST_REGIONS=heap
+ * makes every host one malloc + hixl_mr_reg, so that shm reaches them all
+ * with CMA or, without it, through the owner's copies), publishes them by name,
  * and then serves line commands on a pipe (hash a range, refill, collect and
  * check notifications, deregister...): it never calls a hixl data operation,
  * which is the point.  Checking the target's own view of its memory (not
