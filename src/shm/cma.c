@@ -168,7 +168,7 @@ static void *helper_main(void *arg)
 /* Start the helpers (once; sc->lock held).  false: none could be started. */
 static bool start_helpers_locked(shm_ctx_t *sc)
 {
-  if (sc->started > 0 || sc->stopping)
+  if (sc->started > 0 || sc->stopping || sc->no_helpers)
     return sc->started > 0;
   sigset_t all, old;
   sigfillset(&all);
@@ -181,7 +181,7 @@ static bool start_helpers_locked(shm_ctx_t *sc)
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (sc->started == 0) {
     hixl_warn("shm: cannot start a CMA helper thread; large transfers use one thread");
-    sc->cma_threads = 1;
+    sc->no_helpers = true; /* not tried again */
   }
   return sc->started > 0;
 }

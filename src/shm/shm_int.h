@@ -92,6 +92,7 @@ typedef struct shm_ctx {
   _Atomic int njobs;         /* in the queue: what spinning helpers watch */
   int sleepers;              /* helpers waiting on work */
   int started;               /* helper threads running */
+  bool no_helpers;           /* none could be started */
   bool stopping;
   _Atomic bool stop_flag;    /* stopping, for spinning helpers */
   pthread_t threads[SHM_CMA_MAX_THREADS];
