@@ -198,10 +198,9 @@ hixl_status_t hixl__shm_stage_end(shm_stage_sess_t *s)
     if (e >= s->first && e <= so->sent) {
       int32_t why = atomic_load_explicit(&so->hdr->err_status, memory_order_relaxed);
       hixl_status_t st = why < 0 && why >= HIXL_ERR_NO_DEVICE ? why : HIXL_ERR_TRANSPORT;
-      s->st = hixl__err(st, "shm: peer %s refused a copy %s its region (%s)", s->peer->name,
-                        st == HIXL_ERR_NOT_REGISTERED ? "into or out of (deregistered?)"
-                                                      : "into or out of",
-                        hixl_strerror(st));
+      s->st = hixl__err(st, "shm: peer %s refused to copy into or out of its region: %s%s",
+                        s->peer->name, hixl_strerror(st),
+                        st == HIXL_ERR_NOT_REGISTERED ? " (deregistered meanwhile?)" : "");
     }
   } else {
     fail(s, s->st);
