@@ -173,6 +173,7 @@ typedef struct {
   PyObject *peers;       /* dict id(hixl_peer_t*) -> Peer (inbound) or weakref (ours) */
   pend_t *orphans;       /* dropped requests still in flight */
   RegionObject *regions; /* live regions (intrusive list), for close() */
+  struct ReqObject *live; /* unfinished requests (intrusive list), for close() */
   hixl_xfer_t *scratch;  /* batch descriptors, reused under the GIL */
   size_t scratch_cap;
   int scratch_busy;
@@ -216,7 +217,7 @@ typedef struct {
 
 enum { REQ_PLAIN, REQ_ATOMIC };
 
-typedef struct {
+typedef struct ReqObject {
   PyObject_HEAD
   CtxObject *ctx;
   pend_t *p;    /* NULL once finished */
@@ -224,6 +225,8 @@ typedef struct {
   int status;   /* final status once finished */
   uint64_t old; /* final old value (atomics) */
   char *msg;    /* the error message, captured when the error was seen */
+  struct ReqObject *lprev, *lnext; /* the context's unfinished requests */
+  int busy;     /* threads waiting on it without the GIL: the last one finishes it */
 } ReqObject;
 
 typedef struct {
@@ -232,6 +235,7 @@ typedef struct {
   hixl_world_t *w; /* NULL once closed */
   PyObject *peers; /* list of Peer, index = rank */
   int owns_ctx;    /* created by World(): closed with it */
+  int busy;        /* threads in barrier / exchange without the GIL */
 } WorldObject;
 
 static PyTypeObject CtxType, PeerType, RegionType, RmrType, ReqType, WorldType;
@@ -300,16 +304,47 @@ static void local_release(local_t *l)
   Py_CLEAR(l->keep);
 }
 
+/* An integer in [0, 2**64): int or anything with __index__ (numpy
+ * integers).  Never wraps.  May run user code (__index__): callers convert
+ * every argument before they look at any handle. */
 static int as_u64(PyObject *o, uint64_t *v, const char *what)
 {
-  unsigned long long x = PyLong_AsUnsignedLongLong(o);
+  PyObject *i = PyNumber_Index(o);
+  if (i == NULL) {
+    PyErr_Clear();
+    raise_fmt(HIXL_ERR_INVALID, "%s must be an integer, not %s", what, Py_TYPE(o)->tp_name);
+    return -1;
+  }
+  unsigned long long x = PyLong_AsUnsignedLongLong(i);
+  Py_DECREF(i);
   if (x == (unsigned long long)-1 && PyErr_Occurred()) {
     PyErr_Clear();
-    raise_fmt(HIXL_ERR_INVALID, "%s must be a non-negative integer below 2**64", what);
+    raise_fmt(HIXL_ERR_INVALID, "%s must be in [0, 2**64)", what);
     return -1;
   }
   *v = x;
   return 0;
+}
+
+static int as_u32(PyObject *o, uint32_t *v, const char *what)
+{
+  uint64_t x;
+  if (as_u64(o, &x, what) < 0)
+    return -1;
+  if (x > UINT32_MAX) {
+    raise_fmt(HIXL_ERR_INVALID, "%s must fit in 32 bits", what);
+    return -1;
+  }
+  *v = (uint32_t)x;
+  return 0;
+}
+
+/* A numpy integer scalar (numpy.uint64, ...): an address, not a buffer of
+ * its own 8 bytes. */
+static int is_numpy_int_scalar(PyObject *o)
+{
+  const char *n = Py_TYPE(o)->tp_name;
+  return PyIndex_Check(o) && strncmp(n, "numpy.", 6) == 0 && strcmp(n, "numpy.ndarray") != 0;
 }
 
 /* A torch tensor (duck-typed: data_ptr, element_size, numel,
@@ -351,7 +386,7 @@ static int tensor_local(PyObject *o, local_t *l)
 static int get_local(PyObject *o, Py_ssize_t nbytes, int writable, local_t *l, const char *what)
 {
   memset(l, 0, sizeof(*l));
-  if (PyLong_Check(o)) {
+  if (PyLong_Check(o) || is_numpy_int_scalar(o)) {
     uint64_t a;
     if (as_u64(o, &a, what) < 0)
       return -1;
@@ -365,10 +400,15 @@ static int get_local(PyObject *o, Py_ssize_t nbytes, int writable, local_t *l, c
   }
   if (PyTuple_Check(o)) {
     uint64_t a, n;
-    if (PyTuple_GET_SIZE(o) != 2 || as_u64(PyTuple_GET_ITEM(o, 0), &a, "address") < 0 ||
-        as_u64(PyTuple_GET_ITEM(o, 1), &n, "nbytes") < 0) {
-      if (!PyErr_Occurred())
-        raise_fmt(HIXL_ERR_INVALID, "%s: a tuple must be (address, nbytes)", what);
+    if (PyTuple_GET_SIZE(o) != 2) {
+      raise_fmt(HIXL_ERR_INVALID, "%s: a tuple must be (address, nbytes)", what);
+      return -1;
+    }
+    if (as_u64(PyTuple_GET_ITEM(o, 0), &a, "address") < 0 ||
+        as_u64(PyTuple_GET_ITEM(o, 1), &n, "nbytes") < 0)
+      return -1;
+    if (n > (uint64_t)PY_SSIZE_T_MAX) {
+      raise_fmt(HIXL_ERR_INVALID, "%s: nbytes %llu is too large", what, (unsigned long long)n);
       return -1;
     }
     l->ptr = (void *)(uintptr_t)a;
@@ -394,6 +434,11 @@ static int get_local(PyObject *o, Py_ssize_t nbytes, int writable, local_t *l, c
   } else if (PyObject_HasAttrString(o, "data_ptr")) {
     if (tensor_local(o, l) < 0)
       return -1;
+    if (l->len > (size_t)PY_SSIZE_T_MAX) {
+      raise_fmt(HIXL_ERR_INVALID, "%s: the tensor's size is too large", what);
+      local_release(l);
+      return -1;
+    }
   } else {
     raise_fmt(HIXL_ERR_INVALID,
               "%s must be a buffer (bytearray, numpy array, memoryview), a torch tensor, "
@@ -419,13 +464,14 @@ static int nbytes_arg(PyObject *o, Py_ssize_t *n)
     *n = -1;
     return 0;
   }
-  *n = PyLong_AsSsize_t(o);
-  if (*n == -1 && PyErr_Occurred())
+  uint64_t v;
+  if (as_u64(o, &v, "nbytes") < 0)
     return -1;
-  if (*n < 0) {
-    raise_status(HIXL_ERR_INVALID, "nbytes must be >= 0");
+  if (v > (uint64_t)PY_SSIZE_T_MAX) {
+    raise_status(HIXL_ERR_INVALID, "nbytes is too large");
     return -1;
   }
+  *n = (Py_ssize_t)v;
   return 0;
 }
 
@@ -444,25 +490,50 @@ static void pend_free(pend_t *p, int ctx_alive)
   PyMem_Free(p);
 }
 
-/* Finish orphans that have completed (all of them when final). */
+/* Finish orphans that have completed (all of them once the context is
+ * gone).  The list is detached first: releasing a buffer may run user code
+ * (__del__) that issues operations and so comes back here. */
 static void reap_orphans(CtxObject *c)
 {
-  pend_t **pp = &c->orphans;
-  while (*pp) {
-    pend_t *p = *pp;
+  pend_t *l = c->orphans, *keep = NULL;
+  c->orphans = NULL;
+  while (l) {
+    pend_t *p = l;
+    l = p->next;
     if (c->ctx && hixl_req_test(p->req) == HIXL_INPROGRESS) {
-      pp = &p->next;
-      continue;
+      p->next = keep;
+      keep = p;
+    } else {
+      pend_free(p, c->ctx != NULL);
     }
-    *pp = p->next;
-    pend_free(p, c->ctx != NULL);
+  }
+  while (keep) {
+    pend_t *p = keep;
+    keep = p->next;
+    p->next = c->orphans;
+    c->orphans = p;
   }
 }
 
-/* Wait for req in slices, GIL released, checking signals and close between
- * slices.  Returns the status; -1000 when a Python exception is set. */
+/* An operation left in flight by an interrupted wait or a dropped request:
+ * its buffer stays held until it completes -- unless the context is gone
+ * already (closed from a signal handler during the wait), then nothing
+ * will touch the buffer again. */
+static void orphan(CtxObject *c, pend_t *p)
+{
+  if (c->ctx == NULL) {
+    pend_free(p, 0);
+    return;
+  }
+  p->next = c->orphans;
+  c->orphans = p;
+}
+
+/* Wait for req in slices, GIL released, checking signals and the close of
+ * the context (or of peer p) between slices.  Returns the status;
+ * WAIT_PYERR when a Python exception is set. */
 #define WAIT_PYERR (-1000)
-static int wait_sliced(CtxObject *c, int *obj_busy, hixl_req_t *req, int timeout_ms)
+static int wait_sliced(CtxObject *c, PeerObject *p, hixl_req_t *req, int timeout_ms)
 {
   int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
   for (;;) {
@@ -476,14 +547,14 @@ static int wait_sliced(CtxObject *c, int *obj_busy, hixl_req_t *req, int timeout
     }
     hixl_status_t st;
     c->busy++;
-    if (obj_busy)
-      (*obj_busy)++;
+    if (p)
+      p->busy++;
     Py_BEGIN_ALLOW_THREADS
     st = hixl_req_wait(req, slice);
     Py_END_ALLOW_THREADS
     c->busy--;
-    if (obj_busy)
-      (*obj_busy)--;
+    if (p)
+      p->busy--;
     if (st != HIXL_ERR_TIMEOUT)
       return st;
     if (deadline >= 0 && now_ms() >= deadline)
@@ -492,6 +563,10 @@ static int wait_sliced(CtxObject *c, int *obj_busy, hixl_req_t *req, int timeout
       return WAIT_PYERR;
     if (c->closing || c->ctx == NULL) {
       raise_status(HIXL_ERR_INVALID, "the hixl context was closed during the wait");
+      return WAIT_PYERR;
+    }
+    if (p && p->peer == NULL) {
+      raise_status(HIXL_ERR_INVALID, "the peer was closed during the wait");
       return WAIT_PYERR;
     }
   }
@@ -509,26 +584,46 @@ static PyObject *req_new(CtxObject *c, pend_t *p, int kind)
   r->status = HIXL_INPROGRESS;
   r->old = 0;
   r->msg = NULL;
+  r->busy = 0;
+  r->lprev = NULL;
+  r->lnext = c->live;
+  if (c->live)
+    c->live->lprev = r;
+  c->live = r;
   return (PyObject *)r;
 }
 
+static void req_unlink(ReqObject *r)
+{
+  if (r->lprev)
+    r->lprev->lnext = r->lnext;
+  else if (r->ctx->live == r)
+    r->ctx->live = r->lnext;
+  if (r->lnext)
+    r->lnext->lprev = r->lprev;
+  r->lprev = r->lnext = NULL;
+}
+
 /* The request completed with st: keep the result, release the buffer. */
-static void req_finish(ReqObject *r, int st)
+static void req_finish_msg(ReqObject *r, int st, const char *m)
 {
   r->status = st;
-  if (r->p) {
-    r->old = r->p->old;
-    pend_free(r->p, r->ctx->ctx != NULL);
-    r->p = NULL;
-  }
-  if (st < 0 && r->msg == NULL) {
-    const char *m = hixl_last_error();
+  if (st < 0 && r->msg == NULL) { /* before anything can run user code */
     size_t n = strlen(m) + 1;
     r->msg = PyMem_Malloc(n);
     if (r->msg)
       memcpy(r->msg, m, n);
   }
+  if (r->p) {
+    pend_t *p = r->p;
+    r->p = NULL;
+    r->old = p->old;
+    req_unlink(r);
+    pend_free(p, r->ctx->ctx != NULL);
+  }
 }
+
+static void req_finish(ReqObject *r, int st) { req_finish_msg(r, st, hixl_last_error()); }
 
 static PyObject *req_result(ReqObject *r)
 {
@@ -549,7 +644,8 @@ static PyObject *Req_done(ReqObject *r, PyObject *unused)
   hixl_status_t st = hixl_req_test(r->p->req);
   if (st == HIXL_INPROGRESS)
     Py_RETURN_FALSE;
-  req_finish(r, st);
+  if (r->busy == 0) /* else a waiting thread is inside the library with it */
+    req_finish(r, st);
   Py_RETURN_TRUE;
 }
 
@@ -563,12 +659,24 @@ static PyObject *Req_wait(ReqObject *r, PyObject *args, PyObject *kw)
   if (r->p) {
     if (!ctx_ok(r->ctx))
       return NULL;
+    r->busy++;
     int st = wait_sliced(r->ctx, NULL, r->p->req, ms);
+    r->busy--;
     if (st == WAIT_PYERR)
       return NULL;
     if (st == HIXL_ERR_TIMEOUT)
       return raise_fmt(HIXL_ERR_TIMEOUT, "Request.wait: not complete after %d ms", ms);
-    req_finish(r, st);
+    if (r->p && r->busy > 0) {
+      /* Another thread still waits inside the library on this request: it
+       * finishes it; answer from the live record. */
+      if (st < 0)
+        return raise_status(st, NULL);
+      if (r->kind == REQ_ATOMIC)
+        return PyLong_FromUnsignedLongLong(r->p->old);
+      Py_RETURN_NONE;
+    }
+    if (r->p)
+      req_finish(r, st);
   }
   return req_result(r);
 }
@@ -607,14 +715,13 @@ static void Req_dealloc(ReqObject *r)
 {
   if (r->p) {
     CtxObject *c = r->ctx;
-    if (c->ctx && hixl_req_test(r->p->req) == HIXL_INPROGRESS) {
-      /* Still in flight: the buffer must outlive the operation. */
-      r->p->next = c->orphans;
-      c->orphans = r->p;
-    } else {
-      pend_free(r->p, c->ctx != NULL);
-    }
+    pend_t *p = r->p;
     r->p = NULL;
+    req_unlink(r);
+    if (c->ctx && hixl_req_test(p->req) == HIXL_INPROGRESS)
+      orphan(c, p); /* still in flight: the buffer must outlive the operation */
+    else
+      pend_free(p, c->ctx != NULL);
   }
   PyMem_Free(r->msg);
   Py_XDECREF(r->ctx);
@@ -650,7 +757,7 @@ static int Ctx_init(CtxObject *self, PyObject *args, PyObject *kw)
   if (!PyArg_ParseTupleAndKeywords(args, kw, "|zzzzOO:Context", kwl, &listen, &transports,
                                    &net_dev, &token, &pt, &to))
     return -1;
-  if (self->ctx) {
+  if (self->ctx || self->peers) { /* peers: it was initialized once (maybe closed since) */
     raise_status(HIXL_ERR_INVALID, "Context.__init__ called twice");
     return -1;
   }
@@ -665,15 +772,21 @@ static int Ctx_init(CtxObject *self, PyObject *args, PyObject *kw)
   if (token)
     cfg.auth_token = token;
   if (pt != Py_None) {
-    long v = PyLong_AsLong(pt);
-    if (v == -1 && PyErr_Occurred())
+    uint64_t u;
+    if (as_u64(pt, &u, "progress_thread") < 0)
       return -1;
-    cfg.progress_thread = (int)v;
+    if (u > 2) {
+      raise_status(HIXL_ERR_INVALID, "progress_thread must be 0, 1 or 2");
+      return -1;
+    }
+    cfg.progress_thread = (int)u;
   }
   if (to != Py_None) {
-    long v = PyLong_AsLong(to);
-    if (v == -1 && PyErr_Occurred())
-      return -1;
+    long long v = PyLong_AsLongLong(to);
+    if (v == -1 && PyErr_Occurred()) {
+      PyErr_Clear();
+      v = 0;
+    }
     if (v < 1 || v > 2000000000) {
       raise_status(HIXL_ERR_INVALID, "timeout_ms must be in [1, 2e9]");
       return -1;
@@ -725,10 +838,16 @@ static int ctx_close(CtxObject *c, int force)
   Py_END_ALLOW_THREADS
   for (RegionObject *r = c->regions; r; r = r->next)
     r->mr = NULL;
+  /* Requests still unfinished: the library is gone, so is their operation. */
+  while (c->live)
+    req_finish_msg(c->live, HIXL_ERR_INVALID,
+                   "the context was closed before the operation completed");
   reap_orphans(c); /* ctx NULL: frees every record, buffers released */
-  PyMem_Free(c->scratch);
-  c->scratch = NULL;
-  c->scratch_cap = 0;
+  if (!c->scratch_busy) { /* else a batch in conversion still holds it: dealloc frees it */
+    PyMem_Free(c->scratch);
+    c->scratch = NULL;
+    c->scratch_cap = 0;
+  }
   return 0;
 }
 
@@ -745,6 +864,7 @@ static void Ctx_dealloc(CtxObject *c)
   /* Every region and request holds a reference to us: none is alive, so
    * no view exists either. */
   ctx_close(c, 1);
+  PyMem_Free(c->scratch);
   if (c->weakreflist)
     PyObject_ClearWeakRefs((PyObject *)c);
   Py_XDECREF(c->peers);
@@ -827,9 +947,10 @@ static PyObject *Ctx_connect(CtxObject *c, PyObject *args, PyObject *kw)
     ms = c->timeout_ms;
   hixl_peer_t *p;
   hixl_status_t st;
+  hixl_ctx_t *hc = c->ctx;
   c->busy++;
   Py_BEGIN_ALLOW_THREADS
-  st = hixl_connect(c->ctx, addr, ms, &p);
+  st = hixl_connect(hc, addr, ms, &p);
   Py_END_ALLOW_THREADS
   c->busy--;
   if (st != HIXL_OK)
@@ -1003,11 +1124,13 @@ static PyObject *Ctx_fence(CtxObject *c, PyObject *args, PyObject *kw)
       slice = left < 0 ? 0 : left < slice ? (int)left : slice;
     }
     hixl_status_t st;
+    hixl_ctx_t *hc = c->ctx;
+    hixl_peer_t *hp = p ? p->peer : NULL; /* checked alive just before */
     c->busy++;
     if (p)
       p->busy++;
     Py_BEGIN_ALLOW_THREADS
-    st = hixl_fence(c->ctx, p ? p->peer : NULL, slice);
+    st = hixl_fence(hc, hp, slice);
     Py_END_ALLOW_THREADS
     c->busy--;
     if (p)
@@ -1289,7 +1412,10 @@ static int Region_getbuffer(RegionObject *r, Py_buffer *view, int flags)
                     "a device region has no CPU view; use hixl.mem_copy to move its bytes");
     return -1;
   }
-  if (PyBuffer_FillInfo(view, (PyObject *)r, r->addr, (Py_ssize_t)r->len, 0, flags) < 0)
+  /* A registration of a read-only buffer (bytes, a read-only array or
+   * mmap) gives read-only views. */
+  int readonly = r->has_view ? r->view.readonly : 0;
+  if (PyBuffer_FillInfo(view, (PyObject *)r, r->addr, (Py_ssize_t)r->len, readonly, flags) < 0)
     return -1;
   r->exports++;
   return 0;
@@ -1560,10 +1686,11 @@ static PyObject *Peer_lookup(PeerObject *p, PyObject *args, PyObject *kw)
     int slice = left < 0 ? 0 : left < SLICE_MS ? (int)left : SLICE_MS;
     hixl_rmr_t *rmr;
     hixl_status_t st;
+    hixl_peer_t *hp = p->peer;
     c->busy++;
     p->busy++;
     Py_BEGIN_ALLOW_THREADS
-    st = hixl_rmr_lookup(p->peer, name, slice, &rmr);
+    st = hixl_rmr_lookup(hp, name, slice, &rmr);
     Py_END_ALLOW_THREADS
     c->busy--;
     p->busy--;
@@ -1588,10 +1715,11 @@ static PyObject *Peer_unpack(PeerObject *p, PyObject *args)
   hixl_rmr_t *rmr;
   hixl_status_t st;
   CtxObject *c = p->ctx;
+  hixl_peer_t *hp = p->peer;
   c->busy++;
   p->busy++;
   Py_BEGIN_ALLOW_THREADS
-  st = hixl_rmr_unpack(p->peer, b.buf, (size_t)b.len, &rmr);
+  st = hixl_rmr_unpack(hp, b.buf, (size_t)b.len, &rmr);
   Py_END_ALLOW_THREADS
   c->busy--;
   p->busy--;
@@ -1614,7 +1742,7 @@ static PyObject *op_finish(PeerObject *p, hixl_req_t *req, local_t *l, int kind,
   if (wait) {
     hixl_status_t st = hixl_req_test(req);
     if (st == HIXL_INPROGRESS) {
-      int w = wait_sliced(c, &p->busy, req, -1);
+      int w = wait_sliced(c, p, req, -1);
       if (w == WAIT_PYERR) {
         if (pend == NULL && (pend = PyMem_Calloc(1, sizeof(*pend))) == NULL) {
           /* No memory for the record: finish here, uninterruptibly. */
@@ -1632,8 +1760,7 @@ static PyObject *op_finish(PeerObject *p, hixl_req_t *req, local_t *l, int kind,
           pend->has_view = l->has_view;
           pend->keep = l->keep;
         }
-        pend->next = c->orphans;
-        c->orphans = pend;
+        orphan(c, pend);
         return NULL;
       }
       st = w;
@@ -1661,88 +1788,113 @@ static PyObject *op_finish(PeerObject *p, hixl_req_t *req, local_t *l, int kind,
   hixl_status_t st = hixl_req_test(req);
   PyObject *r = req_new(c, pend, kind);
   if (r == NULL) {
-    pend->next = c->orphans; /* the op is in flight: keep the buffer */
-    c->orphans = pend;
+    orphan(c, pend); /* the op is in flight: keep the buffer */
   } else if (st != HIXL_INPROGRESS) {
     req_finish((ReqObject *)r, st); /* done in the call (shm, self): release now */
   }
   return r;
 }
 
-static int rmr_arg(PyObject *o, PeerObject *p, RmrObject **r)
+/* The remote region argument: its type only.  Whether it is still usable
+ * (and of this peer) is checked by rmr_live once every argument has been
+ * converted. */
+static int rmr_type(PyObject *o, RmrObject **r)
 {
   if (!PyObject_TypeCheck(o, &RmrType)) {
     raise_fmt(HIXL_ERR_INVALID, "expected a hixl.RemoteRegion, got %s", Py_TYPE(o)->tp_name);
     return -1;
   }
   *r = (RmrObject *)o;
-  if (!rmr_ok(*r))
-    return -1;
-  if ((*r)->peer->peer != p->peer) {
-    raise_status(HIXL_ERR_INVALID, "the remote region belongs to another peer");
-    return -1;
-  }
   return 0;
 }
 
+static int rmr_live(RmrObject *r, PeerObject *p)
+{
+  if (!rmr_ok(r))
+    return 0;
+  if (r->peer->id != p->id || r->peer->ctx != p->ctx) {
+    raise_status(HIXL_ERR_INVALID, "the remote region belongs to another peer");
+    return 0;
+  }
+  return 1;
+}
+
+/* Both in one (for the reference loops). */
+static int rmr_arg(PyObject *o, PeerObject *p, RmrObject **r)
+{
+  return rmr_type(o, r) < 0 || !rmr_live(*r, p) ? -1 : 0;
+}
+
 enum { OP_PUT, OP_GET, OP_PUT_IMM };
+
+/* Every operation has the same order, which keeps it safe against user
+ * code: (1) parse and convert every argument -- buffer exports, __index__,
+ * a tensor's data_ptr(): any of it may run Python that closes the context,
+ * the peer or the region; (2) only then check the handles are alive and
+ * copy them into locals; (3) count this thread in the objects' busy counts
+ * and call the library, the GIL released when the call may take long.
+ * A concurrent close marks the object closed, then waits for busy. */
 
 /* put / get / put_imm(local, rmr, offset=0, imm=0, *, nbytes=None, ordered=False, wait=True) */
 static PyObject *peer_xfer(PeerObject *p, PyObject *args, PyObject *kw, int op)
 {
   static char *kwl_rw[] = {"local", "rmr", "offset", "nbytes", "ordered", "wait", NULL};
   static char *kwl_imm[] = {"local", "rmr", "offset", "imm", "nbytes", "ordered", "wait", NULL};
-  PyObject *lo, *ro, *nb = Py_None;
-  unsigned long long off = 0;
-  unsigned long imm = 0;
+  PyObject *lo, *ro, *offo = NULL, *immo = NULL, *nb = Py_None;
   int ordered = 0, wait = 1;
-  if (op == OP_PUT_IMM) {
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|Kk$Opp:put_imm", kwl_imm, &lo, &ro, &off,
-                                     &imm, &nb, &ordered, &wait))
-      return NULL;
-    if (imm > UINT32_MAX)
-      return raise_status(HIXL_ERR_INVALID, "put_imm: imm must fit in 32 bits");
-  } else if (!PyArg_ParseTupleAndKeywords(args, kw, op == OP_PUT ? "OO|K$Opp:put" : "OO|K$Opp:get",
-                                          kwl_rw, &lo, &ro, &off, &nb, &ordered, &wait)) {
-    return NULL;
-  }
-  Py_ssize_t n;
-  RmrObject *r;
-  if (nbytes_arg(nb, &n) < 0 || !peer_ok(p) || rmr_arg(ro, p, &r) < 0)
+  if (op == OP_PUT_IMM ? !PyArg_ParseTupleAndKeywords(args, kw, "OO|OO$Opp:put_imm", kwl_imm, &lo,
+                                                      &ro, &offo, &immo, &nb, &ordered, &wait)
+                       : !PyArg_ParseTupleAndKeywords(args, kw,
+                                                      op == OP_PUT ? "OO|O$Opp:put"
+                                                                   : "OO|O$Opp:get",
+                                                      kwl_rw, &lo, &ro, &offo, &nb, &ordered,
+                                                      &wait))
     return NULL;
   CtxObject *c = p->ctx;
-  if (c->orphans)
+  if (c->orphans && c->ctx)
     reap_orphans(c);
+  uint64_t off = 0;
+  uint32_t imm = 0;
+  Py_ssize_t n;
+  RmrObject *r;
+  if (rmr_type(ro, &r) < 0 || (offo && as_u64(offo, &off, "offset") < 0) ||
+      (immo && as_u32(immo, &imm, "imm") < 0) || nbytes_arg(nb, &n) < 0)
+    return NULL;
   local_t l;
   if (get_local(lo, n, op == OP_GET, &l, op == OP_GET ? "get: local" : "put: local") < 0)
     return NULL;
+  if (!peer_ok(p) || !rmr_live(r, p)) {
+    local_release(&l);
+    return NULL;
+  }
   pend_t *pend = NULL;
   if (!wait && (pend = PyMem_Calloc(1, sizeof(*pend))) == NULL) {
     local_release(&l);
     return PyErr_NoMemory();
   }
+  hixl_peer_t *hp = p->peer;
+  hixl_rmr_t *hr = r->rmr;
   unsigned flags = ordered ? HIXL_OP_ORDERED : 0;
   hixl_req_t *req;
   hixl_status_t st;
+#define XFER()                                                                                   \
+  (op == OP_PUT   ? hixl_put(hp, l.ptr, l.len, hr, off, flags, &req)                            \
+   : op == OP_GET ? hixl_get(hp, l.ptr, l.len, hr, off, flags, &req)                            \
+                  : hixl_put_imm(hp, l.ptr, l.len, hr, off, imm, flags, &req))
   if (l.len >= NOGIL_BYTES) {
     c->busy++;
     p->busy++;
     r->busy++;
     Py_BEGIN_ALLOW_THREADS
-    st = op == OP_PUT   ? hixl_put(p->peer, l.ptr, l.len, r->rmr, off, flags, &req)
-         : op == OP_GET ? hixl_get(p->peer, l.ptr, l.len, r->rmr, off, flags, &req)
-                        : hixl_put_imm(p->peer, l.ptr, l.len, r->rmr, off, (uint32_t)imm, flags,
-                                       &req);
+    st = XFER();
     Py_END_ALLOW_THREADS
     c->busy--;
     p->busy--;
     r->busy--;
   } else {
-    st = op == OP_PUT   ? hixl_put(p->peer, l.ptr, l.len, r->rmr, off, flags, &req)
-         : op == OP_GET ? hixl_get(p->peer, l.ptr, l.len, r->rmr, off, flags, &req)
-                        : hixl_put_imm(p->peer, l.ptr, l.len, r->rmr, off, (uint32_t)imm, flags,
-                                       &req);
+    st = XFER();
   }
+#undef XFER
   if (st != HIXL_OK) {
     local_release(&l);
     PyMem_Free(pend);
@@ -1761,18 +1913,17 @@ static PyObject *Peer_put_imm(PeerObject *p, PyObject *a, PyObject *k)
 static PyObject *Peer_notify(PeerObject *p, PyObject *args, PyObject *kw)
 {
   static char *kwl[] = {"imm", "ordered", "wait", NULL};
-  unsigned long imm;
+  PyObject *immo;
   int ordered = 0, wait = 1;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "k|$pp:notify", kwl, &imm, &ordered, &wait) ||
-      !peer_ok(p))
+  uint32_t imm;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$pp:notify", kwl, &immo, &ordered, &wait) ||
+      as_u32(immo, &imm, "notify: imm") < 0 || !peer_ok(p))
     return NULL;
-  if (imm > UINT32_MAX)
-    return raise_status(HIXL_ERR_INVALID, "notify: imm must fit in 32 bits");
   pend_t *pend = NULL;
   if (!wait && (pend = PyMem_Calloc(1, sizeof(*pend))) == NULL)
     return PyErr_NoMemory();
   hixl_req_t *req;
-  hixl_status_t st = hixl_notify(p->peer, (uint32_t)imm, ordered ? HIXL_OP_ORDERED : 0, &req);
+  hixl_status_t st = hixl_notify(p->peer, imm, ordered ? HIXL_OP_ORDERED : 0, &req);
   if (st != HIXL_OK) {
     PyMem_Free(pend);
     return raise_status(st, NULL);
@@ -1784,16 +1935,18 @@ static PyObject *peer_atomic(PeerObject *p, PyObject *args, PyObject *kw, int ca
 {
   static char *kwl_cas[] = {"rmr", "offset", "expected", "desired", "ordered", "wait", NULL};
   static char *kwl_faa[] = {"rmr", "offset", "add", "ordered", "wait", NULL};
-  PyObject *ro;
-  unsigned long long off, a = 0, b = 0;
+  PyObject *ro, *offo, *ao, *bo = NULL;
   int ordered = 0, wait = 1;
-  if (cas ? !PyArg_ParseTupleAndKeywords(args, kw, "OKKK|$pp:cas", kwl_cas, &ro, &off, &a, &b,
+  if (cas ? !PyArg_ParseTupleAndKeywords(args, kw, "OOOO|$pp:cas", kwl_cas, &ro, &offo, &ao, &bo,
                                          &ordered, &wait)
-          : !PyArg_ParseTupleAndKeywords(args, kw, "OKK|$pp:faa", kwl_faa, &ro, &off, &a,
+          : !PyArg_ParseTupleAndKeywords(args, kw, "OOO|$pp:faa", kwl_faa, &ro, &offo, &ao,
                                          &ordered, &wait))
     return NULL;
   RmrObject *r;
-  if (!peer_ok(p) || rmr_arg(ro, p, &r) < 0)
+  uint64_t off, a, b = 0;
+  if (rmr_type(ro, &r) < 0 || as_u64(offo, &off, "offset") < 0 ||
+      as_u64(ao, &a, cas ? "expected" : "add") < 0 || (bo && as_u64(bo, &b, "desired") < 0) ||
+      !peer_ok(p) || !rmr_live(r, p))
     return NULL;
   /* Always a record: the library writes the old value when the atomic
    * completes, which may be after a Ctrl-C has left this frame. */
@@ -1814,14 +1967,17 @@ static PyObject *peer_atomic(PeerObject *p, PyObject *args, PyObject *kw, int ca
 static PyObject *Peer_cas(PeerObject *p, PyObject *a, PyObject *k) { return peer_atomic(p, a, k, 1); }
 static PyObject *Peer_faa(PeerObject *p, PyObject *a, PyObject *k) { return peer_atomic(p, a, k, 0); }
 
-/* Batch descriptors -> hixl_xfer_t[] (into ctx scratch, or malloc'd when
- * the scratch is in use by another thread's call).  For sequences the
- * local buffers are collected in views[] (kept while in flight). */
+/* A batch's descriptors.  From an (n, 3) array: read in place into the
+ * context's scratch array (no user code can run while it is filled).  From
+ * a sequence: converted element by element into a private array first
+ * (user code may run there), every element's buffer kept in locals[], the
+ * remote regions resolved only after all conversions. */
 typedef struct {
   hixl_xfer_t *x;
   size_t n;
   int scratch;
-  local_t *locals; /* n entries for sequences, else NULL */
+  local_t *locals;  /* sequences: n entries */
+  RmrObject **rmrs; /* sequences: each element's region */
 } batch_t;
 
 static void batch_release(CtxObject *c, batch_t *b)
@@ -1832,6 +1988,8 @@ static void batch_release(CtxObject *c, batch_t *b)
     PyMem_Free(b->locals);
     b->locals = NULL;
   }
+  PyMem_Free(b->rmrs);
+  b->rmrs = NULL;
   if (b->scratch)
     c->scratch_busy = 0;
   else
@@ -1841,7 +1999,7 @@ static void batch_release(CtxObject *c, batch_t *b)
 
 static hixl_xfer_t *batch_alloc(CtxObject *c, size_t n, int *scratch)
 {
-  if (!c->scratch_busy) {
+  if (!c->scratch_busy && c->ctx) {
     if (c->scratch_cap < n) {
       size_t cap = n < 256 ? 256 : n;
       hixl_xfer_t *x = PyMem_Realloc(c->scratch, cap * sizeof(*x));
@@ -1855,7 +2013,16 @@ static hixl_xfer_t *batch_alloc(CtxObject *c, size_t n, int *scratch)
     return c->scratch;
   }
   *scratch = 0;
-  return PyMem_Malloc(n * sizeof(hixl_xfer_t) + 1);
+  return n > SIZE_MAX / sizeof(hixl_xfer_t) ? NULL : PyMem_Malloc(n * sizeof(hixl_xfer_t) + 1);
+}
+
+static int is_u64_format(const char *f)
+{
+  if (f == NULL)
+    return 0;
+  if (*f == '<' || *f == '=' || *f == '@')
+    f++;
+  return f[0] && f[1] == 0 && strchr("QqLlNn", f[0]) != NULL;
 }
 
 static int batch_from_array(CtxObject *c, Py_buffer *v, RmrObject *r, batch_t *b)
@@ -1864,11 +2031,9 @@ static int batch_from_array(CtxObject *c, Py_buffer *v, RmrObject *r, batch_t *b
     raise_status(HIXL_ERR_INVALID, "batch: an array of rows needs rmr=");
     return -1;
   }
-  if (v->ndim != 2 || v->shape[1] != 3 || v->itemsize != 8 || v->format == NULL ||
-      strchr("QqLlNn", v->format[v->format[0] == '<' || v->format[0] == '=' ||
-                                        v->format[0] == '@' ? 1 : 0]) == NULL) {
+  if (v->ndim != 2 || v->shape[1] != 3 || v->itemsize != 8 || !is_u64_format(v->format)) {
     raise_fmt(HIXL_ERR_INVALID,
-              "batch: the array must have shape (n, 3) of 64-bit integers (local address, "
+              "batch: the array must have shape (n, 3) of native 64-bit integers (local address, "
               "remote offset, length); got ndim %d, format '%s'", v->ndim,
               v->format ? v->format : "B");
     return -1;
@@ -1894,72 +2059,63 @@ static int batch_from_array(CtxObject *c, Py_buffer *v, RmrObject *r, batch_t *b
   return 0;
 }
 
-static int batch_from_seq(PeerObject *p, PyObject *seq, RmrObject *r, int writable, batch_t *b)
+/* Sequence elements: (local, offset), (local, rmr, offset) or (address,
+ * offset, nbytes).  items is a tuple we own (PySequence_Tuple): user code
+ * run by a conversion cannot change or free what we walk. */
+static int batch_from_seq(PyObject *items, int writable, batch_t *b)
 {
-  PyObject *f = PySequence_Fast(seq, "batch: descs must be an (n, 3) array or a sequence");
-  if (f == NULL)
-    return -1;
-  size_t n = (size_t)PySequence_Fast_GET_SIZE(f);
-  int rc = -1;
+  size_t n = (size_t)PyTuple_GET_SIZE(items);
   if (n == 0) {
     raise_status(HIXL_ERR_INVALID, "batch: empty batch");
-    goto out;
+    return -1;
   }
-  if ((b->x = batch_alloc(p->ctx, n, &b->scratch)) == NULL ||
-      (b->locals = PyMem_Calloc(n, sizeof(local_t))) == NULL) {
+  if ((b->x = n > SIZE_MAX / sizeof(hixl_xfer_t) ? NULL
+                                                  : PyMem_Malloc(n * sizeof(hixl_xfer_t) + 1)) ==
+          NULL ||
+      (b->locals = PyMem_Calloc(n, sizeof(local_t))) == NULL ||
+      (b->rmrs = PyMem_Calloc(n, sizeof(RmrObject *))) == NULL) {
     PyErr_NoMemory();
-    goto out;
+    return -1;
   }
+  b->scratch = 0;
   b->n = n;
   for (size_t i = 0; i < n; i++) {
-    PyObject *it = PySequence_Fast_GET_ITEM(f, i);
+    PyObject *it = PyTuple_GET_ITEM(items, i);
+    char what[48];
+    snprintf(what, sizeof(what), "batch[%zu]", i);
     if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) < 2 || PyTuple_GET_SIZE(it) > 3) {
       raise_fmt(HIXL_ERR_INVALID,
-                "batch[%zu]: expected (local, offset), (local, rmr, offset) or "
-                "(address, offset, nbytes)", i);
-      goto out;
+                "%s: expected (local, offset), (local, rmr, offset) or (address, offset, nbytes)",
+                what);
+      return -1;
     }
-    PyObject *lo = PyTuple_GET_ITEM(it, 0), *second = PyTuple_GET_ITEM(it, 1);
-    RmrObject *er = r;
-    PyObject *offo;
+    PyObject *lo = PyTuple_GET_ITEM(it, 0), *second = PyTuple_GET_ITEM(it, 1), *offo = second;
     Py_ssize_t nb = -1;
     if (PyObject_TypeCheck(second, &RmrType)) {
       if (PyTuple_GET_SIZE(it) != 3) {
-        raise_fmt(HIXL_ERR_INVALID, "batch[%zu]: (local, rmr, offset) needs the offset", i);
-        goto out;
+        raise_fmt(HIXL_ERR_INVALID, "%s: (local, rmr, offset) needs the offset", what);
+        return -1;
       }
-      if (rmr_arg(second, p, &er) < 0)
-        goto out;
+      b->rmrs[i] = (RmrObject *)second; /* borrowed: items holds it */
       offo = PyTuple_GET_ITEM(it, 2);
-    } else {
-      offo = second;
-      if (PyTuple_GET_SIZE(it) == 3) {
-        nb = PyLong_AsSsize_t(PyTuple_GET_ITEM(it, 2));
-        if (nb < 0) {
-          PyErr_Clear();
-          raise_fmt(HIXL_ERR_INVALID, "batch[%zu]: nbytes must be >= 0", i);
-          goto out;
-        }
+    } else if (PyTuple_GET_SIZE(it) == 3) {
+      uint64_t v;
+      if (as_u64(PyTuple_GET_ITEM(it, 2), &v, "nbytes") < 0)
+        return -1;
+      if (v > (uint64_t)PY_SSIZE_T_MAX) {
+        raise_fmt(HIXL_ERR_INVALID, "%s: nbytes is too large", what);
+        return -1;
       }
-    }
-    if (er == NULL) {
-      raise_fmt(HIXL_ERR_INVALID, "batch[%zu]: no remote region (give rmr=)", i);
-      goto out;
+      nb = (Py_ssize_t)v;
     }
     uint64_t off;
-    char what[48];
-    snprintf(what, sizeof(what), "batch[%zu]", i);
     if (as_u64(offo, &off, what) < 0 || get_local(lo, nb, writable, &b->locals[i], what) < 0)
-      goto out;
+      return -1;
     b->x[i].local = b->locals[i].ptr;
-    b->x[i].rmr = er->rmr;
     b->x[i].off = off;
     b->x[i].len = b->locals[i].len;
   }
-  rc = 0;
-out:
-  Py_DECREF(f);
-  return rc;
+  return 0;
 }
 
 /* put_batch / get_batch(descs, rmr=None, *, imm=None, ordered=False, wait=True) */
@@ -1974,97 +2130,118 @@ static PyObject *peer_batch(PeerObject *p, PyObject *args, PyObject *kw, int put
           : !PyArg_ParseTupleAndKeywords(args, kw, "O|O$pp:get_batch", kwl_get, &descs, &ro,
                                          &ordered, &wait))
     return NULL;
-  if (!peer_ok(p))
-    return NULL;
-  RmrObject *r = NULL;
-  if (ro != Py_None && rmr_arg(ro, p, &r) < 0)
-    return NULL;
-  uint32_t imm = 0;
-  if (immo != Py_None) {
-    unsigned long v = PyLong_AsUnsignedLong(immo);
-    if ((v == (unsigned long)-1 && PyErr_Occurred()) || v > UINT32_MAX) {
-      PyErr_Clear();
-      return raise_status(HIXL_ERR_INVALID, "put_batch: imm must be a 32-bit unsigned int");
-    }
-    imm = (uint32_t)v;
-  }
   CtxObject *c = p->ctx;
-  if (c->orphans)
+  if (c->orphans && c->ctx)
     reap_orphans(c);
+  RmrObject *r = NULL;
+  uint32_t imm = 0;
+  if ((ro != Py_None && rmr_type(ro, &r) < 0) ||
+      (immo != Py_None && as_u32(immo, &imm, "put_batch: imm") < 0))
+    return NULL;
   batch_t b = {0};
+  PyObject *items = NULL;
   Py_buffer v;
   int has_v = 0;
-  if (PyObject_CheckBuffer(descs) && !PyBytes_Check(descs)) {
+  if (PyObject_CheckBuffer(descs) && !PyBytes_Check(descs) && !PyByteArray_Check(descs)) {
     if (PyObject_GetBuffer(descs, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
-      PyErr_Clear();
-      return raise_status(HIXL_ERR_INVALID, "batch: the descriptor array must be C-contiguous "
-                                            "(numpy.ascontiguousarray)");
-    }
-    has_v = 1;
-    if (batch_from_array(c, &v, r, &b) < 0) {
-      PyBuffer_Release(&v);
+      PyObject *t, *e, *tb;
+      PyErr_Fetch(&t, &e, &tb);
+      PyObject *es = e ? PyObject_Str(e) : NULL;
+      raise_fmt(HIXL_ERR_INVALID, "batch: cannot read the descriptor array (%s): it must be a "
+                "C-contiguous (n, 3) array of 64-bit integers (numpy.ascontiguousarray)",
+                es && PyUnicode_Check(es) ? PyUnicode_AsUTF8(es) : "?");
+      Py_XDECREF(es);
+      Py_XDECREF(t);
+      Py_XDECREF(e);
+      Py_XDECREF(tb);
       return NULL;
     }
-  } else if (batch_from_seq(p, descs, r, !put, &b) < 0) {
-    batch_release(c, &b);
-    return NULL;
+    has_v = 1;
+    /* Nothing below runs user code until the call. */
+    if (!peer_ok(p) || (r && !rmr_live(r, p)) || batch_from_array(c, &v, r, &b) < 0) {
+      PyBuffer_Release(&v);
+      batch_release(c, &b);
+      return NULL;
+    }
+  } else {
+    if ((items = PySequence_Tuple(descs)) == NULL) {
+      PyErr_Clear();
+      return raise_status(HIXL_ERR_INVALID, "batch: descs must be an (n, 3) array or a sequence "
+                                            "of tuples");
+    }
+    int bad = batch_from_seq(items, !put, &b) < 0 || !peer_ok(p) || (r && !rmr_live(r, p));
+    for (size_t i = 0; !bad && i < b.n; i++) {
+      RmrObject *er = b.rmrs[i] ? b.rmrs[i] : r;
+      if (er == NULL) {
+        raise_fmt(HIXL_ERR_INVALID, "batch[%zu]: no remote region (give rmr=)", i);
+        bad = 1;
+      } else if (!rmr_live(er, p)) {
+        bad = 1;
+      } else {
+        b.x[i].rmr = er->rmr;
+      }
+    }
+    if (bad) {
+      batch_release(c, &b);
+      Py_DECREF(items);
+      return NULL;
+    }
   }
   size_t total = 0;
   for (size_t i = 0; i < b.n; i++)
     total += b.x[i].len;
   pend_t *pend = NULL;
-  if (!wait && (pend = PyMem_Calloc(1, sizeof(*pend))) == NULL) {
+  if ((!wait || b.locals) && (pend = PyMem_Calloc(1, sizeof(*pend))) == NULL) {
     batch_release(c, &b);
     if (has_v)
       PyBuffer_Release(&v);
+    Py_XDECREF(items);
     return PyErr_NoMemory();
   }
+  hixl_peer_t *hp = p->peer;
   unsigned flags = ordered ? HIXL_OP_ORDERED : 0;
   hixl_req_t *req;
   hixl_status_t st;
-  if (total >= NOGIL_BYTES && !b.scratch) {
+  /* Every region in b.x is counted busy while the GIL is released (a
+   * concurrent release waits); items keeps the objects alive. */
+  if (total >= NOGIL_BYTES) {
     c->busy++;
     p->busy++;
+    if (r)
+      r->busy++;
+    for (size_t i = 0; b.rmrs && i < b.n; i++)
+      if (b.rmrs[i])
+        b.rmrs[i]->busy++;
     Py_BEGIN_ALLOW_THREADS
-    st = put ? hixl_put_batch(p->peer, b.x, b.n, immo != Py_None ? &imm : NULL, flags, &req)
-             : hixl_get_batch(p->peer, b.x, b.n, flags, &req);
+    st = put ? hixl_put_batch(hp, b.x, b.n, immo != Py_None ? &imm : NULL, flags, &req)
+             : hixl_get_batch(hp, b.x, b.n, flags, &req);
     Py_END_ALLOW_THREADS
     c->busy--;
     p->busy--;
+    if (r)
+      r->busy--;
+    for (size_t i = 0; b.rmrs && i < b.n; i++)
+      if (b.rmrs[i])
+        b.rmrs[i]->busy--;
   } else {
-    /* The scratch array is shared under the GIL: keep it held. */
-    st = put ? hixl_put_batch(p->peer, b.x, b.n, immo != Py_None ? &imm : NULL, flags, &req)
-             : hixl_get_batch(p->peer, b.x, b.n, flags, &req);
+    st = put ? hixl_put_batch(hp, b.x, b.n, immo != Py_None ? &imm : NULL, flags, &req)
+             : hixl_get_batch(hp, b.x, b.n, flags, &req);
   }
   if (has_v)
     PyBuffer_Release(&v);
-  /* The library has consumed the descriptors; the local buffers of a
-   * sequence stay held by the request until completion. */
-  local_t *locals = b.locals;
-  size_t nl = b.n;
-  b.locals = NULL;
+  Py_XDECREF(items);
+  /* The library has consumed the descriptors; a sequence's buffers stay
+   * exported by the record until the batch completes. */
+  if (st == HIXL_OK && b.locals) {
+    pend->locals = b.locals;
+    pend->nlocals = b.n;
+    b.locals = NULL;
+  }
   batch_release(c, &b);
   if (st != HIXL_OK) {
-    for (size_t i = 0; locals && i < nl; i++)
-      local_release(&locals[i]);
-    PyMem_Free(locals);
-    PyMem_Free(pend);
+    if (pend)
+      pend_free(pend, 0);
     return raise_status(st, NULL);
-  }
-  if (locals) {
-    /* Every element's buffer stays exported until the batch completes. */
-    if (pend == NULL && (pend = PyMem_Calloc(1, sizeof(*pend))) == NULL) {
-      Py_BEGIN_ALLOW_THREADS
-      hixl_req_wait(req, -1);
-      Py_END_ALLOW_THREADS
-      hixl_req_free(req);
-      for (size_t i = 0; i < nl; i++)
-        local_release(&locals[i]);
-      PyMem_Free(locals);
-      return PyErr_NoMemory();
-    }
-    pend->locals = locals;
-    pend->nlocals = nl;
   }
   return op_finish(p, req, NULL, REQ_PLAIN, wait, pend);
 }
@@ -2192,7 +2369,7 @@ static int World_init(WorldObject *w, PyObject *args, PyObject *kw)
   } else if (!PyArg_ParseTupleAndKeywords(args, kw, "|OOz$O:World", kwl, &ro, &so, &rdv, &co)) {
     return -1;
   }
-  if (w->w) {
+  if (w->w || w->ctx) {
     raise_status(HIXL_ERR_INVALID, "World.__init__ called twice");
     return -1;
   }
@@ -2200,16 +2377,19 @@ static int World_init(WorldObject *w, PyObject *args, PyObject *kw)
     raise_status(HIXL_ERR_INVALID, "World: ctx must be a hixl.Context");
     return -1;
   }
-  long rank = -1, size = -1;
-  if ((ro != Py_None && (rank = PyLong_AsLong(ro)) == -1 && PyErr_Occurred()) ||
-      (so != Py_None && (size = PyLong_AsLong(so)) == -1 && PyErr_Occurred()))
-    return -1;
-  if (ro != Py_None && rank < 0) {
-    raise_status(HIXL_ERR_INVALID, "World: rank must be >= 0");
+  long long rank = -1, size = -1;
+  if ((ro != Py_None && (rank = PyLong_AsLongLong(ro)) == -1 && PyErr_Occurred()) ||
+      (so != Py_None && (size = PyLong_AsLongLong(so)) == -1 && PyErr_Occurred())) {
+    PyErr_Clear();
+    raise_status(HIXL_ERR_INVALID, "World: rank and size must be integers");
     return -1;
   }
-  if (so != Py_None && size < 1) {
-    raise_status(HIXL_ERR_INVALID, "World: size must be >= 1");
+  if (ro != Py_None && (rank < 0 || rank >= (1 << 20))) {
+    raise_fmt(HIXL_ERR_INVALID, "World: rank %lld is not in [0, 2**20)", rank);
+    return -1;
+  }
+  if (so != Py_None && (size < 1 || size > (1 << 20))) {
+    raise_fmt(HIXL_ERR_INVALID, "World: size %lld is not in [1, 2**20]", size);
     return -1;
   }
   int owns = co == Py_None;
@@ -2261,7 +2441,11 @@ static int World_init(WorldObject *w, PyObject *args, PyObject *kw)
 
 static int world_ok(WorldObject *w)
 {
-  if (w->ctx == NULL || !ctx_ok(w->ctx))
+  if (w->ctx == NULL) {
+    raise_status(HIXL_ERR_INVALID, "the World is not initialized");
+    return 0;
+  }
+  if (!ctx_ok(w->ctx))
     return 0;
   if (w->w == NULL) {
     raise_status(HIXL_ERR_INVALID, "the world is closed");
@@ -2289,11 +2473,14 @@ static void world_close(WorldObject *w)
       Py_XDECREF(key);
     }
   }
+  wait_idle(&w->busy); /* barrier / exchange of other threads */
   if (w->ctx->ctx) {
-    wait_idle(&w->ctx->busy);
+    CtxObject *c = w->ctx;
+    c->busy++; /* a concurrent Context.close waits for this */
     Py_BEGIN_ALLOW_THREADS
     hixl_world_destroy(hw);
     Py_END_ALLOW_THREADS
+    c->busy--;
   }
   if (w->owns_ctx && ctx_close(w->ctx, 0) < 0)
     PyErr_Clear(); /* views of its memory live: it goes with the last of them */
@@ -2346,11 +2533,14 @@ static PyObject *World_barrier(WorldObject *w, PyObject *u)
   if (!world_ok(w))
     return NULL;
   hixl_status_t st;
+  hixl_world_t *hw = w->w;
   w->ctx->busy++;
+  w->busy++;
   Py_BEGIN_ALLOW_THREADS
-  st = hixl_world_barrier(w->w);
+  st = hixl_world_barrier(hw);
   Py_END_ALLOW_THREADS
   w->ctx->busy--;
+  w->busy--;
   if (st != HIXL_OK)
     return raise_status(st, NULL);
   Py_RETURN_NONE;
@@ -2371,11 +2561,15 @@ static PyObject *World_exchange(WorldObject *w, PyObject *args)
   if (rmrs == NULL)
     return PyErr_NoMemory();
   hixl_status_t st;
+  hixl_world_t *hw = w->w;
+  hixl_mr_t *mr = reg->mr;
   w->ctx->busy++;
+  w->busy++;
   Py_BEGIN_ALLOW_THREADS
-  st = hixl_world_exchange(w->w, reg->mr, rmrs);
+  st = hixl_world_exchange(hw, mr, rmrs);
   Py_END_ALLOW_THREADS
   w->ctx->busy--;
+  w->busy--;
   if (st != HIXL_OK) {
     PyMem_Free(rmrs);
     return raise_status(st, NULL);
@@ -2456,27 +2650,33 @@ static PyObject *mod_xfer_addr(PyObject *m, PyObject *const *a, Py_ssize_t n)
   PeerObject *p = (PeerObject *)a[0];
   RmrObject *r;
   uint64_t addr, len, off;
-  if (!peer_ok(p) || rmr_arg(a[1], p, &r) < 0 || as_u64(a[2], &addr, "local address") < 0 ||
+  if (rmr_type(a[1], &r) < 0 || as_u64(a[2], &addr, "local address") < 0 ||
       as_u64(a[3], &len, "size") < 0 || as_u64(a[4], &off, "remote offset") < 0)
     return NULL;
   int is_get = PyObject_IsTrue(a[5]);
+  if (is_get < 0 || !peer_ok(p) || !rmr_live(r, p))
+    return NULL;
   CtxObject *c = p->ctx;
+  hixl_peer_t *hp = p->peer;
+  hixl_rmr_t *hr = r->rmr;
   hixl_status_t st;
+#define XA()                                                                                     \
+  (is_get ? hixl_get(hp, (void *)(uintptr_t)addr, len, hr, off, 0, NULL)                        \
+          : hixl_put(hp, (const void *)(uintptr_t)addr, len, hr, off, 0, NULL))
   if (len >= NOGIL_BYTES) {
     c->busy++;
     p->busy++;
     r->busy++;
     Py_BEGIN_ALLOW_THREADS
-    st = is_get ? hixl_get(p->peer, (void *)(uintptr_t)addr, len, r->rmr, off, 0, NULL)
-                : hixl_put(p->peer, (const void *)(uintptr_t)addr, len, r->rmr, off, 0, NULL);
+    st = XA();
     Py_END_ALLOW_THREADS
     c->busy--;
     p->busy--;
     r->busy--;
   } else {
-    st = is_get ? hixl_get(p->peer, (void *)(uintptr_t)addr, len, r->rmr, off, 0, NULL)
-                : hixl_put(p->peer, (const void *)(uintptr_t)addr, len, r->rmr, off, 0, NULL);
+    st = XA();
   }
+#undef XA
   if (st != HIXL_OK)
     return raise_status(st, NULL);
   Py_RETURN_NONE;
@@ -2485,9 +2685,11 @@ static PyObject *mod_xfer_addr(PyObject *m, PyObject *const *a, Py_ssize_t n)
 static PyObject *mod_strerror(PyObject *m, PyObject *arg)
 {
   (void)m;
-  long v = PyLong_AsLong(arg);
+  long long v = PyLong_AsLongLong(arg);
   if (v == -1 && PyErr_Occurred())
     return NULL;
+  if (v < -1000 || v > 1000)
+    return raise_fmt(HIXL_ERR_INVALID, "strerror: %lld is not a hixl status", v);
   return PyUnicode_FromString(hixl_strerror((hixl_status_t)v));
 }
 

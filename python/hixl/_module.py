@@ -158,12 +158,12 @@ def barrier():
 
 
 def _rmr(s, rank, region):
-    if not 0 <= rank < s.size:
+    if not isinstance(rank, int) or not 0 <= rank < s.size:
         raise _hixl.InvalidError(f"rank {rank} is not in [0, {s.size})")
+    if not isinstance(region, int) or region < 0:
+        raise _hixl.InvalidError(f"region must be a region index >= 0, not {region!r}")
     known = s.remote[rank]
     if region >= len(known):
-        if region < 0:
-            raise _hixl.InvalidError(f"region {region} is negative")
         with _lock:
             _refresh(s, rank)
         if region >= len(known):

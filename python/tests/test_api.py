@@ -306,3 +306,11 @@ def test_with_block_left_by_an_exception_keeps_it():
             reg.publish("r")
             rows = np.zeros((3, 4), dtype=np.uint64)[:, :3]     # strided
             me.put_batch(rows, me.lookup("r"))
+
+
+def test_numpy_integers_are_addresses_and_offsets(peer, target):
+    kv = peer.lookup("kv")
+    src = np.frombuffer(b"np-addr!", dtype=np.uint8)
+    peer.put(np.uint64(src.ctypes.data), kv, np.int64(40000), nbytes=np.int32(8))
+    assert target.peek(40000, 8) == b"np-addr!"       # the memory at the address, not the scalar
+    assert peer.faa(kv, np.uint64(40008), np.int8(3)) == 0

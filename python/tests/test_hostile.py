@@ -758,10 +758,14 @@ def test_close_with_a_request_in_flight_finishes_it():
     assert "RELEASED True" in out and "STATUS 1" not in out, out
 
 
-# BUG (library, fabric): hixl.h says hixl_disconnect fails a peer's
-# outstanding requests with PEER_LOST; over fabric the request stays in
-# progress ("fabric: 1 operations ... did not finish; their contexts are
-# kept") and Request.wait times out.
+# Known library bug (fabric), left to issue 18 (its first item: a fabric
+# peer closed with operations in flight keeps them, and an operation that
+# completes after the close must not touch freed memory): hixl.h says
+# hixl_disconnect fails a peer's outstanding requests with PEER_LOST; over
+# fabric the request stays in progress ("fabric: 1 operations ... did not
+# finish; their contexts are kept") and Request.wait times out.  strict:
+# once fixed this XPASSes and fails, so the marker must go.
+@pytest.mark.xfail(strict=True, reason="fabric: hixl_disconnect leaves requests in flight (issue 18)")
 def test_request_fails_with_peer_lost_after_peer_close():
     rc, out, err = inflight("request_after_peer_close")
     assert rc == 0, (rc, out, str(err)[-2000:])
