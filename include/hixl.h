@@ -283,7 +283,9 @@ hixl_status_t hixl_req_test(hixl_req_t *req);
  * request stays valid).  Returns the operation's status otherwise. */
 hixl_status_t hixl_req_wait(hixl_req_t *req, int timeout_ms);
 /* Free a request.  Freeing an incomplete request is allowed: the operation
- * still runs, its result is dropped.  NULL is a no-op. */
+ * still runs, its result is dropped.  NULL is a no-op.  A second free of
+ * the same request is detected and ignored (a warning; hixl_last_error()
+ * says so) until the pool hands the object to another operation. */
 void hixl_req_free(hixl_req_t *req);
 /* Return once every operation issued before the call to peer (NULL: to
  * every peer) has completed at its target.  Errors: TIMEOUT; PEER_LOST when

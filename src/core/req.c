@@ -122,7 +122,20 @@ void hixl_req_free(hixl_req_t *req)
 {
   if (req == NULL || req == &hixl__req_done)
     return;
-  hixl__req_release(req);
+  /* FREED stays set while the request waits for completion and while it
+   * sits in the pool (hixl__req_get clears it), so a second free is seen
+   * here -- atomically, even from two threads at once -- and changes
+   * nothing: pushing it twice would hand one request to two operations.
+   * (A free after the pool handed the object to another operation cannot
+   * be told from that operation's own free.) */
+  unsigned prev = atomic_fetch_or_explicit(&req->flags, HIXL_REQF_FREED, memory_order_acq_rel);
+  if (prev & HIXL_REQF_FREED) {
+    hixl__err(HIXL_ERR_INVALID, "hixl_req_free: request %p was already freed", (void *)req);
+    hixl_warn("hixl_req_free: request %p was already freed (ignored)", (void *)req);
+    return;
+  }
+  if (prev & HIXL_REQF_DONE)
+    pool_push(req->ctx, req);
 }
 
 hixl_status_t hixl_req_test(hixl_req_t *req)
