@@ -86,10 +86,11 @@ typedef struct hixl_config {
   const char *listen;      /* "host:port" to listen on; NULL: all addresses, any port   (HIXL_LISTEN) */
   const char *transports;  /* allowed, in preference order, e.g. "shm,verbs"; NULL: all (HIXL_TRANSPORTS) */
   const char *net_dev;     /* RDMA device or netdev; NULL: auto                          (HIXL_NET_DEV) */
-  const char *auth_token;  /* shared secret checked at connect; NULL: none               (HIXL_AUTH_TOKEN) */
+  const char *auth_token;  /* shared secret checked at connect, <= 255 bytes; NULL: none  (HIXL_AUTH_TOKEN) */
   int progress_thread;     /* 1: progress in a background thread; 2: one that sleeps on
                               completion events when idle                             (HIXL_PROGRESS_THREAD) */
-  int timeout_ms;          /* default for connects, heartbeats and blocking calls       (HIXL_TIMEOUT_MS) */
+  int timeout_ms;          /* default for connects and blocking calls; peers are lost
+                              after max(timeout_ms, 1000) ms of silence                 (HIXL_TIMEOUT_MS) */
   void *reserved[8];       /* must be zero (hixl_config_init does it) */
 } hixl_config_t;
 
@@ -102,7 +103,8 @@ void hixl_config_init(hixl_config_t *cfg);
  * control thread that answers peers (connects, key lookups, heartbeats), so
  * that peers can reach our memory without this process calling hixl.
  * cfg NULL means hixl_config_init() defaults.  The strings in cfg are copied.
- * Errors: INVALID (bad listen address, unknown transport name, timeout < 1),
+ * Errors: INVALID (bad listen address, unknown transport name, timeout < 1,
+ * an auth token longer than 255 bytes),
  * TRANSPORT (cannot listen), NOMEM. */
 hixl_status_t hixl_ctx_create(const hixl_config_t *cfg, hixl_ctx_t **ctx_p);
 /* Disconnect every peer, release every region and request, free the context.

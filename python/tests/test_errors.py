@@ -175,3 +175,34 @@ def test_again_when_the_target_never_polls(target):
             for _ in range(1 << 20):
                 p.notify(1)
         check(ei, hixl.AgainError, hixl.ERR_AGAIN, "does not poll")
+
+
+def test_token_length_limit():
+    # The token travels in HELLO's 256-byte string field: 255 bytes work
+    # end to end; longer is refused at creation (it used to be truncated on
+    # the wire, and both sides then failed with AUTH).
+    with pytest.raises(hixl.InvalidError, match="at most 255"):
+        hixl.Context(auth_token="x" * 300)
+    tok = "y" * 255
+    t = Target(env={"HIXL_AUTH_TOKEN": tok})
+    try:
+        with hixl.Context(auth_token=tok) as c:
+            p = c.connect(t.address, timeout=5)
+            p.put(b"token ok", p.lookup("kv"), 0)
+            assert t.peek(0, 8) == b"token ok"
+    finally:
+        t.close()
+
+
+def test_tiny_call_timeout_does_not_drop_live_peers(target):
+    # timeout_ms bounds calls; a peer is declared lost only after a second
+    # of silence at least (before, timeout_ms=1 dropped every peer between
+    # two heartbeats).
+    import time
+    with hixl.Context(timeout_ms=1) as c:
+        p = c.connect(target.address, timeout=5)
+        kv = p.lookup("kv", timeout=5)
+        time.sleep(0.5)                       # idle: only heartbeats
+        p.put(b"alive", kv, 0)
+        c.fence(timeout=5)
+        assert target.peek(0, 5) == b"alive"

@@ -687,11 +687,21 @@ static void accept_all(hixl_ctx_t *ctx, int lfd, bool is_unix)
   }
 }
 
+/* How long a peer may stay silent before it is declared lost: the
+ * context's timeout, but never under HIXL_LIVENESS_FLOOR_MS -- the timeout
+ * of calls (a connect, a wait) may be tiny, a peer is not dead because a
+ * loaded machine delayed its heartbeat by a few milliseconds. */
+static int liveness_ms(const hixl_ctx_t *ctx)
+{
+  return ctx->cfg.timeout_ms < HIXL_LIVENESS_FLOOR_MS ? HIXL_LIVENESS_FLOOR_MS
+                                                      : ctx->cfg.timeout_ms;
+}
+
 /* Close sockets of failed peers; free connections nobody can see.  Also
  * heartbeats.  Control thread, ctx->lock held. */
 static void housekeeping_locked(hixl_ctx_t *ctx, int64_t now)
 {
-  int64_t timeout_ns = (int64_t)ctx->cfg.timeout_ms * 1000000;
+  int64_t timeout_ns = (int64_t)liveness_ms(ctx) * 1000000;
   int64_t hb_ns = timeout_ns / 4;
   hixl_peer_t **pp = &ctx->peers;
   while (*pp) {
@@ -700,7 +710,7 @@ static void housekeeping_locked(hixl_ctx_t *ctx, int64_t now)
     if (st == HIXL_PEER_UP && !p->self) {
       if (now - p->last_rx_ns > timeout_ns) {
         char why[64];
-        snprintf(why, sizeof(why), "no heartbeat for %d ms", ctx->cfg.timeout_ms);
+        snprintf(why, sizeof(why), "no heartbeat for %d ms", liveness_ms(ctx));
         hixl__peer_fail_locked(p, HIXL_PEER_LOST, why);
         st = HIXL_PEER_LOST;
       } else {
@@ -763,7 +773,7 @@ static void *ctl_main(void *arg)
   struct epoll_event evs[32];
   int64_t last_hk = 0;
   while (!atomic_load(&ctx->stopping)) {
-    int hb_ms = ctx->cfg.timeout_ms / 4;
+    int hb_ms = liveness_ms(ctx) / 4;
     if (hb_ms < 10)
       hb_ms = 10;
     if (hb_ms > 1000)

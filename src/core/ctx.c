@@ -104,6 +104,12 @@ hixl_status_t hixl_ctx_create(const hixl_config_t *cfg_in, hixl_ctx_t **ctx_p)
   if (cfg_in->timeout_ms < 1)
     return hixl__err(HIXL_ERR_INVALID, "hixl_ctx_create: timeout_ms must be >= 1 (got %d)",
                      cfg_in->timeout_ms);
+  if (cfg_in->auth_token && strlen(cfg_in->auth_token) > HIXL_AUTH_TOKEN_MAX)
+    return hixl__err(HIXL_ERR_INVALID, "hixl_ctx_create: the auth token has %zu bytes; at most "
+                     "%d (HIXL_AUTH_TOKEN)", strlen(cfg_in->auth_token), HIXL_AUTH_TOKEN_MAX);
+  if (cfg_in->timeout_ms < HIXL_LIVENESS_FLOOR_MS)
+    hixl_info("timeout_ms %d: calls time out after it, but a peer is declared lost only "
+              "after %d ms of silence", cfg_in->timeout_ms, HIXL_LIVENESS_FLOOR_MS);
   for (int i = 0; i < 8; i++)
     if (cfg_in->reserved[i])
       return hixl__err(HIXL_ERR_INVALID,

@@ -416,6 +416,10 @@ void hixl__tp_on_event_none(hixl_ctx_t *ctx);
 void hixl__peer_free(hixl_peer_t *peer);
 void hixl__wake(hixl_ctx_t *ctx);
 int hixl__ctx_timeout(const hixl_ctx_t *ctx);
+/* A peer silent for max(timeout_ms, this) is lost (conn.c: liveness_ms). */
+#define HIXL_LIVENESS_FLOOR_MS 1000
+/* The auth token travels in HELLO's string field: at most this many bytes. */
+#define HIXL_AUTH_TOKEN_MAX 255
 
 /* Answer a peer's LOOKUP / FD_REQ / ATOMIC (control thread, ctx->lock
  * held): fills *out (and fds to pass, which the caller closes after
