@@ -35,6 +35,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include "fabric_int.h"
@@ -54,13 +55,13 @@ hixl_status_t hixl__fab_err(hixl_status_t st, const char *what, ssize_t rc)
 static const char *const prefer[] = {"efa", "cxi", "verbs;ofi_rxm", "tcp;ofi_rxm", "tcp",
                                      "shm"};
 
-static struct fi_info *hints_for(const char *prov, bool atomics, bool dc)
+static struct fi_info *hints_for(const char *prov, bool atomics, bool dc, bool source)
 {
   struct fi_info *h = fi_allocinfo();
   if (h == NULL)
     return NULL;
   h->caps = FI_MSG | FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_SEND |
-            FI_RECV | (atomics ? FI_ATOMIC : 0);
+            FI_RECV | (atomics ? FI_ATOMIC : 0) | (source ? FI_SOURCE : 0);
   h->ep_attr->type = FI_EP_RDM;
   h->mode = FI_CONTEXT | FI_CONTEXT2;
   h->domain_attr->threading = FI_THREAD_SAFE;
@@ -142,17 +143,22 @@ static int getinfo_keep_signals(struct fi_info *hints, struct fi_info **info)
   return rc;
 }
 
-/* The first info of provider prov: with atomics if it has them, with
- * delivery completion if it has it (*dc_p says). */
-static struct fi_info *probe(const char *prov, bool *dc_p)
+/* The first info of provider prov: with FI_SOURCE (the sender's address on
+ * receive completions) if it has it, with atomics if it has them, with
+ * delivery completion if it has it (*dc_p, *source_p say). */
+static struct fi_info *probe(const char *prov, bool *dc_p, bool *source_p)
 {
   static const bool tries[4][2] = {{1, 1}, {0, 1}, {1, 0}, {0, 0}};
   /* HIXL_FABRIC_DC=0: as if the provider had no delivery completion (tests
    * the read-after-write path with a provider that has it). */
   const char *dcenv = getenv("HIXL_FABRIC_DC");
   int first = dcenv && strcmp(dcenv, "0") == 0 ? 2 : 0;
-  for (int t = first; t < 4; t++) {
-    struct fi_info *h = hints_for(prov, tries[t][0], tries[t][1]), *info = NULL;
+  for (int st = 0; st < 8; st++) {
+    int t = first + st % 4;
+    bool source = st < 4;
+    if (t >= 4)
+      continue;
+    struct fi_info *h = hints_for(prov, tries[t][0], tries[t][1], source), *info = NULL;
     if (h == NULL)
       return NULL;
     int rc = getinfo_keep_signals(h, &info);
@@ -164,6 +170,7 @@ static struct fi_info *probe(const char *prov, bool *dc_p)
           struct fi_info *one = fi_dupinfo(i);
           fi_freeinfo(info);
           *dc_p = tries[t][1];
+          *source_p = source;
           return one;
         }
       fi_freeinfo(info);
@@ -230,7 +237,7 @@ static hixl_status_t open_all(fab_ctx_t *fc)
   if ((rc = fi_ep_bind(fc->ep, &fc->cq->fid, FI_TRANSMIT | FI_RECV)) ||
       (rc = fi_ep_bind(fc->ep, &fc->av->fid, 0)) || (rc = fi_enable(fc->ep)))
     return hixl__fab_err(HIXL_ERR_TRANSPORT, "binding the endpoint", rc);
-  fc->addrlen = sizeof(fc->addr);
+  fc->addrlen = sizeof(fc->addr) - sizeof(uint64_t); /* + a cookie in a bind's blob */
   if ((rc = fi_getname(&fc->ep->fid, fc->addr, &fc->addrlen)))
     return hixl__fab_err(HIXL_ERR_TRANSPORT, "fi_getname", rc);
   /* Notification receives. */
@@ -238,12 +245,9 @@ static hixl_status_t open_all(fab_ctx_t *fc)
   if (fc->rbufs == NULL)
     return hixl__err(HIXL_ERR_NOMEM, "fabric: no memory for receive buffers");
   if (fc->mr_local &&
-      (rc = fi_mr_reg(fc->domain, fc->rbufs, FAB_RECV_COUNT * FAB_MSG_SIZE, FI_RECV, 0,
-                      atomic_fetch_add(&fc->next_key, 1), 0, &fc->rbufs_mr, NULL)))
+      (rc = hixl__fab_mr_reg(fc, fc->rbufs, FAB_RECV_COUNT * FAB_MSG_SIZE, FI_RECV,
+                             &fc->rbufs_mr)))
     return hixl__fab_err(HIXL_ERR_TRANSPORT, "fi_mr_reg (receive buffers)", rc);
-  if (fc->rbufs_mr && fc->mr_endpoint &&
-      ((rc = fi_mr_bind(fc->rbufs_mr, &fc->ep->fid, 0)) || (rc = fi_mr_enable(fc->rbufs_mr))))
-    return hixl__fab_err(HIXL_ERR_TRANSPORT, "fi_mr_bind (receive buffers)", rc);
   return hixl__fab_post_recvs(fc);
 }
 
@@ -283,15 +287,15 @@ static hixl_status_t fab_ctx_init(hixl_ctx_t *ctx)
     return lst;
   const char *want = getenv("HIXL_FABRIC_PROVIDER");
   struct fi_info *info = NULL;
-  bool dc = false;
+  bool dc = false, source = false;
   if (want && *want) {
-    info = probe(want, &dc);
+    info = probe(want, &dc, &source);
     if (info == NULL)
       return hixl__err(HIXL_ERR_NO_DEVICE, "fabric: provider \"%s\" (HIXL_FABRIC_PROVIDER) "
                        "offers no reliable endpoint with RMA and messages here", want);
   } else {
     for (size_t i = 0; i < sizeof(prefer) / sizeof(prefer[0]) && info == NULL; i++)
-      info = probe(prefer[i], &dc);
+      info = probe(prefer[i], &dc, &source);
     if (info == NULL)
       return hixl__err(HIXL_ERR_NO_DEVICE, "fabric: no libfabric provider with reliable "
                        "endpoints, RMA and messages");
@@ -306,7 +310,6 @@ static hixl_status_t fab_ctx_init(hixl_ctx_t *ctx)
   pthread_mutex_init(&fc->poll_lock, NULL);
   pthread_mutex_init(&fc->op_lock, NULL);
   pthread_rwlock_init(&fc->lreg_lock, NULL);
-  atomic_init(&fc->next_key, 1);
   snprintf(fc->prov, sizeof(fc->prov), "%s", info->fabric_attr->prov_name);
   fc->mr_mode = info->domain_attr->mr_mode;
   fc->virt_addr = fc->mr_mode & (FI_MR_VIRT_ADDR | FI_MR_BASIC);
@@ -321,6 +324,7 @@ static hixl_status_t fab_ctx_init(hixl_ctx_t *ctx)
   /* Completion = visible at the target: delivery completion, or a read
    * behind each put (read-after-write order). */
   fc->dc = dc;
+  fc->source = source;
   fc->tx_flags = FI_COMPLETION | (dc ? FI_DELIVERY_COMPLETE : 0);
   if (!dc && !(order & FI_ORDER_RAW)) {
     hixl_status_t e = hixl__err(HIXL_ERR_NO_DEVICE, "fabric: %s has neither delivery "
@@ -348,19 +352,66 @@ static hixl_status_t fab_ctx_init(hixl_ctx_t *ctx)
     return st;
   }
   hixl_info("fabric: provider %s (%s progress), %s atomics, %s notifications, %s, mr_mode "
-            "%#llx", fc->prov, fc->manual ? "manual" : "auto",
+            "%#llx, %s", fc->prov, fc->manual ? "manual" : "auto",
             fc->atomics ? "native" : "owner-executed", fc->ordered ? "ordered" : "waiting",
-            fc->dc ? "delivery complete" : "read after write", (unsigned long long)fc->mr_mode);
+            fc->dc ? "delivery complete" : "read after write", (unsigned long long)fc->mr_mode,
+            fc->source ? "senders by address (FI_SOURCE) and cookie" : "senders by cookie");
   return HIXL_OK;
 }
 
 static void fab_ctx_fini(hixl_ctx_t *ctx)
 {
-  fc_free(FC(ctx));
+  fab_ctx_t *fc = FC(ctx);
+  if (fc && fc->n_dropped)
+    hixl_info("fabric: %llu notification messages from unbound senders were dropped",
+              (unsigned long long)fc->n_dropped);
+  fc_free(fc);
   ctx->tp[HIXL_TP_FABRIC] = NULL;
 }
 
 /* ------------------------------------------------------------ regions */
+
+uint64_t hixl__fab_rand64(void)
+{
+  uint64_t v = 0;
+  size_t got = 0;
+  while (got < sizeof(v)) {
+    ssize_t n = getrandom((uint8_t *)&v + got, sizeof(v) - got, 0);
+    if (n > 0)
+      got += (size_t)n;
+    else if (n < 0 && errno != EINTR && errno != EAGAIN)
+      abort(); /* no randomness: a guessable key would open every region */
+  }
+  return v;
+}
+
+/* Keys are capabilities on the wire: whoever reaches our endpoint with a
+ * valid key and address reads (and, with FI_REMOTE_WRITE, writes) the
+ * region.  Never sequential: the provider's keys, else 64 random bits
+ * (within the provider's key size), a new draw when one is taken. */
+int hixl__fab_mr_reg(fab_ctx_t *fc, void *buf, size_t len, uint64_t access,
+                     struct fid_mr **mr_p)
+{
+  size_t ksz = fc->info->domain_attr->mr_key_size;
+  uint64_t mask = ksz == 0 || ksz >= 8 ? ~0ull : (1ull << (8 * ksz)) - 1;
+  int rc = -FI_ENOKEY;
+  *mr_p = NULL;
+  for (int tries = 0; tries < 16 && rc == -FI_ENOKEY; tries++) {
+    uint64_t key = fc->prov_key ? 0 : hixl__fab_rand64() & mask;
+    rc = fi_mr_reg(fc->domain, buf, len, access, 0, key, 0, mr_p, NULL);
+    if (rc != 0)
+      *mr_p = NULL;
+    if (fc->prov_key)
+      break;
+  }
+  if (rc == 0 && fc->mr_endpoint && (rc = fi_mr_bind(*mr_p, &fc->ep->fid, 0)) == 0)
+    rc = fi_mr_enable(*mr_p);
+  if (rc && *mr_p) {
+    fi_close(&(*mr_p)->fid);
+    *mr_p = NULL;
+  }
+  return rc;
+}
 
 static hixl_status_t fab_mr_reg(hixl_mr_t *mr)
 {
@@ -376,6 +427,14 @@ static hixl_status_t fab_mr_reg(hixl_mr_t *mr)
       return HIXL_OK;
     }
   }
+  /* A region no peer may touch is not exposed at all: registered only when
+   * local operations need its descriptor (FI_MR_LOCAL), without remote
+   * rights, and its key is never handed out (hixl__fabric_mr_key). */
+  bool remote = mr->access != 0;
+  if (!remote && !(fc->mr_local && mr->device < 0))
+    return HIXL_OK;
+  /* Remote rights exactly as granted, so a provider that checks them
+   * (libfabric's util MR map does) refuses the rest on the wire. */
   uint64_t acc = FI_READ | FI_WRITE | FI_SEND | FI_RECV;
   if (mr->access & HIXL_ACCESS_READ)
     acc |= FI_REMOTE_READ;
@@ -384,14 +443,9 @@ static hixl_status_t fab_mr_reg(hixl_mr_t *mr)
   fab_mr_t *m = calloc(1, sizeof(*m));
   if (m == NULL)
     return hixl__err(HIXL_ERR_NOMEM, "fabric: no memory for a region");
-  int rc = fi_mr_reg(fc->domain, buf, mr->len, acc, 0, atomic_fetch_add(&fc->next_key, 1), 0,
-                     &m->mr, NULL);
-  if (rc == 0 && fc->mr_endpoint &&
-      ((rc = fi_mr_bind(m->mr, &fc->ep->fid, 0)) == 0))
-    rc = fi_mr_enable(m->mr);
+  m->remote = remote;
+  int rc = hixl__fab_mr_reg(fc, buf, mr->len, acc, &m->mr);
   if (rc) {
-    if (m->mr)
-      fi_close(&m->mr->fid);
     free(m);
     return hixl__fab_err(HIXL_ERR_NOMEM, "fi_mr_reg", rc);
   }
@@ -446,7 +500,7 @@ static void fab_mr_dereg(hixl_mr_t *mr)
 bool hixl__fabric_mr_key(const hixl_mr_t *mr, uint64_t *key_p, uint64_t *base_p)
 {
   const fab_mr_t *m = mr->tp[HIXL_TP_FABRIC];
-  if (m == NULL)
+  if (m == NULL || !m->remote)
     return false;
   *key_p = m->key;
   *base_p = m->base;
@@ -479,7 +533,7 @@ static bool fab_usable(hixl_ctx_t *ctx, const hixl_msg_t *hello)
 }
 
 static hixl_status_t smap_add(fab_ctx_t *fc, hixl_peer_t *peer)
-{
+{ /* peer->tp set */
   pthread_mutex_lock(&fc->poll_lock);
   if (fc->n_smap == fc->cap_smap) {
     size_t cap = fc->cap_smap ? 2 * fc->cap_smap : 16;
@@ -491,34 +545,58 @@ static hixl_status_t smap_add(fab_ctx_t *fc, hixl_peer_t *peer)
     fc->smap = v;
     fc->cap_smap = cap;
   }
-  fc->smap[fc->n_smap++] = (struct fab_smap){peer->remote_ctx_id, peer};
+  fab_peer_t *fp = peer->tp;
+  fc->smap[fc->n_smap++] = (struct fab_smap){fp->fa, fp->rx_cookie, peer};
   pthread_mutex_unlock(&fc->poll_lock);
   return HIXL_OK;
 }
 
-hixl_peer_t *hixl__fab_sender(fab_ctx_t *fc, uint64_t id)
+hixl_peer_t *hixl__fab_sender(fab_ctx_t *fc, fi_addr_t src, uint64_t cookie)
 {
-  /* The newest binding of that context (a reconnect replaces the old). */
+  /* The newest binding (a reconnect replaces the old).  With FI_SOURCE the
+   * address picks the peer and the cookie must be the one we gave it; the
+   * payload's sender id is never believed. */
   for (size_t i = fc->n_smap; i-- > 0;)
-    if (fc->smap[i].id == id)
+    if ((!fc->source || fc->smap[i].fa == src) && fc->smap[i].cookie == cookie)
       return fc->smap[i].peer;
+  fc->n_dropped++;
+  if (fc->n_dropped == 1 || (fc->n_dropped & (fc->n_dropped - 1)) == 0)
+    hixl_warn("fabric: dropped a notification from an unbound sender (%llu so far)",
+              (unsigned long long)fc->n_dropped);
   return NULL;
 }
 
-/* A peer's fabric state: its address in our vector, its inbox. */
-static hixl_status_t attach_peer(hixl_peer_t *peer, const uint8_t *addr, size_t len)
+/* An endpoint name travels with a cookie: name || 8 bytes (little-endian). */
+static size_t blob_with_cookie(uint8_t *blob, const fab_ctx_t *fc, uint64_t cookie)
+{
+  memcpy(blob, fc->addr, fc->addrlen);
+  uint64_t le = htole64(cookie);
+  memcpy(blob + fc->addrlen, &le, sizeof(le));
+  return fc->addrlen + sizeof(le);
+}
+
+/* A peer's fabric state: its address in our vector, its inbox, the
+ * cookies (blob: its name || its cookie for us). */
+static hixl_status_t attach_peer(hixl_peer_t *peer, const uint8_t *blob, size_t len,
+                                 uint64_t rx_cookie)
 {
   fab_ctx_t *fc = FC(peer->ctx);
+  if (len <= sizeof(uint64_t))
+    return hixl__err(HIXL_ERR_TRANSPORT, "fabric: %s sent a malformed endpoint name",
+                     peer->name);
   fab_peer_t *fp = calloc(1, sizeof(*fp));
   if (fp == NULL)
     return hixl__err(HIXL_ERR_NOMEM, "fabric: no memory for a peer");
   fp->peer = peer;
-  int rc = fi_av_insert(fc->av, addr, 1, &fp->fa, 0, NULL);
+  fp->rx_cookie = rx_cookie;
+  uint64_t le;
+  memcpy(&le, blob + len - sizeof(le), sizeof(le));
+  fp->tx_cookie = le64toh(le);
+  int rc = fi_av_insert(fc->av, blob, 1, &fp->fa, 0, NULL);
   if (rc != 1) {
     free(fp);
     return hixl__fab_err(HIXL_ERR_TRANSPORT, "fi_av_insert", rc < 0 ? rc : -FI_EINVAL);
   }
-  (void)len;
   peer->inbox = aligned_alloc(HIXL_CACHELINE, hixl_ring_bytes(FAB_NOTIF_RING));
   if (peer->inbox == NULL) {
     fi_av_remove(fc->av, &fp->fa, 1, 0);
@@ -526,15 +604,16 @@ static hixl_status_t attach_peer(hixl_peer_t *peer, const uint8_t *addr, size_t 
     return hixl__err(HIXL_ERR_NOMEM, "fabric: no memory for an inbox");
   }
   hixl_ring_init(peer->inbox, FAB_NOTIF_RING);
+  peer->tp = fp;
   hixl_status_t st = smap_add(fc, peer);
   if (st != HIXL_OK) {
+    peer->tp = NULL;
     free(peer->inbox);
     peer->inbox = NULL;
     fi_av_remove(fc->av, &fp->fa, 1, 0);
     free(fp);
     return st;
   }
-  peer->tp = fp;
   return HIXL_OK;
 }
 
@@ -544,8 +623,8 @@ static hixl_status_t fab_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64
   fab_ctx_t *fc = FC(peer->ctx);
   hixl_msg_t m = {.type = HIXL_MSG_FABRIC_BIND}, r;
   snprintf(m.str[0], sizeof(m.str[0]), "%s", fc->prov);
-  memcpy(m.blob, fc->addr, fc->addrlen);
-  m.blob_len = (uint32_t)fc->addrlen;
+  uint64_t rx_cookie = hixl__fab_rand64();
+  m.blob_len = (uint32_t)blob_with_cookie(m.blob, fc, rx_cookie);
   m.u64[0] = peer->ctx->id;
   hixl_status_t st = hixl__send(peer, &m, NULL, 0);
   if (st == HIXL_OK)
@@ -558,7 +637,7 @@ static hixl_status_t fab_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64
                          : HIXL_ERR_TRANSPORT,
                      "fabric: %s refused our endpoint (%s%s%s)", peer->name,
                      hixl_strerror(r.status), r.str[0][0] ? ": " : "", r.str[0]);
-  return attach_peer(peer, r.blob, r.blob_len);
+  return attach_peer(peer, r.blob, r.blob_len, rx_cookie);
 }
 
 static void fab_accept(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out)
@@ -572,16 +651,15 @@ static void fab_accept(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out)
              m->str[0]);
     return;
   }
-  hixl_status_t st = m->blob_len ? attach_peer(peer, m->blob, m->blob_len)
-                                 : hixl__err(HIXL_ERR_TRANSPORT, "fabric: empty address");
+  uint64_t rx_cookie = hixl__fab_rand64();
+  hixl_status_t st = attach_peer(peer, m->blob, m->blob_len, rx_cookie);
   out->status = st;
   if (st != HIXL_OK) {
     snprintf(out->str[0], sizeof(out->str[0]), "%s", hixl_last_error());
     return;
   }
   snprintf(out->str[0], sizeof(out->str[0]), "%s", fc->prov);
-  memcpy(out->blob, fc->addr, fc->addrlen);
-  out->blob_len = (uint32_t)fc->addrlen;
+  out->blob_len = (uint32_t)blob_with_cookie(out->blob, fc, rx_cookie);
 }
 
 static void fab_peer_close(hixl_peer_t *peer)

@@ -58,8 +58,8 @@ typedef struct fab_msg {
   uint32_t magic;
   uint32_t imm;
   uint64_t len;
-  uint64_t sender; /* the sender's context id: which peer it is */
-  uint64_t reserved;
+  uint64_t sender; /* the sender's context id: informational, never trusted */
+  uint64_t cookie; /* the receiver's secret for this peer (FABRIC_BIND): checked */
 } fab_msg_t;
 _Static_assert(sizeof(fab_msg_t) == FAB_MSG_SIZE, "notification message size");
 
@@ -69,6 +69,7 @@ typedef struct fab_mr {
   uint64_t key;
   uint64_t base; /* remote address of byte 0: its address (FI_MR_VIRT_ADDR), else 0 */
   void *desc;    /* fi_mr_desc, for FI_MR_LOCAL */
+  bool remote;   /* exposed to peers (access != 0): its key may be handed out */
 } fab_mr_t;
 
 /* Local regions (for FI_MR_LOCAL providers: their descriptors). */
@@ -94,9 +95,9 @@ typedef struct fab_ctx {
   bool atomics;       /* native 64-bit FAA and CAS */
   bool manual;        /* data progress is manual (the progress thread drives it) */
   bool dc;            /* FI_DELIVERY_COMPLETE (else a read follows each put) */
+  bool source;        /* FI_SOURCE: completions name the sender's fi_addr */
   uint64_t tx_flags;  /* FI_COMPLETION, + FI_DELIVERY_COMPLETE */
   size_t max_msg;
-  _Atomic uint64_t next_key; /* requested keys (no FI_MR_PROV_KEY) */
   /* Notification receives. */
   uint8_t *rbufs;
   struct fid_mr *rbufs_mr;
@@ -120,22 +121,28 @@ typedef struct fab_ctx {
   pthread_rwlock_t lreg_lock;
   fab_lreg_t *lregs;
   size_t n_lregs, cap_lregs;
-  /* Peers by sender context id, for incoming notifications (poll_lock). */
-  struct fab_smap { uint64_t id; hixl_peer_t *peer; } *smap;
+  /* Bound peers, for incoming notifications (poll_lock): a message is taken
+   * only from a peer's fi_addr (FI_SOURCE) and with the cookie we gave it
+   * at FABRIC_BIND; anything else is dropped and counted (n_dropped). */
+  struct fab_smap { fi_addr_t fa; uint64_t cookie; hixl_peer_t *peer; } *smap;
   size_t n_smap, cap_smap;
+  uint64_t n_dropped;
   /* Notifications that found their ring full: kept in arrival order and
    * retried; past FAB_PEND_MAX their receive buffers stay parked (not
    * reposted), so the provider holds back what comes next. */
 #define FAB_PEND_MAX (FAB_RECV_COUNT * 16)
-  fab_msg_t pend[FAB_PEND_MAX];
+  struct fab_pend { fab_msg_t m; fi_addr_t src; } pend[FAB_PEND_MAX];
   int n_pend;
   int parked[FAB_RECV_COUNT];
+  fi_addr_t parked_src[FAB_RECV_COUNT]; /* by receive buffer */
   int n_parked;
 } fab_ctx_t;
 
 typedef struct fab_peer {
   hixl_peer_t *peer;
   fi_addr_t fa;
+  uint64_t tx_cookie; /* the peer's secret for us: in every notification we send */
+  uint64_t rx_cookie; /* ours for it: its notifications must carry it */
   _Atomic int outstanding; /* posted, not completed */
 } fab_peer_t;
 
@@ -163,7 +170,15 @@ static inline fab_ctx_t *hixl__fc(hixl_ctx_t *ctx) { return ctx->tp[HIXL_TP_FABR
 hixl_status_t hixl__fab_err(hixl_status_t st, const char *what, ssize_t rc);
 /* The descriptor of a hixl region holding [p, p+len), or NULL. */
 void *hixl__fab_region_desc(fab_ctx_t *fc, const void *p, size_t len);
-hixl_peer_t *hixl__fab_sender(fab_ctx_t *fc, uint64_t id);
+/* The bound peer that sent a message from src (FI_ADDR_NOTAVAIL without
+ * FI_SOURCE) carrying cookie, or NULL (poll_lock). */
+hixl_peer_t *hixl__fab_sender(fab_ctx_t *fc, fi_addr_t src, uint64_t cookie);
+/* 64 random bits (getrandom). */
+uint64_t hixl__fab_rand64(void);
+/* fi_mr_reg with an unguessable key: the provider's (FI_MR_PROV_KEY) or a
+ * random one (retried on a collision); bound and enabled for FI_MR_ENDPOINT. */
+int hixl__fab_mr_reg(fab_ctx_t *fc, void *buf, size_t len, uint64_t access,
+                     struct fid_mr **mr_p);
 
 /* post.c */
 hixl_status_t hixl__fab_put(hixl_peer_t *peer, const void *src, size_t len, hixl_rmr_t *rmr,

@@ -88,10 +88,7 @@ static hixl_status_t local_desc(fab_ctx_t *fc, fab_op_t *op, void *buf, size_t l
     return HIXL_OK;
   if ((*desc_p = hixl__fab_region_desc(fc, buf, len)) != NULL)
     return HIXL_OK;
-  int rc = fi_mr_reg(fc->domain, buf, len, FI_READ | FI_WRITE | FI_SEND | FI_RECV, 0,
-                     atomic_fetch_add(&fc->next_key, 1), 0, &op->tmp_mr, NULL);
-  if (rc == 0 && fc->mr_endpoint && (rc = fi_mr_bind(op->tmp_mr, &fc->ep->fid, 0)) == 0)
-    rc = fi_mr_enable(op->tmp_mr);
+  int rc = hixl__fab_mr_reg(fc, buf, len, FI_READ | FI_WRITE | FI_SEND | FI_RECV, &op->tmp_mr);
   if (rc)
     return hixl__fab_err(HIXL_ERR_NOMEM, "fi_mr_reg (a local buffer)", rc);
   *desc_p = fi_mr_desc(op->tmp_mr);
@@ -263,7 +260,8 @@ hixl_status_t hixl__fab_notify(hixl_peer_t *peer, uint32_t imm, uint64_t len, hi
   if (op == NULL)
     return hixl__err(HIXL_ERR_NOMEM, "fabric: no memory for an operation");
   op->msg = (fab_msg_t){.magic = htole32(FAB_MSG_MAGIC), .imm = htole32(imm),
-                        .len = htole64(len), .sender = htole64(peer->ctx->id)};
+                        .len = htole64(len), .sender = htole64(peer->ctx->id),
+                        .cookie = htole64(fp->tx_cookie)};
   void *desc = NULL;
   bool inject = fc->info->tx_attr->inject_size >= FAB_MSG_SIZE;
   if (!inject && (st = local_desc(fc, op, &op->msg, FAB_MSG_SIZE, &desc)) != HIXL_OK) {
@@ -376,12 +374,15 @@ static void repost(fab_ctx_t *fc, int i)
     hixl_warn("fabric: reposting a receive: %s", fi_strerror((int)-rc));
 }
 
-/* Deliver one notification; false when its peer's ring is full (poll_lock). */
-static bool deliver(fab_ctx_t *fc, const fab_msg_t *m)
+/* Deliver one notification that came from src; false when its peer's ring
+ * is full (poll_lock).  Only a bound peer's, by its address and cookie. */
+static bool deliver(fab_ctx_t *fc, const fab_msg_t *m, fi_addr_t src)
 {
-  if (le32toh(m->magic) != FAB_MSG_MAGIC)
+  if (le32toh(m->magic) != FAB_MSG_MAGIC) {
+    fc->n_dropped++;
     return true; /* not ours: dropped */
-  hixl_peer_t *p = hixl__fab_sender(fc, le64toh(m->sender));
+  }
+  hixl_peer_t *p = hixl__fab_sender(fc, src, le64toh(m->cookie));
   if (p == NULL || p->inbox == NULL)
     return true; /* gone */
   return hixl_ring_push(p->inbox, le32toh(m->imm), le64toh(m->len));
@@ -392,7 +393,7 @@ static bool deliver(fab_ctx_t *fc, const fab_msg_t *m)
 static bool deliver_pending(fab_ctx_t *fc)
 {
   int k = 0;
-  while (k < fc->n_pend && deliver(fc, &fc->pend[k]))
+  while (k < fc->n_pend && deliver(fc, &fc->pend[k].m, fc->pend[k].src))
     k++;
   memmove(fc->pend, fc->pend + k, (size_t)(fc->n_pend - k) * sizeof(fc->pend[0]));
   fc->n_pend -= k;
@@ -402,7 +403,7 @@ static bool deliver_pending(fab_ctx_t *fc)
   while (j < fc->n_parked) {
     fab_msg_t m;
     memcpy(&m, fc->rbufs + (size_t)fc->parked[j] * FAB_MSG_SIZE, sizeof(m));
-    if (!deliver(fc, &m))
+    if (!deliver(fc, &m, fc->parked_src[fc->parked[j]]))
       break;
     repost(fc, fc->parked[j++]);
   }
@@ -412,16 +413,22 @@ static bool deliver_pending(fab_ctx_t *fc)
 }
 
 /* A received notification (poll_lock held). */
-static void on_recv(fab_ctx_t *fc, int ri)
+static void on_recv(fab_ctx_t *fc, int ri, size_t len, fi_addr_t src)
 {
   fab_msg_t m;
+  if (len != FAB_MSG_SIZE) { /* short: not one of ours */
+    fc->n_dropped++;
+    repost(fc, ri);
+    return;
+  }
   memcpy(&m, fc->rbufs + (size_t)ri * FAB_MSG_SIZE, sizeof(m));
-  if (fc->n_pend == 0 && fc->n_parked == 0 && deliver(fc, &m)) {
+  if (fc->n_pend == 0 && fc->n_parked == 0 && deliver(fc, &m, src)) {
     repost(fc, ri);
   } else if (fc->n_parked == 0 && fc->n_pend < FAB_PEND_MAX) {
-    fc->pend[fc->n_pend++] = m;
+    fc->pend[fc->n_pend++] = (struct fab_pend){m, src};
     repost(fc, ri);
   } else {
+    fc->parked_src[ri] = src;
     fc->parked[fc->n_parked++] = ri; /* at most FAB_RECV_COUNT: one per buffer */
   }
 }
@@ -452,11 +459,14 @@ static hixl_status_t cq_err_status(const struct fi_cq_err_entry *e)
 static int poll_locked(fab_ctx_t *fc)
 {
   struct fi_cq_data_entry e[32];
+  fi_addr_t src[32];
   int total = 0;
   if (fc->n_pend || fc->n_parked)
     deliver_pending(fc);
   for (;;) {
-    ssize_t n = fi_cq_read(fc->cq, e, 32);
+    /* With FI_SOURCE each entry names its sender's fi_addr (FI_ADDR_NOTAVAIL:
+     * not in our vector, i.e. no peer that completed a bind). */
+    ssize_t n = fc->source ? fi_cq_readfrom(fc->cq, e, 32, src) : fi_cq_read(fc->cq, e, 32);
     if (n == -FI_EAVAIL) {
       struct fi_cq_err_entry err = {0};
       if (fi_cq_readerr(fc->cq, &err, 0) != 1)
@@ -488,7 +498,7 @@ static int poll_locked(fab_ctx_t *fc)
     for (ssize_t i = 0; i < n; i++) {
       int ri = recv_index(fc, e[i].op_context);
       if (ri >= 0) {
-        on_recv(fc, ri);
+        on_recv(fc, ri, e[i].len, fc->source ? src[i] : FI_ADDR_NOTAVAIL);
       } else {
         op_finish(fc, e[i].op_context, HIXL_OK);
       }
