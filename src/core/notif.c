@@ -29,7 +29,7 @@ hixl_status_t hixl__notify_push(hixl_peer_t *peer, hixl_ring_t *ring, uint32_t i
       return hixl__err(HIXL_ERR_AGAIN,
                        "notify: notification ring of peer %s full (%llu entries) for %d ms: "
                        "the target does not poll notifications",
-                       peer->name, (unsigned long long)ring->cap, timeout);
+                       peer->name, (unsigned long long)hixl_ring_cap(ring), timeout);
     hixl__backoff(&it);
   }
   hixl_ring_publish(ring, pos, imm, len);

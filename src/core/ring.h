@@ -30,56 +30,103 @@ typedef struct hixl_ring_cell {
   uint64_t pad;
 } hixl_ring_cell_t;
 
-typedef struct hixl_ring {
+/* The part producers write: what may live in memory another process maps
+ * (shm).  magic and cap only identify it; nobody reads cap for bounds. */
+typedef struct hixl_ring_shared {
   uint64_t magic;
-  uint64_t cap; /* power of two */
+  uint64_t cap; /* power of two: informational */
   char pad0[48];
   _Atomic uint64_t head; /* next position to produce */
   char pad1[56];
-  _Atomic uint64_t tail; /* next position to consume */
-  char pad2[56];
   hixl_ring_cell_t cells[];
+} hixl_ring_shared_t;
+
+/* Each side's private view: the mask (cap - 1) and, for the consumer, the
+ * next position to consume.  Never in shared memory, so a peer that
+ * scribbles the shared part can at worst garble or stall its own
+ * notifications: every index is masked with the private cap, and no loop
+ * waits on a word the peer may hold still. */
+typedef struct hixl_ring {
+  uint64_t mask;
+  hixl_ring_shared_t *sh;
+  char pad0[48];
+  _Atomic uint64_t tail; /* next position to consume */
+  char pad1[56];
 } hixl_ring_t;
 
 #define HIXL_RING_MAGIC 0x474e495248584948ull /* "HIXHRING" */
 
-static inline size_t hixl_ring_bytes(uint64_t cap)
+/* A producer's claim gives up (as if full) after this many positions that
+ * moved under it: only a ring scribbled by its owner gets there. */
+#define HIXL_RING_CLAIM_RETRIES 4096u
+
+static inline size_t hixl_ring_shared_bytes(uint64_t cap)
 {
-  return sizeof(hixl_ring_t) + cap * sizeof(hixl_ring_cell_t);
+  return sizeof(hixl_ring_shared_t) + cap * sizeof(hixl_ring_cell_t);
 }
 
-/* cap must be a power of two >= 2. */
-static inline void hixl_ring_init(hixl_ring_t *r, uint64_t cap)
+/* A local ring: view and shared part in one allocation of this size. */
+static inline size_t hixl_ring_bytes(uint64_t cap)
 {
-  r->magic = HIXL_RING_MAGIC;
-  r->cap = cap;
+  return sizeof(hixl_ring_t) + hixl_ring_shared_bytes(cap);
+}
+
+static inline uint64_t hixl_ring_cap(const hixl_ring_t *r) { return r->mask + 1; }
+
+/* cap must be a power of two >= 2.  Initialise the shared part. */
+static inline void hixl_ring_shared_init(hixl_ring_shared_t *sh, uint64_t cap)
+{
+  sh->magic = HIXL_RING_MAGIC;
+  sh->cap = cap;
   for (uint64_t i = 0; i < cap; i++)
-    atomic_store_explicit(&r->cells[i].seq, i, memory_order_relaxed);
-  atomic_store_explicit(&r->head, 0, memory_order_relaxed);
+    atomic_store_explicit(&sh->cells[i].seq, i, memory_order_relaxed);
+  atomic_store_explicit(&sh->head, 0, memory_order_release);
+}
+
+/* A view of a shared part of cap cells (ours, or mapped from a peer). */
+static inline void hixl_ring_attach(hixl_ring_t *r, hixl_ring_shared_t *sh, uint64_t cap)
+{
+  r->mask = cap - 1;
+  r->sh = sh;
   atomic_store_explicit(&r->tail, 0, memory_order_release);
 }
 
-/* A ring mapped from a peer: check it is one of ours and of the size we
- * expect before trusting its indices. */
-static inline bool hixl_ring_valid(const hixl_ring_t *r, uint64_t cap)
+/* A local ring in hixl_ring_bytes(cap) bytes at r (cap a power of two >= 2). */
+static inline void hixl_ring_init(hixl_ring_t *r, uint64_t cap)
 {
-  return r->magic == HIXL_RING_MAGIC && r->cap == cap && cap >= 2 && (cap & (cap - 1)) == 0;
+  hixl_ring_shared_t *sh = (hixl_ring_shared_t *)(void *)(r + 1);
+  hixl_ring_shared_init(sh, cap);
+  hixl_ring_attach(r, sh, cap);
 }
 
-/* Claim the next free position; false if the ring is full.  *pos_p is then
- * passed to hixl_ring_publish.  Splitting claim from publish lets a put
- * reserve its notification before moving data, so a full ring fails the put
- * before anything is written. */
+/* A shared part mapped from a peer: check it is one of ours and of the
+ * size we expect (a check at mapping time only: cap is never re-read). */
+static inline bool hixl_ring_shared_valid(const hixl_ring_shared_t *sh, uint64_t cap)
+{
+  return sh->magic == HIXL_RING_MAGIC && sh->cap == cap && cap >= 2 && (cap & (cap - 1)) == 0;
+}
+
+static inline bool hixl_ring_valid(const hixl_ring_t *r, uint64_t cap)
+{
+  return r->mask == cap - 1 && hixl_ring_shared_valid(r->sh, cap);
+}
+
+/* Claim the next free position; false if the ring is full (or, bounded,
+ * if its shared words keep moving under us).  *pos_p is then passed to
+ * hixl_ring_publish.  Splitting claim from publish lets a put reserve its
+ * notification before moving data, so a full ring fails the put before
+ * anything is written. */
 static inline bool hixl_ring_claim(hixl_ring_t *r, uint64_t *pos_p)
 {
-  uint64_t mask = r->cap - 1;
-  uint64_t pos = atomic_load_explicit(&r->head, memory_order_relaxed);
-  for (;;) {
-    hixl_ring_cell_t *c = &r->cells[pos & mask];
+  uint64_t mask = r->mask;
+  hixl_ring_shared_t *sh = r->sh;
+  uint64_t pos = atomic_load_explicit(&sh->head, memory_order_relaxed);
+  for (unsigned tries = 0; tries < HIXL_RING_CLAIM_RETRIES; tries++) {
+    hixl_ring_cell_t *c = &sh->cells[pos & mask];
     uint64_t seq = atomic_load_explicit(&c->seq, memory_order_acquire);
     int64_t diff = (int64_t)(seq - pos);
     if (diff == 0) {
-      if (atomic_compare_exchange_weak_explicit(&r->head, &pos, pos + 1, memory_order_relaxed,
+      if (atomic_compare_exchange_weak_explicit(&sh->head, &pos, pos + 1, memory_order_relaxed,
                                                 memory_order_relaxed)) {
         *pos_p = pos;
         return true;
@@ -87,14 +134,15 @@ static inline bool hixl_ring_claim(hixl_ring_t *r, uint64_t *pos_p)
     } else if (diff < 0) {
       return false;
     } else {
-      pos = atomic_load_explicit(&r->head, memory_order_relaxed);
+      pos = atomic_load_explicit(&sh->head, memory_order_relaxed);
     }
   }
+  return false;
 }
 
 static inline void hixl_ring_publish(hixl_ring_t *r, uint64_t pos, uint32_t imm, uint64_t len)
 {
-  hixl_ring_cell_t *c = &r->cells[pos & (r->cap - 1)];
+  hixl_ring_cell_t *c = &r->sh->cells[pos & r->mask];
   c->imm = imm;
   c->len = len;
   c->flags = 0;
@@ -110,13 +158,18 @@ static inline bool hixl_ring_push(hixl_ring_t *r, uint32_t imm, uint64_t len)
   return true;
 }
 
-/* Take the oldest entry; false if none is published yet. */
+/* Take the oldest entry; false if none is published yet.  The position is
+ * the view's own (private) tail: a cell whose seq is not exactly the one
+ * expected is not ready, and we return rather than wait on it (a seq
+ * ahead of us can only move on if another consumer of this view took the
+ * position, which the private tail then shows). */
 static inline bool hixl_ring_pop(hixl_ring_t *r, uint32_t *imm_p, uint64_t *len_p)
 {
-  uint64_t mask = r->cap - 1;
+  uint64_t mask = r->mask;
+  hixl_ring_shared_t *sh = r->sh;
   uint64_t pos = atomic_load_explicit(&r->tail, memory_order_relaxed);
   for (;;) {
-    hixl_ring_cell_t *c = &r->cells[pos & mask];
+    hixl_ring_cell_t *c = &sh->cells[pos & mask];
     uint64_t seq = atomic_load_explicit(&c->seq, memory_order_acquire);
     int64_t diff = (int64_t)(seq - (pos + 1));
     if (diff == 0) {
@@ -124,13 +177,16 @@ static inline bool hixl_ring_pop(hixl_ring_t *r, uint32_t *imm_p, uint64_t *len_
                                                 memory_order_relaxed)) {
         *imm_p = c->imm;
         *len_p = c->len;
-        atomic_store_explicit(&c->seq, pos + r->cap, memory_order_release);
+        atomic_store_explicit(&c->seq, pos + mask + 1, memory_order_release);
         return true;
       }
     } else if (diff < 0) {
       return false;
     } else {
-      pos = atomic_load_explicit(&r->tail, memory_order_relaxed);
+      uint64_t now = atomic_load_explicit(&r->tail, memory_order_relaxed);
+      if (now == pos)
+        return false; /* not ours to wait for: scribbled, or a racing consumer stalled */
+      pos = now;
     }
   }
 }
@@ -139,7 +195,7 @@ static inline bool hixl_ring_pop(hixl_ring_t *r, uint32_t *imm_p, uint64_t *len_
 static inline bool hixl_ring_maybe_nonempty(hixl_ring_t *r)
 {
   uint64_t pos = atomic_load_explicit(&r->tail, memory_order_relaxed);
-  return atomic_load_explicit(&r->cells[pos & (r->cap - 1)].seq, memory_order_acquire) == pos + 1;
+  return atomic_load_explicit(&r->sh->cells[pos & r->mask].seq, memory_order_acquire) == pos + 1;
 }
 
 #endif

@@ -121,10 +121,14 @@ hixl_status_t hixl__host_id(uint8_t out[32])
 
 int hixl__memfd(const char *name, size_t len)
 {
-  int fd = memfd_create(name, MFD_CLOEXEC);
+  int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0)
     return -1;
-  if (ftruncate(fd, (off_t)len) != 0) {
+  /* Sealed at its size before anyone else sees it: a process we lend it to
+   * cannot truncate it under our mappings or its other borrowers' (SIGBUS),
+   * nor add seals of its own.  Peers refuse unsealed ones. */
+  if (ftruncate(fd, (off_t)len) != 0 ||
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     int e = errno;
     close(fd);
     errno = e;

@@ -78,16 +78,16 @@ static void shm_free(shm_peer_t *sp)
   pthread_mutex_destroy(&sp->out.lock);
   if (sp->table)
     munmap((void *)sp->table, table_bytes());
-  if (sp->outbox)
-    munmap(sp->outbox, hixl_ring_bytes(SHM_RING_CAP));
-  if (sp->inbox)
-    munmap(sp->inbox, hixl_ring_bytes(SHM_RING_CAP));
+  if (sp->outbox_sh)
+    munmap(sp->outbox_sh, hixl_ring_shared_bytes(SHM_RING_CAP));
+  if (sp->inbox_sh)
+    munmap(sp->inbox_sh, hixl_ring_shared_bytes(SHM_RING_CAP));
   free(sp);
 }
 
 static hixl_status_t make_inbox(shm_peer_t *sp, int *fd_p)
 {
-  size_t bytes = hixl_ring_bytes(SHM_RING_CAP);
+  size_t bytes = hixl_ring_shared_bytes(SHM_RING_CAP);
   int fd = hixl__memfd("hixl-inbox", bytes);
   if (fd < 0)
     return hixl__err(HIXL_ERR_NOMEM, "shm: notification ring: %s", strerror(errno));
@@ -97,16 +97,18 @@ static hixl_status_t make_inbox(shm_peer_t *sp, int *fd_p)
     close(fd);
     return hixl__err(HIXL_ERR_NOMEM, "shm: notification ring: %s", strerror(e));
   }
-  sp->inbox = p;
-  hixl_ring_init(sp->inbox, SHM_RING_CAP);
+  sp->inbox_sh = p;
+  hixl_ring_shared_init(sp->inbox_sh, SHM_RING_CAP);
+  hixl_ring_attach(&sp->inbox, sp->inbox_sh, SHM_RING_CAP);
   *fd_p = fd;
   return HIXL_OK;
 }
 
+/* Only a sealed fd (hixl__shm_fd_sealed): the peer cannot truncate it
+ * under our mapping. */
 static void *map_fd(int fd, size_t bytes, int prot)
 {
-  struct stat st;
-  if (fstat(fd, &st) != 0 || (size_t)st.st_size < bytes)
+  if (!hixl__shm_fd_sealed(fd, bytes))
     return NULL;
   void *p = mmap(NULL, bytes, prot, MAP_SHARED, fd, 0);
   return p == MAP_FAILED ? NULL : p;
@@ -116,11 +118,15 @@ static void *map_fd(int fd, size_t bytes, int prot)
 static hixl_status_t map_theirs(shm_peer_t *sp, const int *fds, const char *who)
 {
   sp->table = map_fd(fds[0], table_bytes(), PROT_READ);
-  sp->outbox = map_fd(fds[1], hixl_ring_bytes(SHM_RING_CAP), PROT_READ | PROT_WRITE);
+  sp->outbox_sh = map_fd(fds[1], hixl_ring_shared_bytes(SHM_RING_CAP), PROT_READ | PROT_WRITE);
   close(fds[0]);
   close(fds[1]);
-  if (sp->table == NULL || sp->outbox == NULL || !hixl_ring_valid(sp->outbox, SHM_RING_CAP))
-    return hixl__err(HIXL_ERR_TRANSPORT, "shm: cannot map the segments of %s", who);
+  if (sp->table == NULL || sp->outbox_sh == NULL ||
+      !hixl_ring_shared_valid(sp->outbox_sh, SHM_RING_CAP))
+    return hixl__err(HIXL_ERR_TRANSPORT, "shm: cannot map the segments of %s (unsealed, short "
+                     "or not a ring)", who);
+  /* The capacity is ours (SHM_RING_CAP), never re-read from their memory. */
+  hixl_ring_attach(&sp->outbox, sp->outbox_sh, SHM_RING_CAP);
   return HIXL_OK;
 }
 
@@ -171,7 +177,7 @@ static hixl_status_t shm_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64
   close(inbox_fd);
   close(tcp_fd);
   peer->tp = sp;
-  peer->inbox = sp->inbox;
+  peer->inbox = &sp->inbox;
   return HIXL_OK;
 fail:
   peer->fd = tcp_fd;
@@ -208,7 +214,7 @@ hixl_status_t hixl__shm_accept(hixl_peer_t *peer, const int *fds, int nfds, int 
   out_fds[1] = inbox_fd;
   *n_out = 2;
   peer->tp = sp;
-  peer->inbox = sp->inbox;
+  peer->inbox = &sp->inbox;
   return HIXL_OK;
 }
 
@@ -286,9 +292,9 @@ static hixl_status_t shm_rmr_attach(hixl_rmr_t *r, int64_t deadline)
   size_t delta = (size_t)(off - map_off);
   size_t map_len = (delta + r->len + page - 1) & ~(page - 1);
   int prot = PROT_READ | (r->access & (HIXL_ACCESS_WRITE | HIXL_ACCESS_ATOMIC) ? PROT_WRITE : 0);
-  struct stat sst;
   void *p = MAP_FAILED;
-  if (fstat(fd, &sst) == 0 && (uint64_t)sst.st_size >= map_off + map_len)
+  errno = EPERM; /* unsealed or short: its owner could truncate it under us */
+  if (hixl__shm_fd_sealed(fd, map_off + map_len))
     p = mmap(NULL, map_len, prot, MAP_SHARED, fd, (off_t)map_off);
   int e = errno;
   close(fd);
@@ -432,7 +438,7 @@ static HIXL_HOT hixl_status_t shm_get(hixl_peer_t *peer, void *dst, size_t len, 
 static hixl_status_t shm_notify(hixl_peer_t *peer, uint32_t imm, uint64_t len, hixl_req_t *req)
 {
   (void)req;
-  return hixl__notify_push(peer, ((shm_peer_t *)peer->tp)->outbox, imm, len);
+  return hixl__notify_push(peer, &((shm_peer_t *)peer->tp)->outbox, imm, len);
 }
 
 /* A batch: blocks in mapped regions copied directly, streamed when the batch

@@ -8,6 +8,8 @@
 #ifndef HIXL_SHM_INT_H
 #define HIXL_SHM_INT_H
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 
 #include "../core/hixl_int.h"
@@ -67,8 +69,11 @@ typedef struct shm_stage_in {
 
 typedef struct shm_peer {
   const hixl_reg_slot_t *table; /* theirs, read-only */
-  hixl_ring_t *outbox;          /* their inbox: we produce */
-  hixl_ring_t *inbox;           /* ours: they produce, we consume */
+  hixl_ring_shared_t *outbox_sh; /* their inbox, mapped: we produce */
+  hixl_ring_shared_t *inbox_sh;  /* ours, mapped by them: they produce */
+  /* Our private views of both (ring.h): the capacity and our consumer
+   * position never come from the shared memory. */
+  hixl_ring_t outbox, inbox;
   /* The kernel refused CMA towards this peer (or HIXL_SHM_CMA=0): its
    * non-mapped regions are reached through the owner's copies. */
   _Atomic bool cma_refused;
@@ -97,6 +102,19 @@ typedef struct shm_ctx {
   _Atomic bool stop_flag;    /* stopping, for spinning helpers */
   pthread_t threads[SHM_CMA_MAX_THREADS];
 } shm_ctx_t;
+
+/* A memfd a peer lent us (or one of ours it mapped) may be mapped only if
+ * it cannot shrink under the mapping (a truncation would make every access
+ * past the new end SIGBUS): sealed against shrinking and against further
+ * seals, and at least need bytes long.  hixl__memfd seals every one it
+ * makes. */
+static inline bool hixl__shm_fd_sealed(int fd, uint64_t need)
+{
+  struct stat st;
+  int seals = fcntl(fd, F_GET_SEALS);
+  return seals >= 0 && (seals & (F_SEAL_SHRINK | F_SEAL_SEAL)) == (F_SEAL_SHRINK | F_SEAL_SEAL) &&
+         fstat(fd, &st) == 0 && st.st_size >= 0 && (uint64_t)st.st_size >= need;
+}
 
 /* cma.c */
 hixl_status_t hixl__shm_ctx_init(hixl_ctx_t *ctx);

@@ -1,6 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /* The MPMC notification ring: FIFO, full/empty, and exactly-once under
- * concurrent producers and consumers. */
+ * concurrent producers and consumers; and, with its shared part written by
+ * a hostile peer (absurd cap, corrupted seq, indices out of range), every
+ * call bounded and inside the ring (run it under valgrind or ASan: the
+ * rings are allocated to their exact size). */
 #define _GNU_SOURCE
 #include <setjmp.h>
 #include <stdarg.h>
@@ -10,6 +13,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ring.h"
 
@@ -42,7 +46,7 @@ static void test_fifo_full_empty(void **state)
   }
   assert_true(hixl_ring_valid(r, 8));
   assert_false(hixl_ring_valid(r, 16));
-  r->magic = 0;
+  r->sh->magic = 0;
   assert_false(hixl_ring_valid(r, 8));
   free(r);
 }
@@ -127,12 +131,96 @@ static void test_mpmc_exactly_once(void **state)
   free(g_ring);
 }
 
+/* A hostile producer set cap to 2^40 (and garbage magic): the views keep
+ * their own capacity, so nothing reads past the 8 cells. */
+static void test_hostile_cap(void **state)
+{
+  (void)state;
+  hixl_ring_t *r = new_ring(8);
+  r->sh->cap = (uint64_t)1 << 40;
+  r->sh->magic = 0x4141414141414141ull;
+  assert_false(hixl_ring_shared_valid(r->sh, 8));
+  uint32_t imm;
+  uint64_t len;
+  for (int round = 0; round < 3; round++) {
+    for (uint32_t i = 0; i < 8; i++)
+      assert_true(hixl_ring_push(r, i, i));
+    assert_false(hixl_ring_push(r, 9, 9));
+    for (uint32_t i = 0; i < 8; i++) {
+      assert_true(hixl_ring_pop(r, &imm, &len));
+      assert_int_equal(imm, i);
+    }
+    assert_false(hixl_ring_pop(r, &imm, &len));
+    assert_false(hixl_ring_maybe_nonempty(r));
+  }
+  free(r);
+}
+
+/* One 8-byte store to a cell's seq: the consumer reports "nothing" instead
+ * of spinning (it used to loop forever, holding ctx->lock), and producers
+ * give up as if full; nothing else is disturbed. */
+static void test_hostile_seq(void **state)
+{
+  (void)state;
+  alarm(20); /* a spin is a failure, not a hung suite */
+  hixl_ring_t *r = new_ring(8);
+  uint32_t imm;
+  uint64_t len;
+  assert_true(hixl_ring_push(r, 1, 1));
+  atomic_store(&r->sh->cells[0].seq, 12345); /* ahead of the consumer */
+  assert_false(hixl_ring_pop(r, &imm, &len));
+  assert_false(hixl_ring_maybe_nonempty(r));
+  /* A producer facing a cell ahead of its head (a fake target): bounded. */
+  hixl_ring_t *p = new_ring(8);
+  for (uint64_t i = 0; i < 8; i++)
+    atomic_store(&p->sh->cells[i].seq, i + 1000);
+  assert_false(hixl_ring_push(p, 1, 1));
+  /* Behind: full. */
+  for (uint64_t i = 0; i < 8; i++)
+    atomic_store(&p->sh->cells[i].seq, 0);
+  atomic_store(&p->sh->head, 5);
+  assert_false(hixl_ring_push(p, 1, 1));
+  alarm(0);
+  free(p);
+  free(r);
+}
+
+/* head and every seq set to garbage, then operations: all bounded, all
+ * inside the ring (ASan / valgrind), the consumer's own position intact. */
+static void test_hostile_indices(void **state)
+{
+  (void)state;
+  alarm(20);
+  hixl_ring_t *r = new_ring(16);
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  uint32_t imm;
+  uint64_t len;
+  for (int round = 0; round < 2000; round++) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    atomic_store(&r->sh->head, x);
+    atomic_store(&r->sh->cells[x & 15].seq, x >> 3);
+    if (round % 3 == 0)
+      atomic_store(&r->sh->cells[(x >> 8) & 15].seq, atomic_load(&r->tail) + 1);
+    for (int k = 0; k < 4; k++) {
+      (void)hixl_ring_push(r, (uint32_t)k, x);
+      (void)hixl_ring_pop(r, &imm, &len);
+      (void)hixl_ring_maybe_nonempty(r);
+    }
+  }
+  assert_int_equal(r->mask, 15);
+  alarm(0);
+  free(r);
+}
+
 int main(void)
 {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fifo_full_empty),
       cmocka_unit_test(test_claim_then_publish_keeps_order),
       cmocka_unit_test(test_mpmc_exactly_once),
+      cmocka_unit_test(test_hostile_cap),
+      cmocka_unit_test(test_hostile_seq),
+      cmocka_unit_test(test_hostile_indices),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
