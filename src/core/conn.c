@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -59,6 +60,7 @@ static hixl_peer_t *peer_new(hixl_ctx_t *ctx, int fd, bool inbound)
   atomic_init(&p->state, HIXL_PEER_CONNECTING);
   pthread_mutex_init(&p->send_lock, NULL);
   p->last_rx_ns = hixl__now_ns();
+  p->born_ns = p->last_rx_ns;
   atomic_init(&p->last_tx_ns, p->last_rx_ns);
   return p;
 }
@@ -663,14 +665,99 @@ static void set_sock_opts(int fd, int timeout_ms, bool tcp)
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 }
 
+/* The inbound connection longest in its handshake (not authenticated
+ * yet), and how many there are.  ctx->lock held. */
+static hixl_peer_t *oldest_handshake_locked(hixl_ctx_t *ctx, int *n_p)
+{
+  hixl_peer_t *old = NULL;
+  int n = 0;
+  for (hixl_peer_t *p = ctx->peers; p; p = p->next)
+    if (p->inbound && p->fd >= 0 && atomic_load(&p->state) == HIXL_PEER_CONNECTING) {
+      n++;
+      if (old == NULL || p->born_ns < old->born_ns)
+        old = p;
+    }
+  *n_p = n;
+  return old;
+}
+
+/* Out of descriptors: a listener stays readable while accept fails, and
+ * epoll would wake us for it forever (a control thread at 100% of a CPU,
+ * refusing everyone).  Shed the oldest connection still in its handshake
+ * (its descriptor frees at once) and take the listeners out of epoll for a
+ * moment -- longer when there was nothing to shed. */
+static void out_of_fds(hixl_ctx_t *ctx, int err)
+{
+  int64_t now = hixl__now_ns();
+  pthread_mutex_lock(&ctx->lock);
+  int n;
+  hixl_peer_t *old = oldest_handshake_locked(ctx, &n);
+  if (old) {
+    hixl__peer_fail_locked(old, HIXL_PEER_LOST, "shed: out of file descriptors");
+    epoll_ctl(ctx->epoll_fd, EPOLL_CTL_DEL, old->fd, NULL);
+    pthread_mutex_lock(&old->send_lock);
+    close(old->fd);
+    old->fd = -1;
+    pthread_mutex_unlock(&old->send_lock);
+  }
+  pthread_mutex_unlock(&ctx->lock);
+  if (now - ctx->emfile_warned_ns > 1000000000) {
+    struct rlimit rl;
+    getrlimit(RLIMIT_NOFILE, &rl);
+    hixl_warn("accept: %s (RLIMIT_NOFILE %llu; raise it with ulimit -n): %s", strerror(err),
+              (unsigned long long)rl.rlim_cur,
+              old ? "shedding the oldest connections still in their handshake"
+                  : "pausing new connections");
+    ctx->emfile_warned_ns = now;
+  }
+  ctx->accept_paused_until = now + (old ? 10 : 100) * 1000000ll;
+  if (!(ctx->accept_paused & 1) && ctx->listen_fd >= 0 &&
+      epoll_ctl(ctx->epoll_fd, EPOLL_CTL_DEL, ctx->listen_fd, NULL) == 0)
+    ctx->accept_paused |= 1;
+  if (!(ctx->accept_paused & 2) && ctx->unix_fd >= 0 &&
+      epoll_ctl(ctx->epoll_fd, EPOLL_CTL_DEL, ctx->unix_fd, NULL) == 0)
+    ctx->accept_paused |= 2;
+}
+
+static void accept_resume(hixl_ctx_t *ctx, int64_t now)
+{
+  if (!ctx->accept_paused || now < ctx->accept_paused_until)
+    return;
+  struct epoll_event ev = {.events = EPOLLIN};
+  if (ctx->accept_paused & 1) {
+    ev.data.ptr = &ctx->listen_fd;
+    epoll_ctl(ctx->epoll_fd, EPOLL_CTL_ADD, ctx->listen_fd, &ev);
+  }
+  if (ctx->accept_paused & 2) {
+    ev.data.ptr = &ctx->unix_fd;
+    epoll_ctl(ctx->epoll_fd, EPOLL_CTL_ADD, ctx->unix_fd, &ev);
+  }
+  ctx->accept_paused = 0;
+}
+
 static void accept_all(hixl_ctx_t *ctx, int lfd, bool is_unix)
 {
   for (;;) {
     int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-    if (fd < 0)
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE)
+        out_of_fds(ctx, errno);
       return;
+    }
     set_sock_opts(fd, ctx->cfg.timeout_ms, !is_unix);
     pthread_mutex_lock(&ctx->lock);
+    /* A cap on connections not authenticated yet: the oldest goes. */
+    int n;
+    hixl_peer_t *old = oldest_handshake_locked(ctx, &n);
+    if (old && n >= ctx->max_handshakes) {
+      hixl__peer_fail_locked(old, HIXL_PEER_LOST, "shed: too many connections in their "
+                             "handshake (HIXL_MAX_HANDSHAKES)");
+      epoll_ctl(ctx->epoll_fd, EPOLL_CTL_DEL, old->fd, NULL);
+      pthread_mutex_lock(&old->send_lock);
+      close(old->fd);
+      old->fd = -1;
+      pthread_mutex_unlock(&old->send_lock);
+    }
     hixl_peer_t *p = peer_new(ctx, fd, true);
     if (p == NULL) {
       pthread_mutex_unlock(&ctx->lock);
@@ -726,7 +813,8 @@ static void housekeeping_locked(hixl_ctx_t *ctx, int64_t now)
           hixl__send(p, &hb, NULL, 0);
         }
       }
-    } else if (st == HIXL_PEER_CONNECTING && p->inbound && now - p->last_rx_ns > timeout_ns) {
+    } else if (st == HIXL_PEER_CONNECTING && p->inbound && now - p->born_ns > timeout_ns) {
+      /* From the accept, not the last byte: trickling bytes buys nothing. */
       hixl__peer_fail_locked(p, HIXL_PEER_LOST, "handshake timed out");
       st = HIXL_PEER_LOST;
     }
@@ -778,7 +866,11 @@ static void *ctl_main(void *arg)
       hb_ms = 10;
     if (hb_ms > 1000)
       hb_ms = 1000;
-    int n = epoll_wait(ctx->epoll_fd, evs, 32, atomic_load(&ctx->tp_backlog) > 0 ? 1 : hb_ms);
+    int wait_ms = atomic_load(&ctx->tp_backlog) > 0 ? 1 : hb_ms;
+    if (ctx->accept_paused && wait_ms > 10)
+      wait_ms = 10; /* listeners back in epoll on time */
+    int n = epoll_wait(ctx->epoll_fd, evs, 32, wait_ms);
+    accept_resume(ctx, hixl__now_ns());
     for (int i = 0; i < n; i++) {
       void *ptr = evs[i].data.ptr;
       if (ptr == &ctx->listen_fd) {
@@ -819,6 +911,13 @@ static void *ctl_main(void *arg)
 
 static hixl_status_t listen_tcp(hixl_ctx_t *ctx)
 {
+  /* Connections in their handshake (not authenticated yet) are capped:
+   * past the cap the oldest is shed (HIXL_MAX_HANDSHAKES, default 256). */
+  long mh = 256;
+  const char *mhs = getenv("HIXL_MAX_HANDSHAKES");
+  if (mhs && hixl__parse_int(mhs, 1, 1 << 20, &mh) != 0)
+    return hixl__err(HIXL_ERR_INVALID, "HIXL_MAX_HANDSHAKES=\"%s\": expected 1..1048576", mhs);
+  ctx->max_handshakes = (int)mh;
   char host[128], port[16];
   const char *listen_addr = ctx->cfg.listen ? ctx->cfg.listen : ":0";
   hixl_status_t st = hixl__parse_hostport(listen_addr, host, sizeof(host), port, sizeof(port));

@@ -315,6 +315,8 @@ struct hixl_peer {
   int rx_fds[8];    /* fds received, in order, not yet claimed */
   int n_rx_fds;
   int64_t last_rx_ns;
+  int64_t born_ns; /* created / accepted: a handshake's deadline runs from here, not from
+                      its last byte (a peer trickling bytes is not kept forever) */
   _Atomic int64_t last_tx_ns; /* written under send_lock, read by heartbeats */
   int64_t lost_ns; /* when it was lost or closed (0: not) */
   uint64_t barrier_epoch; /* world: highest barrier epoch received from them */
@@ -352,6 +354,12 @@ struct hixl_ctx {
   char tp_names[64];      /* hixl_ctx_transports() */
   char unix_name[108];    /* abstract unix socket for same-host peers */
   int listen_fd, unix_fd, wake_fd, epoll_fd;
+  /* Out of file descriptors (EMFILE at accept): listeners out of epoll
+   * until this time (control thread only); the handshake cap. */
+  int64_t accept_paused_until;
+  unsigned accept_paused; /* bit 0: listen_fd, bit 1: unix_fd */
+  int64_t emfile_warned_ns;
+  int max_handshakes;     /* HIXL_MAX_HANDSHAKES */
   pthread_t ctl_thread;
   bool ctl_started;
   _Atomic bool stopping;
