@@ -1,0 +1,306 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * shm_truncate: a peer that completes the shm handshake (the library
+ * itself, linked with --wrap=close so it keeps a copy of every memfd it is
+ * handed: the target's region table and inbox at bind, a region's memfd at
+ * FD_REQ) then ftruncates every one of them to 0 and scribbles the
+ * target's notification ring (cap 2^40 in its header, garbage over its
+ * indices and every cell).  Issue 13, findings 3 and 4: the target died of
+ * SIGBUS (hixl_notif_poll, hixl_mr_dereg, its own buffer) or SIGSEGV / a
+ * spin under ctx->lock in hixl_notif_poll, and a legitimate peer already
+ * connected died of SIGBUS in hixl_get.
+ *
+ * Three processes: the target (serves a 1 MiB "kv" region, polls
+ * notifications, checks its own bytes), a legitimate peer (gets from kv and
+ * notifies, before, during and after the attack), the attacker.  Passes
+ * if the target and the legitimate peer survive, every byte the legitimate
+ * peer read and the target's own buffer are intact, the target still takes
+ * the legitimate peer's notifications after the attack, and deregisters.
+ * Argument "scribble": the rings only, no truncation (finding 4 alone).
+ * Exit 0 on success, 1 on failure (the reason on stderr).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <hixl.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define FAIL(...)                                                                                \
+  do {                                                                                           \
+    fprintf(stderr, "FAIL: " __VA_ARGS__);                                                       \
+    fputc('\n', stderr);                                                                         \
+    exit(1);                                                                                     \
+  } while (0)
+#define OK(x)                                                                                    \
+  do {                                                                                           \
+    hixl_status_t st_ = (x);                                                                     \
+    if (st_ != HIXL_OK)                                                                          \
+      FAIL("%s: %s (%s)", #x, hixl_strerror(st_), hixl_last_error());                            \
+  } while (0)
+
+#define KV_LEN (1u << 20)
+#define TOKEN "hostile-shm"
+
+/* --- the attacker's fd capture ---------------------------------------- */
+int __real_close(int fd);
+int __wrap_close(int fd);
+static int g_kept[64];
+static int g_nkept;
+static int g_capture;
+static bool g_truncate = true; /* argv[1] "scribble": the rings only */
+
+int __wrap_close(int fd)
+{
+  if (g_capture && fd >= 0 && g_nkept < 64) {
+    char path[64], link[256];
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(path, link, sizeof(link) - 1);
+    if (n > 0) {
+      link[n] = 0;
+      if (strncmp(link, "/memfd:hixl-", 12) == 0) {
+        int d = fcntl(fd, F_DUPFD_CLOEXEC, 100);
+        if (d >= 0)
+          g_kept[g_nkept++] = d;
+      }
+    }
+  }
+  return __real_close(fd);
+}
+
+static uint8_t pat(size_t i) { return (uint8_t)(i * 131u + (i >> 12) + 7u); }
+
+static hixl_ctx_t *mk_ctx(void)
+{
+  hixl_config_t cfg;
+  hixl_config_init(&cfg);
+  cfg.listen = "127.0.0.1:0";
+  cfg.transports = "shm";
+  cfg.auth_token = TOKEN;
+  cfg.timeout_ms = 5000;
+  hixl_ctx_t *ctx;
+  OK(hixl_ctx_create(&cfg, &ctx));
+  return ctx;
+}
+
+static double now_s(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static char g_addr[256];
+static int g_ctl[2];   /* parent -> target: one byte = stop */
+static int g_addr_p[2]; /* target -> parent: its address */
+static int g_peer_go[2]; /* parent -> legit peer: one byte = finish */
+
+static void target_main(void)
+{
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  hixl_ctx_t *ctx = mk_ctx();
+  uint8_t *kv;
+  hixl_mr_t *mr;
+  OK(hixl_mem_alloc(ctx, KV_LEN, HIXL_MEM_HOST, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, (void **)&kv,
+                    &mr));
+  for (size_t i = 0; i < KV_LEN; i++)
+    kv[i] = pat(i);
+  OK(hixl_mr_publish(mr, "kv"));
+  const char *a = hixl_ctx_address(ctx);
+  if (write(g_addr_p[1], a, strlen(a) + 1) < 0)
+    FAIL("target: write address");
+  fcntl(g_ctl[0], F_SETFL, O_NONBLOCK);
+  uint64_t notifs = 0, late = 0;
+  for (;;) {
+    char c;
+    bool stop = read(g_ctl[0], &c, 1) == 1;
+    hixl_notif_t nb[64];
+    int n = hixl_notif_poll(ctx, nb, 64);
+    for (int i = 0; i < n; i++) {
+      notifs++;
+      if (nb[i].imm == 0xfeed)
+        late++;
+    }
+    if (stop)
+      break;
+    usleep(2000);
+  }
+  for (size_t i = 0; i < KV_LEN; i++)
+    if (kv[i] != pat(i))
+      FAIL("target: its own buffer changed at byte %zu", i);
+  if (late == 0)
+    FAIL("target: no notification from the legitimate peer after the attack (%llu in all)",
+         (unsigned long long)notifs);
+  OK(hixl_mr_dereg(mr));
+  printf("target: %llu notifications (%llu after the attack), buffer intact\n",
+         (unsigned long long)notifs, (unsigned long long)late);
+  hixl_ctx_destroy(ctx);
+  exit(0);
+}
+
+static void legit_main(void)
+{
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  hixl_ctx_t *ctx = mk_ctx();
+  hixl_peer_t *peer;
+  OK(hixl_connect(ctx, g_addr, 10000, &peer));
+  hixl_rmr_t *kv;
+  OK(hixl_rmr_lookup(peer, "kv", 10000, &kv));
+  fcntl(g_peer_go[0], F_SETFL, O_NONBLOCK);
+  static uint8_t buf[4096];
+  uint64_t gets = 0;
+  bool finishing = false;
+  double end = 0;
+  for (size_t k = 0;; k++) {
+    size_t off = (k * 4096 * 7) % KV_LEN;
+    OK(hixl_get(peer, buf, sizeof(buf), kv, off, 0, NULL));
+    OK(hixl_fence(ctx, peer, 10000));
+    for (size_t i = 0; i < sizeof(buf); i++)
+      if (buf[i] != pat(off + i))
+        FAIL("legit peer: byte %zu of kv read %u, expected %u", off + i, buf[i], pat(off + i));
+    gets++;
+    char c;
+    if (!finishing && read(g_peer_go[0], &c, 1) == 1) {
+      finishing = true;
+      end = now_s() + 0.2;
+    }
+    OK(hixl_notify(peer, finishing ? 0xfeed : 1, 0, NULL));
+    if (finishing && now_s() > end)
+      break;
+    usleep(500);
+  }
+  OK(hixl_fence(ctx, peer, 10000));
+  printf("legit peer: %llu gets intact\n", (unsigned long long)gets);
+  exit(0);
+}
+
+static void attacker_main(void)
+{
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  hixl_ctx_t *ctx = mk_ctx();
+  g_capture = 1;
+  hixl_peer_t *peer;
+  OK(hixl_connect(ctx, g_addr, 10000, &peer));
+  hixl_rmr_t *kv;
+  OK(hixl_rmr_lookup(peer, "kv", 10000, &kv));
+  g_capture = 0;
+  int truncated = 0, inboxes = 0;
+  for (int i = 0; i < g_nkept; i++) {
+    int fd = g_kept[i];
+    char path[64], link[256] = "";
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(path, link, sizeof(link) - 1);
+    if (n > 0)
+      link[n] = 0;
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+      continue;
+    /* A notification ring (ours or the target's): cap absurd, and garbage
+     * over its indices and cells (the header's first 64 bytes are magic and
+     * cap, then indices, then cells, in every layout). */
+    if (strstr(link, "hixl-inbox") && st.st_size > 64) {
+      uint8_t *p = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (p != MAP_FAILED) {
+        inboxes++;
+        uint64_t cap = (uint64_t)1 << 40;
+        memcpy(p + 8, &cap, 8);
+        uint64_t x = 0x9e3779b97f4a7c15ull;
+        for (size_t o = 64; o + 8 <= (size_t)st.st_size; o += 8) {
+          x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+          memcpy(p + o, &x, 8);
+        }
+        munmap(p, (size_t)st.st_size);
+      }
+    }
+    if (g_truncate && ftruncate(fd, 0) == 0)
+      truncated++;
+  }
+  printf("attacker: %d memfds captured, %d inboxes scribbled, %d truncated\n", g_nkept, inboxes,
+         truncated);
+  /* A notification into the scribbled ring (bounded: at worst AGAIN after
+   * timeout_ms), then leave without a word. */
+  (void)hixl_notify(peer, 0xbad, 0, NULL);
+  if (g_nkept < 3)
+    FAIL("attacker: captured only %d memfds (expected table, inbox and the region's)", g_nkept);
+  _exit(0);
+}
+
+static int wait_for(pid_t pid, const char *who)
+{
+  int ws;
+  double end = now_s() + 60;
+  for (;;) {
+    pid_t r = waitpid(pid, &ws, WNOHANG);
+    if (r == pid)
+      break;
+    if (now_s() > end) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &ws, 0);
+      fprintf(stderr, "FAIL: %s hung (killed after 60 s)\n", who);
+      return 1;
+    }
+    usleep(10000);
+  }
+  if (WIFSIGNALED(ws)) {
+    fprintf(stderr, "FAIL: %s died of signal %d (%s)\n", who, WTERMSIG(ws),
+            strsignal(WTERMSIG(ws)));
+    return 1;
+  }
+  if (WEXITSTATUS(ws) != 0) {
+    fprintf(stderr, "FAIL: %s exited %d\n", who, WEXITSTATUS(ws));
+    return 1;
+  }
+  return 0;
+}
+
+int main(int argc, char **argv)
+{
+  setvbuf(stdout, NULL, _IONBF, 0);
+  g_truncate = !(argc > 1 && strcmp(argv[1], "scribble") == 0);
+  if (pipe(g_ctl) || pipe(g_addr_p) || pipe(g_peer_go))
+    FAIL("pipe");
+  pid_t target = fork();
+  if (target == 0)
+    target_main();
+  size_t got = 0;
+  while (got < sizeof(g_addr)) {
+    ssize_t n = read(g_addr_p[0], g_addr + got, sizeof(g_addr) - got);
+    if (n <= 0)
+      FAIL("no address from the target");
+    got += (size_t)n;
+    if (memchr(g_addr, 0, got))
+      break;
+  }
+  pid_t legit = fork();
+  if (legit == 0)
+    legit_main();
+  usleep(300000); /* the legitimate peer is connected and reading */
+  pid_t att = fork();
+  if (att == 0)
+    attacker_main();
+  int fails = wait_for(att, "attacker");
+  usleep(300000); /* the target and the legitimate peer go on meanwhile */
+  if (write(g_peer_go[1], "x", 1) != 1)
+    FAIL("write");
+  fails += wait_for(legit, "legitimate peer");
+  if (write(g_ctl[1], "x", 1) != 1)
+    FAIL("write");
+  fails += wait_for(target, "target");
+  if (fails) {
+    kill(target, SIGKILL);
+    kill(legit, SIGKILL);
+    return 1;
+  }
+  printf("ok\n");
+  return 0;
+}
