@@ -551,7 +551,13 @@ void hixl__serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out, int *o
     pthread_mutex_lock(&ctx->reg_lock);
     hixl_mr_t *mr = live_mr(ctx, m->u32[0], m->u64[0]);
     if (mr && mr->memfd >= 0) {
-      out_fds[0] = fcntl(mr->memfd, F_DUPFD_CLOEXEC, 0);
+      /* A region the peer may not write reaches it as a read-only open of
+       * the memfd (a new open file description): it can neither map that
+       * writable nor write or truncate through it. */
+      bool rw = (mr->access & (HIXL_ACCESS_WRITE | HIXL_ACCESS_ATOMIC)) != 0;
+      char path[48];
+      snprintf(path, sizeof(path), "/proc/self/fd/%d", mr->memfd);
+      out_fds[0] = rw ? fcntl(mr->memfd, F_DUPFD_CLOEXEC, 0) : open(path, O_RDONLY | O_CLOEXEC);
       if (out_fds[0] >= 0) {
         *n_out = 1;
         out->status = HIXL_OK;

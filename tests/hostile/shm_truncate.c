@@ -16,7 +16,11 @@
  * if the target and the legitimate peer survive, every byte the legitimate
  * peer read and the target's own buffer are intact, the target still takes
  * the legitimate peer's notifications after the attack, and deregisters.
- * Argument "scribble": the rings only, no truncation (finding 4 alone).
+ * The target also publishes "ro", 64 KiB granted READ only: the attacker
+ * tries to map its fd writable and to write through it (finding 1: the fd
+ * was O_RDWR whatever the region's access); its bytes must stay intact.
+ * Argument "scribble": the rings only, no truncation (finding 4 alone);
+ * "readonly": neither, only the READ-only region.
  * Exit 0 on success, 1 on failure (the reason on stderr).
  */
 #define _GNU_SOURCE
@@ -50,6 +54,7 @@
   } while (0)
 
 #define KV_LEN (1u << 20)
+#define RO_LEN (64u << 10) /* "ro": published with READ only */
 #define TOKEN "hostile-shm"
 
 /* --- the attacker's fd capture ---------------------------------------- */
@@ -59,6 +64,7 @@ static int g_kept[64];
 static int g_nkept;
 static int g_capture;
 static bool g_truncate = true; /* argv[1] "scribble": the rings only */
+static bool g_scribble = true; /* argv[1] "readonly": the READ-only region only */
 
 int __wrap_close(int fd)
 {
@@ -116,6 +122,12 @@ static void target_main(void)
   for (size_t i = 0; i < KV_LEN; i++)
     kv[i] = pat(i);
   OK(hixl_mr_publish(mr, "kv"));
+  uint8_t *ro;
+  hixl_mr_t *ro_mr;
+  OK(hixl_mem_alloc(ctx, RO_LEN, HIXL_MEM_HOST, HIXL_ACCESS_READ, (void **)&ro, &ro_mr));
+  for (size_t i = 0; i < RO_LEN; i++)
+    ro[i] = pat(i + 1);
+  OK(hixl_mr_publish(ro_mr, "ro"));
   const char *a = hixl_ctx_address(ctx);
   if (write(g_addr_p[1], a, strlen(a) + 1) < 0)
     FAIL("target: write address");
@@ -138,6 +150,10 @@ static void target_main(void)
   for (size_t i = 0; i < KV_LEN; i++)
     if (kv[i] != pat(i))
       FAIL("target: its own buffer changed at byte %zu", i);
+  for (size_t i = 0; i < RO_LEN; i++)
+    if (ro[i] != pat(i + 1))
+      FAIL("target: its READ-only region changed at byte %zu", i);
+  OK(hixl_mr_dereg(ro_mr));
   if (late == 0)
     FAIL("target: no notification from the legitimate peer after the attack (%llu in all)",
          (unsigned long long)notifs);
@@ -193,8 +209,10 @@ static void attacker_main(void)
   OK(hixl_connect(ctx, g_addr, 10000, &peer));
   hixl_rmr_t *kv;
   OK(hixl_rmr_lookup(peer, "kv", 10000, &kv));
+  hixl_rmr_t *ro;
+  OK(hixl_rmr_lookup(peer, "ro", 10000, &ro));
   g_capture = 0;
-  int truncated = 0, inboxes = 0;
+  int truncated = 0, inboxes = 0, ro_writes = 0;
   for (int i = 0; i < g_nkept; i++) {
     int fd = g_kept[i];
     char path[64], link[256] = "";
@@ -208,7 +226,7 @@ static void attacker_main(void)
     /* A notification ring (ours or the target's): cap absurd, and garbage
      * over its indices and cells (the header's first 64 bytes are magic and
      * cap, then indices, then cells, in every layout). */
-    if (strstr(link, "hixl-inbox") && st.st_size > 64) {
+    if (g_scribble && strstr(link, "hixl-inbox") && st.st_size > 64) {
       uint8_t *p = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
       if (p != MAP_FAILED) {
         inboxes++;
@@ -222,16 +240,27 @@ static void attacker_main(void)
         munmap(p, (size_t)st.st_size);
       }
     }
+    /* The READ-only region: map it writable, write through the fd. */
+    if (strstr(link, "hixl-mem") && st.st_size == RO_LEN) {
+      uint8_t *p = mmap(NULL, RO_LEN, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (p != MAP_FAILED) {
+        memset(p, 0xaa, 64);
+        ro_writes++;
+        munmap(p, RO_LEN);
+      }
+      if (pwrite(fd, "owned", 5, 128) == 5)
+        ro_writes++;
+    }
     if (g_truncate && ftruncate(fd, 0) == 0)
       truncated++;
   }
-  printf("attacker: %d memfds captured, %d inboxes scribbled, %d truncated\n", g_nkept, inboxes,
-         truncated);
+  printf("attacker: %d memfds captured, %d inboxes scribbled, %d truncated, %d writes into "
+         "the READ-only region\n", g_nkept, inboxes, truncated, ro_writes);
   /* A notification into the scribbled ring (bounded: at worst AGAIN after
    * timeout_ms), then leave without a word. */
   (void)hixl_notify(peer, 0xbad, 0, NULL);
-  if (g_nkept < 3)
-    FAIL("attacker: captured only %d memfds (expected table, inbox and the region's)", g_nkept);
+  if (g_nkept < 4)
+    FAIL("attacker: captured only %d memfds (expected table, inbox and the regions')", g_nkept);
   _exit(0);
 }
 
@@ -266,7 +295,9 @@ static int wait_for(pid_t pid, const char *who)
 int main(int argc, char **argv)
 {
   setvbuf(stdout, NULL, _IONBF, 0);
-  g_truncate = !(argc > 1 && strcmp(argv[1], "scribble") == 0);
+  const char *mode = argc > 1 ? argv[1] : "truncate";
+  g_truncate = strcmp(mode, "truncate") == 0;
+  g_scribble = strcmp(mode, "readonly") != 0;
   if (pipe(g_ctl) || pipe(g_addr_p) || pipe(g_peer_go))
     FAIL("pipe");
   pid_t target = fork();
