@@ -273,7 +273,13 @@ static bool trusted_order(const char *prov)
   const char *o = getenv("HIXL_FABRIC_ORDERED");
   if (o && (strcmp(o, "0") == 0 || strcmp(o, "1") == 0))
     return o[0] == '1';
-  static const char *const ok[] = {"tcp;ofi_rxm", "tcp", "verbs;ofi_rxm", "shm"};
+  /* Not tcp;ofi_rxm nor tcp: they claim send-after-write order, yet across
+   * two network namespaces under CPU load a notification arrived before
+   * its put's data 5-9 times in 12 (tests/netns, notif_order beside two busy
+   * processes; on loopback it never showed).  Their notifications wait for
+   * the data's completion.  verbs;ofi_rxm is untested here; shm is one
+   * host's memory. */
+  static const char *const ok[] = {"verbs;ofi_rxm", "shm"};
   for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++)
     if (strcmp(prov, ok[i]) == 0)
       return true;
