@@ -128,6 +128,15 @@ static int64_t now_ms(void)
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* The next wait slice before deadline (ms; -1: none): at most SLICE_MS. */
+static int slice_ms(int64_t deadline)
+{
+  if (deadline < 0)
+    return SLICE_MS;
+  int64_t left = deadline - now_ms();
+  return left < 0 ? 0 : left < SLICE_MS ? (int)left : SLICE_MS;
+}
+
 /* timeout (seconds, None = forever) -> ms (-1 = forever); -2 on error. */
 static int timeout_arg(PyObject *o, int *ms_p)
 {
@@ -537,14 +546,7 @@ static int wait_sliced(CtxObject *c, PeerObject *p, hixl_req_t *req, int timeout
 {
   int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
   for (;;) {
-    int slice = SLICE_MS;
-    if (deadline >= 0) {
-      int64_t left = deadline - now_ms();
-      if (left < 0)
-        left = 0;
-      if (left < slice)
-        slice = (int)left;
-    }
+    int slice = slice_ms(deadline);
     hixl_status_t st;
     c->busy++;
     if (p)
@@ -1118,11 +1120,7 @@ static PyObject *Ctx_fence(CtxObject *c, PyObject *args, PyObject *kw)
   }
   int64_t deadline = ms < 0 ? -1 : now_ms() + ms;
   for (;;) {
-    int slice = SLICE_MS;
-    if (deadline >= 0) {
-      int64_t left = deadline - now_ms();
-      slice = left < 0 ? 0 : left < slice ? (int)left : slice;
-    }
+    int slice = slice_ms(deadline);
     hixl_status_t st;
     hixl_ctx_t *hc = c->ctx;
     hixl_peer_t *hp = p ? p->peer : NULL; /* checked alive just before */
@@ -1243,11 +1241,7 @@ static PyObject *Ctx_wait(CtxObject *c, PyObject *args, PyObject *kw)
     return NULL;
   int64_t deadline = ms < 0 ? -1 : now_ms() + ms;
   for (;;) {
-    int slice = SLICE_MS;
-    if (deadline >= 0) {
-      int64_t left = deadline - now_ms();
-      slice = left < 0 ? 0 : left < slice ? (int)left : slice;
-    }
+    int slice = slice_ms(deadline);
     hixl_notif_t n;
     hixl_status_t st;
     if (slice == 0) {
@@ -1682,8 +1676,7 @@ static PyObject *Peer_lookup(PeerObject *p, PyObject *args, PyObject *kw)
   CtxObject *c = p->ctx;
   int64_t deadline = now_ms() + ms;
   for (;;) {
-    int64_t left = deadline - now_ms();
-    int slice = left < 0 ? 0 : left < SLICE_MS ? (int)left : SLICE_MS;
+    int slice = slice_ms(deadline);
     hixl_rmr_t *rmr;
     hixl_status_t st;
     hixl_peer_t *hp = p->peer;

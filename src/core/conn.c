@@ -665,6 +665,17 @@ static void set_sock_opts(int fd, int timeout_ms, bool tcp)
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 }
 
+/* Take a failed peer's socket out of epoll and close it (the handle stays
+ * until housekeeping frees it).  ctx->lock held. */
+static void close_sock_locked(hixl_ctx_t *ctx, hixl_peer_t *p)
+{
+  epoll_ctl(ctx->epoll_fd, EPOLL_CTL_DEL, p->fd, NULL);
+  pthread_mutex_lock(&p->send_lock);
+  close(p->fd);
+  p->fd = -1;
+  pthread_mutex_unlock(&p->send_lock);
+}
+
 /* The inbound connection longest in its handshake (not authenticated
  * yet), and how many there are.  ctx->lock held. */
 static hixl_peer_t *oldest_handshake_locked(hixl_ctx_t *ctx, int *n_p)
@@ -694,11 +705,7 @@ static void out_of_fds(hixl_ctx_t *ctx, int err)
   hixl_peer_t *old = oldest_handshake_locked(ctx, &n);
   if (old) {
     hixl__peer_fail_locked(old, HIXL_PEER_LOST, "shed: out of file descriptors");
-    epoll_ctl(ctx->epoll_fd, EPOLL_CTL_DEL, old->fd, NULL);
-    pthread_mutex_lock(&old->send_lock);
-    close(old->fd);
-    old->fd = -1;
-    pthread_mutex_unlock(&old->send_lock);
+    close_sock_locked(ctx, old);
   }
   pthread_mutex_unlock(&ctx->lock);
   if (now - ctx->emfile_warned_ns > 1000000000) {
@@ -752,11 +759,7 @@ static void accept_all(hixl_ctx_t *ctx, int lfd, bool is_unix)
     if (old && n >= ctx->max_handshakes) {
       hixl__peer_fail_locked(old, HIXL_PEER_LOST, "shed: too many connections in their "
                              "handshake (HIXL_MAX_HANDSHAKES)");
-      epoll_ctl(ctx->epoll_fd, EPOLL_CTL_DEL, old->fd, NULL);
-      pthread_mutex_lock(&old->send_lock);
-      close(old->fd);
-      old->fd = -1;
-      pthread_mutex_unlock(&old->send_lock);
+      close_sock_locked(ctx, old);
     }
     hixl_peer_t *p = peer_new(ctx, fd, true);
     if (p == NULL) {
@@ -823,11 +826,7 @@ static void housekeeping_locked(hixl_ctx_t *ctx, int64_t now)
     if (st >= HIXL_PEER_LOST && p->lost_ns == 0)
       p->lost_ns = now;
     if (st >= HIXL_PEER_LOST && p->fd >= 0) {
-      epoll_ctl(ctx->epoll_fd, EPOLL_CTL_DEL, p->fd, NULL);
-      pthread_mutex_lock(&p->send_lock);
-      close(p->fd);
-      p->fd = -1;
-      pthread_mutex_unlock(&p->send_lock);
+      close_sock_locked(ctx, p);
       pthread_cond_broadcast(&ctx->cond);
     }
     /* A lost peer's mappings are released after a grace period, when no
