@@ -2,6 +2,7 @@
 # Install what hixl needs to build and test, from Debian's archive, if missing.
 set -euo pipefail
 pkgs=(meson ninja-build gcc g++ pkg-config libcmocka-dev python3 clang
+      nettle-dev  # HMAC-SHA256: control-plane authentication, region table tags
       # Soft-RoCE in a qemu guest (tests/rxe/rxe-run) and the verbs transport:
       qemu-system-x86 busybox-static cpio kmod xz-utils ibverbs-providers ibverbs-utils
       rdmacm-utils perftest libibverbs-dev librdmacm-dev
