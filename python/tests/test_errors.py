@@ -178,9 +178,8 @@ def test_again_when_the_target_never_polls(target):
 
 
 def test_token_length_limit():
-    # The token travels in HELLO's 256-byte string field: 255 bytes work
-    # end to end; longer is refused at creation (it used to be truncated on
-    # the wire, and both sides then failed with AUTH).
+    # The token keys the handshake's HMAC (it never travels); 255 bytes, the
+    # documented maximum, work end to end; longer is refused at creation.
     with pytest.raises(hixl.InvalidError, match="at most 255"):
         hixl.Context(auth_token="x" * 300)
     tok = "y" * 255

@@ -31,6 +31,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "auth.h"
 #include "config.h"
 #include "hixl_int.h"
 
@@ -313,33 +314,66 @@ static const hixl_transport_ops_t *pick_transport_locked(hixl_ctx_t *ctx, const 
   return NULL;
 }
 
-static bool token_equal(const char *a, const char *b)
+/* The identity fields of AUTH as its proof covers them (auth.h): fixed
+ * little-endian layout, the transport list with its NUL. */
+static size_t auth_identity(const hixl_msg_t *m, uint8_t *buf)
 {
-  /* Constant time in the length of the longer: no early exit. */
-  size_t la = strlen(a), lb = strlen(b);
-  unsigned diff = (unsigned)(la ^ lb);
-  size_t n = la > lb ? la : lb;
-  for (size_t i = 0; i < n; i++)
-    diff |= (unsigned)((i < la ? a[i] : 0) ^ (i < lb ? b[i] : 0));
-  return diff == 0;
+  size_t n = 0;
+  for (int i = 0; i < 4; i++)
+    buf[n++] = (uint8_t)(m->u32[0] >> (8 * i));
+  for (int i = 0; i < 8; i++)
+    buf[n++] = (uint8_t)(m->u64[0] >> (8 * i));
+  memcpy(buf + n, m->host_id, 32);
+  n += 32;
+  for (int i = 0; i < 4; i++)
+    buf[n++] = (uint8_t)(m->u32[1] >> (8 * i));
+  for (int i = 0; i < 8; i++)
+    buf[n++] = (uint8_t)(m->u64[1] >> (8 * i));
+  size_t sl = strnlen(m->str[0], HIXL_WIRE_STR - 1);
+  memcpy(buf + n, m->str[0], sl);
+  n += sl;
+  buf[n++] = 0;
+  return n;
+}
+#define AUTH_IDENTITY_MAX (4 + 8 + 32 + 4 + 8 + HIXL_WIRE_STR)
+
+/* Target side of HELLO: answer with our nonce and our proof.  Nothing about
+ * us goes out before the initiator has proved it knows the token. */
+static void handle_hello_locked(hixl_peer_t *p, const hixl_msg_t *m, hixl_msg_t *out)
+{
+  hixl_ctx_t *ctx = p->ctx;
+  memset(out, 0, sizeof(*out));
+  out->type = HIXL_MSG_AUTH_CHALLENGE;
+  memcpy(p->auth_nonce, m->blob, HIXL_AUTH_NONCE);
+  hixl__auth_nonce(p->auth_nonce + HIXL_AUTH_NONCE);
+  memcpy(out->blob, p->auth_nonce + HIXL_AUTH_NONCE, HIXL_AUTH_NONCE);
+  hixl__auth_proof(ctx->cfg.auth_token, HIXL_AUTH_LABEL_TARGET, p->auth_nonce,
+                   p->auth_nonce + HIXL_AUTH_NONCE, NULL, 0, out->blob + HIXL_AUTH_NONCE);
+  out->blob_len = HIXL_AUTH_NONCE + HIXL_AUTH_PROOF;
+  p->hs_stage = 1;
 }
 
-/* Target side of HELLO.  Returns the ack to send (status set). */
-static void handle_hello_locked(hixl_peer_t *p, const hixl_msg_t *m, hixl_msg_t *ack)
+/* Target side of AUTH.  Returns the ack to send (status set). */
+static void handle_auth_locked(hixl_peer_t *p, const hixl_msg_t *m, hixl_msg_t *ack)
 {
   hixl_ctx_t *ctx = p->ctx;
   memset(ack, 0, sizeof(*ack));
   ack->type = HIXL_MSG_HELLO_ACK;
-  ack->u64[0] = ctx->id;
-  memcpy(ack->host_id, ctx->host_id, 32);
-  ack->u32[1] = (uint32_t)getpid();
-  const char *token = ctx->cfg.auth_token ? ctx->cfg.auth_token : "";
-  if (!token_equal(token, m->str[1])) {
+  p->hs_stage = 2;
+  uint8_t id[AUTH_IDENTITY_MAX], want[HIXL_AUTH_PROOF];
+  size_t idn = auth_identity(m, id);
+  hixl__auth_proof(ctx->cfg.auth_token, HIXL_AUTH_LABEL_INITIATOR, p->auth_nonce,
+                   p->auth_nonce + HIXL_AUTH_NONCE, id, idn, want);
+  if (m->blob_len != HIXL_AUTH_PROOF || !hixl__auth_equal(want, m->blob)) {
+    /* No identity in a refusal: the initiator has proved nothing. */
     ack->status = HIXL_ERR_AUTH;
     snprintf(ack->str[1], sizeof(ack->str[1]), "auth token rejected by %s", ctx->address);
     hixl_warn("rejected a connection: wrong auth token");
     return;
   }
+  ack->u64[0] = ctx->id;
+  memcpy(ack->host_id, ctx->host_id, 32);
+  ack->u32[1] = (uint32_t)getpid();
   p->remote_ctx_id = m->u64[0];
   p->remote_pid = (pid_t)m->u32[1];
   p->tag = m->u64[1];
@@ -348,6 +382,20 @@ static void handle_hello_locked(hixl_peer_t *p, const hixl_msg_t *m, hixl_msg_t 
      * only carried the handshake. */
     ack->u32[0] = HIXL_TP_SELF;
     p->unix_pending = true; /* not a user-visible peer: free it at EOF */
+    return;
+  }
+  /* Every authenticated inbound peer costs memory (shm: an inbox ring, the
+   * mapped table; verbs: QPs): without a token anyone authenticates, so the
+   * number is capped (HIXL_MAX_PEERS). */
+  int n_in = 0;
+  for (hixl_peer_t *q = ctx->peers; q; q = q->next)
+    if (q->inbound && q->ops && !q->unix_pending && atomic_load(&q->state) <= HIXL_PEER_UP)
+      n_in++;
+  if (n_in >= ctx->max_peers) {
+    ack->status = HIXL_ERR_AGAIN;
+    snprintf(ack->str[1], sizeof(ack->str[1]),
+             "%s already serves %d peers (HIXL_MAX_PEERS); retry later", ctx->address, n_in);
+    hixl_warn("refused a peer: %d inbound peers already (HIXL_MAX_PEERS)", n_in);
     return;
   }
   const hixl_transport_ops_t *ops = pick_transport_locked(ctx, m);
@@ -458,8 +506,13 @@ static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t 
         proto_error_locked(p, "bind refused", m->type);
       return;
     }
-    if (!p->unix_pending && m->type == HIXL_MSG_HELLO && m->nfds == 0) {
+    if (!p->unix_pending && p->hs_stage == 0 && m->type == HIXL_MSG_HELLO && m->nfds == 0 &&
+        m->blob_len == HIXL_AUTH_NONCE) {
       handle_hello_locked(p, m, out);
+      return;
+    }
+    if (!p->unix_pending && p->hs_stage == 1 && m->type == HIXL_MSG_AUTH && m->nfds == 0) {
+      handle_auth_locked(p, m, out);
       if (out->status != HIXL_OK)
         p->unix_pending = true; /* drop quietly after the ack */
       return;
@@ -643,6 +696,9 @@ static void peer_readable(hixl_ctx_t *ctx, hixl_peer_t *p)
           atomic_store(&reply_to->state, HIXL_PEER_UP);
           pthread_cond_broadcast(&ctx->cond);
         }
+        /* A refused handshake: the connection has no further use. */
+        if (out.type == HIXL_MSG_HELLO_ACK && out.status != HIXL_OK)
+          hixl__peer_fail_locked(reply_to, HIXL_PEER_CLOSED, "handshake refused");
       }
       if (reply_to != p || atomic_load(&p->state) >= HIXL_PEER_LOST) {
         /* p's socket moved to the peer it bound, or p failed. */
@@ -917,6 +973,12 @@ static hixl_status_t listen_tcp(hixl_ctx_t *ctx)
   if (mhs && hixl__parse_int(mhs, 1, 1 << 20, &mh) != 0)
     return hixl__err(HIXL_ERR_INVALID, "HIXL_MAX_HANDSHAKES=\"%s\": expected 1..1048576", mhs);
   ctx->max_handshakes = (int)mh;
+  /* Authenticated inbound peers at once (each costs memory). */
+  long mp = 1024;
+  const char *mps = getenv("HIXL_MAX_PEERS");
+  if (mps && hixl__parse_int(mps, 1, 1 << 20, &mp) != 0)
+    return hixl__err(HIXL_ERR_INVALID, "HIXL_MAX_PEERS=\"%s\": expected 1..1048576", mps);
+  ctx->max_peers = (int)mp;
   char host[128], port[16];
   const char *listen_addr = ctx->cfg.listen ? ctx->cfg.listen : ":0";
   hixl_status_t st = hixl__parse_hostport(listen_addr, host, sizeof(host), port, sizeof(port));
@@ -1163,22 +1225,54 @@ hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeou
     return hixl__err(HIXL_ERR_NOMEM, "no memory for a peer");
   }
   snprintf(p->name, sizeof(p->name), "%s", addr);
-  hixl_msg_t hello = {.type = HIXL_MSG_HELLO};
-  hello.u32[0] = ctx->tp_ready; /* what we can do, for the target's choice */
-  hello.u64[0] = ctx->id;
-  memcpy(hello.host_id, ctx->host_id, 32);
-  hello.u32[1] = (uint32_t)getpid();
-  hello.u64[1] = tag;
+  /* The handshake (auth.h): our nonce; the target's nonce and proof, checked
+   * before anything of ours goes out; our identity and proof. */
+  hixl_msg_t hello = {.type = HIXL_MSG_HELLO}, chal, ack;
+  uint8_t nonces[2 * HIXL_AUTH_NONCE], proof[HIXL_AUTH_PROOF];
+  hixl__auth_nonce(nonces);
+  memcpy(hello.blob, nonces, HIXL_AUTH_NONCE);
+  hello.blob_len = HIXL_AUTH_NONCE;
+  if ((st = hixl__send(p, &hello, NULL, 0)) != HIXL_OK ||
+      (st = hixl__recv_sync(fd, &chal, NULL, 0, deadline, addr)) != HIXL_OK)
+    goto fail;
+  if (chal.type == HIXL_MSG_HELLO_ACK && chal.status != HIXL_OK) {
+    ack = chal; /* refused before the challenge (busy): reported below */
+    goto refused;
+  }
+  if (chal.type != HIXL_MSG_AUTH_CHALLENGE ||
+      chal.blob_len != HIXL_AUTH_NONCE + HIXL_AUTH_PROOF) {
+    st = hixl__err(HIXL_ERR_TRANSPORT, "%s answered the handshake with %s", addr,
+                   hixl_wire_type_name(chal.type));
+    goto fail;
+  }
+  memcpy(nonces + HIXL_AUTH_NONCE, chal.blob, HIXL_AUTH_NONCE);
+  hixl__auth_proof(ctx->cfg.auth_token, HIXL_AUTH_LABEL_TARGET, nonces,
+                   nonces + HIXL_AUTH_NONCE, NULL, 0, proof);
+  if (!hixl__auth_equal(proof, chal.blob + HIXL_AUTH_NONCE)) {
+    st = hixl__err(HIXL_ERR_AUTH,
+                   "%s did not prove it knows our auth token (it has another one, or it is "
+                   "not the target we meant): nothing more was sent to it",
+                   addr);
+    goto fail;
+  }
+  hixl_msg_t auth = {.type = HIXL_MSG_AUTH};
+  auth.u32[0] = ctx->tp_ready; /* what we can do, for the target's choice */
+  auth.u64[0] = ctx->id;
+  memcpy(auth.host_id, ctx->host_id, 32);
+  auth.u32[1] = (uint32_t)getpid();
+  auth.u64[1] = tag;
   /* Our preference order, by name. */
   static const char *const names[HIXL_TP_COUNT] = {"self", "shm", "verbs", "fabric"};
   size_t pos = 0;
   for (int i = 0; i < ctx->n_tp_order; i++)
-    pos += (size_t)snprintf(hello.str[0] + pos, sizeof(hello.str[0]) - pos, "%s%s",
+    pos += (size_t)snprintf(auth.str[0] + pos, sizeof(auth.str[0]) - pos, "%s%s",
                             pos ? "," : "", names[ctx->tp_order[i]]);
-  snprintf(hello.str[1], sizeof(hello.str[1]), "%s",
-           ctx->cfg.auth_token ? ctx->cfg.auth_token : "");
-  hixl_msg_t ack;
-  if ((st = hixl__send(p, &hello, NULL, 0)) != HIXL_OK ||
+  uint8_t id[AUTH_IDENTITY_MAX];
+  size_t idn = auth_identity(&auth, id);
+  hixl__auth_proof(ctx->cfg.auth_token, HIXL_AUTH_LABEL_INITIATOR, nonces,
+                   nonces + HIXL_AUTH_NONCE, id, idn, auth.blob);
+  auth.blob_len = HIXL_AUTH_PROOF;
+  if ((st = hixl__send(p, &auth, NULL, 0)) != HIXL_OK ||
       (st = hixl__recv_sync(fd, &ack, NULL, 0, deadline, addr)) != HIXL_OK)
     goto fail;
   if (ack.type != HIXL_MSG_HELLO_ACK) {
@@ -1187,6 +1281,7 @@ hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeou
     goto fail;
   }
   if (ack.status != HIXL_OK) {
+  refused:
     st = hixl__err(ack.status < 0 && ack.status >= HIXL_ERR_NO_DEVICE ? ack.status
                                                                        : HIXL_ERR_TRANSPORT,
                    "%s refused the connection: %s", addr,

@@ -297,6 +297,10 @@ struct hixl_peer {
   pid_t remote_pid;
   uint64_t tag;    /* world tag from HELLO (0: none) */
   uint64_t cookie; /* inbound shm: matches the SHM_BIND on the unix socket */
+  /* Inbound handshake (auth.h): 0 waiting for HELLO, 1 challenge sent,
+   * waiting for AUTH, 2 answered.  Nonces: theirs then ours. */
+  uint8_t hs_stage;
+  uint8_t auth_nonce[64];
   char name[96];   /* for messages: "host:port" or "inbound #n" */
 
   /* Operations issued / completed, for hixl_fence.  Completions of one peer
@@ -360,6 +364,7 @@ struct hixl_ctx {
   unsigned accept_paused; /* bit 0: listen_fd, bit 1: unix_fd */
   int64_t emfile_warned_ns;
   int max_handshakes;     /* HIXL_MAX_HANDSHAKES */
+  int max_peers;          /* HIXL_MAX_PEERS: authenticated inbound peers at once */
   pthread_t ctl_thread;
   bool ctl_started;
   _Atomic bool stopping;

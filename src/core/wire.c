@@ -9,7 +9,7 @@ enum { F_END = 0, F_STATUS, F_U32_0, F_U32_1, F_U32_2, F_U64_0, F_U64_1, F_U64_2
        F_U64_4, F_HOST, F_STR0, F_STR1, F_BLOB };
 
 static const uint8_t schema[HIXL_MSG_TYPE_MAX][12] = {
-    [HIXL_MSG_HELLO] = {F_U32_0, F_U64_0, F_HOST, F_U32_1, F_U64_1, F_STR0, F_STR1},
+    [HIXL_MSG_HELLO] = {F_BLOB},
     [HIXL_MSG_HELLO_ACK] = {F_STATUS, F_U32_0, F_U64_0, F_HOST, F_U32_1, F_U64_1, F_STR0,
                             F_STR1},
     [HIXL_MSG_SHM_BIND] = {F_U64_0, F_U64_1},
@@ -41,6 +41,8 @@ static const uint8_t schema[HIXL_MSG_TYPE_MAX][12] = {
     [HIXL_MSG_SHM_STAGE_REQ] = {F_END},
     [HIXL_MSG_SHM_STAGE_REPLY] = {F_STATUS, F_U64_0},
     [HIXL_MSG_SHM_COPY] = {F_U32_0, F_U32_1, F_U64_0, F_U64_1, F_U64_2, F_U64_3},
+    [HIXL_MSG_AUTH_CHALLENGE] = {F_BLOB},
+    [HIXL_MSG_AUTH] = {F_U32_0, F_U64_0, F_HOST, F_U32_1, F_U64_1, F_STR0, F_BLOB},
 };
 
 static const char *const type_names[HIXL_MSG_TYPE_MAX] = {
@@ -59,6 +61,7 @@ static const char *const type_names[HIXL_MSG_TYPE_MAX] = {
     [HIXL_MSG_FABRIC_MR] = "FABRIC_MR", [HIXL_MSG_FABRIC_MR_REPLY] = "FABRIC_MR_REPLY",
     [HIXL_MSG_SHM_STAGE_REQ] = "SHM_STAGE_REQ", [HIXL_MSG_SHM_STAGE_REPLY] = "SHM_STAGE_REPLY",
     [HIXL_MSG_SHM_COPY] = "SHM_COPY",
+    [HIXL_MSG_AUTH_CHALLENGE] = "AUTH_CHALLENGE", [HIXL_MSG_AUTH] = "AUTH",
 };
 
 const char *hixl_wire_type_name(unsigned type)

@@ -18,15 +18,16 @@
 #include <stdint.h>
 
 #define HIXL_WIRE_MAGIC 0x4c584948u /* "HIXL" */
-#define HIXL_WIRE_VERSION 4 /* 2: VERBS_QP carries the QP count; REGION_GONE_ACK; 3: DEV_IPC,
-                             * FABRIC_*; 4: SHM_STAGE_*, SHM_COPY, HEARTBEAT probe flag */
+#define HIXL_WIRE_VERSION 5 /* 2: VERBS_QP carries the QP count; REGION_GONE_ACK; 3: DEV_IPC,
+                             * FABRIC_*; 4: SHM_STAGE_*, SHM_COPY, HEARTBEAT probe flag;
+                             * 5: HELLO / AUTH_CHALLENGE / AUTH (the token never travels) */
 #define HIXL_WIRE_HDR 24
 #define HIXL_WIRE_MAX 4096 /* payload bytes; every message is far smaller */
 #define HIXL_WIRE_STR 256  /* string field capacity, NUL included */
 #define HIXL_WIRE_BLOB 128 /* byte field capacity */
 
 enum hixl_msg_type {
-  HIXL_MSG_HELLO = 1,      /* initiator -> target over TCP */
+  HIXL_MSG_HELLO = 1,      /* initiator -> target over TCP: its nonce (auth.h) */
   HIXL_MSG_HELLO_ACK,      /* status, chosen transport, target identity */
   HIXL_MSG_SHM_BIND,       /* initiator -> target over unix: cookie + 2 fds */
   HIXL_MSG_SHM_BIND_ACK,   /* status + 2 fds */
@@ -55,6 +56,8 @@ enum hixl_msg_type {
   HIXL_MSG_SHM_STAGE_REQ,  /* shm without CMA: lend me a staging area for your copies */
   HIXL_MSG_SHM_STAGE_REPLY, /* status, its size (+1 fd: the sealed memfd) */
   HIXL_MSG_SHM_COPY,       /* copy between a staging piece and a region (no reply message) */
+  HIXL_MSG_AUTH_CHALLENGE, /* target -> initiator: its nonce and proof (auth.h) */
+  HIXL_MSG_AUTH,           /* initiator -> target: its identity and proof */
   HIXL_MSG_TYPE_MAX
 };
 
@@ -73,10 +76,15 @@ typedef struct hixl_msg {
 } hixl_msg_t;
 
 /* Field meaning per type (see wire.c for the schema):
- * HELLO:       u32[0] flags, u64[0] ctx_id, host_id, u32[1] pid, u64[1] tag,
- *              str[0] transports (preference), str[1] auth token
+ * HELLO:       blob = the initiator's 32-byte nonce (nothing else before the target
+ *              has proved it knows the token: src/core/auth.h)
+ * AUTH_CHALLENGE: blob = the target's nonce (32) then its proof (32)
+ * AUTH:        u32[0] transports it can use (bits), u64[0] ctx_id, host_id, u32[1] pid,
+ *              u64[1] tag, str[0] transports (preference), blob = its proof (32, over
+ *              these fields too)
  * HELLO_ACK:   status, u32[0] transport id, u64[0] ctx_id, host_id,
- *              u32[1] pid, u64[1] cookie, str[0] unix name, str[1] message
+ *              u32[1] pid, u64[1] cookie, str[0] unix name, str[1] message (the answer
+ *              to AUTH; a refusal carries no identity, only status and message)
  * SHM_BIND:    u64[0] cookie, u64[1] ctx_id         (+2 fds: table, inbox)
  * SHM_BIND_ACK: status                              (+2 fds: table, inbox)
  * LOOKUP:      str[0] name
