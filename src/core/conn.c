@@ -10,9 +10,13 @@
  * Locking: ctx->lock protects the peer list, pending calls and world state.
  * Only the control thread closes peer sockets and frees unbound inbound
  * connections, so a socket is never closed under a reader.  Writes to a
- * socket are serialized by peer->send_lock; nobody sends while holding
- * ctx->lock except the control thread for heartbeats (bounded by
- * SO_SNDTIMEO), so a full socket cannot deadlock two contexts.
+ * socket are serialized by peer->send_lock (lock order: ctx->lock, then
+ * send_lock) and never block once the peer is polled: what a full socket
+ * does not take waits in the peer's output queue, flushed by the control
+ * thread on EPOLLOUT, so a peer that does not read holds nobody (it is
+ * dropped past HIXL_MAX_PEER_QUEUE bytes, or after the liveness period
+ * without progress).  Only the initiator's own handshake, before the peer is
+ * polled, sends blocking (bounded by SO_SNDTIMEO).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -66,8 +70,32 @@ static hixl_peer_t *peer_new(hixl_ctx_t *ctx, int fd, bool inbound)
   return p;
 }
 
+/* A control message waiting in a peer's output queue. */
+typedef struct hixl_outmsg {
+  struct hixl_outmsg *next;
+  size_t len, off; /* bytes, and how many went out */
+  int fds[2];      /* our duplicates: they go with the first byte */
+  int nfds;
+  uint8_t bytes[];
+} hixl_outmsg_t;
+
+/* Drop what is queued for p (its socket is going away).  send_lock held. */
+static void outq_clear(hixl_peer_t *p)
+{
+  while (p->oq_head) {
+    hixl_outmsg_t *q = p->oq_head;
+    p->oq_head = q->next;
+    for (int i = 0; i < q->nfds; i++)
+      close(q->fds[i]);
+    free(q);
+  }
+  p->oq_tail = NULL;
+  p->oq_bytes = 0;
+}
+
 void hixl__peer_free(hixl_peer_t *p)
 {
+  outq_clear(p);
   if (p->ops)
     p->ops->peer_close(p);
   for (int i = 0; i < p->n_rx_fds; i++)
@@ -126,6 +154,123 @@ void hixl__peer_fail_locked(hixl_peer_t *p, int state, const char *why)
 
 /* ------------------------------------------------------------- sending */
 
+/* Put bytes (with fds on the first) on a socket.  Returns how many went
+ * (0: the socket is full, non-blocking only) or -errno. */
+static ssize_t send_some(int fd, const uint8_t *b, size_t len, const int *fds, int nfds,
+                         bool block)
+{
+  union {
+    char buf[CMSG_SPACE(sizeof(int) * 4)];
+    struct cmsghdr align;
+  } cm;
+  struct iovec iov = {(void *)b, len};
+  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+  if (nfds > 0) {
+    memset(&cm, 0, sizeof(cm));
+    mh.msg_control = cm.buf;
+    mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
+    struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+    memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
+  }
+  for (;;) {
+    ssize_t n = sendmsg(fd, &mh, MSG_NOSIGNAL | (block ? 0 : MSG_DONTWAIT));
+    if (n >= 0)
+      return n;
+    if (errno == EINTR)
+      continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK)
+      return block ? -ETIMEDOUT : 0; /* blocking: SO_SNDTIMEO ran out */
+    return -errno;
+  }
+}
+
+static void outq_arm(hixl_peer_t *p, bool out)
+{
+  struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | (out ? EPOLLOUT : 0u),
+                           .data.ptr = p};
+  epoll_ctl(p->ctx->epoll_fd, EPOLL_CTL_MOD, p->fd, &ev);
+}
+
+/* Send what the queue holds until the socket is full.  send_lock held. */
+static hixl_status_t outq_flush(hixl_peer_t *p)
+{
+  while (p->oq_head) {
+    hixl_outmsg_t *q = p->oq_head;
+    ssize_t n = send_some(p->fd, q->bytes + q->off, q->len - q->off, q->off ? NULL : q->fds,
+                          q->off ? 0 : q->nfds, false);
+    if (n < 0) {
+      hixl__peer_lost_async(p, "its control connection failed");
+      return hixl__err(HIXL_ERR_PEER_LOST, "peer %s: sending failed: %s", p->name,
+                       strerror((int)-n));
+    }
+    if (n == 0)
+      return HIXL_OK; /* full: EPOLLOUT brings us back */
+    q->off += (size_t)n;
+    p->oq_bytes -= (size_t)n;
+    p->oq_progress_ns = hixl__now_ns();
+    if (q->off < q->len)
+      continue;
+    p->oq_head = q->next;
+    if (p->oq_head == NULL)
+      p->oq_tail = NULL;
+    for (int i = 0; i < q->nfds; i++)
+      close(q->fds[i]);
+    free(q);
+  }
+  outq_arm(p, false);
+  return HIXL_OK;
+}
+
+/* Queue the rest of a message.  send_lock held; p is polled. */
+static hixl_status_t outq_add(hixl_peer_t *p, const uint8_t *b, size_t len, const int *fds,
+                              int nfds, const char *type)
+{
+  if (p->oq_bytes + len > p->ctx->max_outq) {
+    hixl__peer_lost_async(p, "it does not read its control connection");
+    return hixl__err(HIXL_ERR_PEER_LOST,
+                     "peer %s does not read its control connection: %zu bytes wait for it "
+                     "(HIXL_MAX_PEER_QUEUE); %s not sent, peer dropped",
+                     p->name, p->oq_bytes, type);
+  }
+  hixl_outmsg_t *q = malloc(sizeof(*q) + len);
+  if (q == NULL)
+    return hixl__err(HIXL_ERR_NOMEM, "peer %s: no memory to queue %s", p->name, type);
+  q->next = NULL;
+  q->len = len;
+  q->off = 0;
+  q->nfds = 0;
+  memcpy(q->bytes, b, len);
+  for (int i = 0; i < nfds; i++) {
+    if ((q->fds[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 0)) < 0) {
+      int e = errno;
+      for (int j = 0; j < i; j++)
+        close(q->fds[j]);
+      free(q);
+      return hixl__err(HIXL_ERR_NOMEM, "peer %s: cannot queue %s: %s", p->name, type,
+                       strerror(e));
+    }
+    q->nfds++;
+  }
+  if (p->oq_tail)
+    p->oq_tail->next = q;
+  else {
+    p->oq_head = q;
+    p->oq_progress_ns = hixl__now_ns();
+    outq_arm(p, true);
+  }
+  p->oq_tail = q;
+  p->oq_bytes += len;
+  return HIXL_OK;
+}
+
+/* Send a control message.  Never blocks on a connected peer: what the
+ * socket does not take at once waits in the peer's queue (above), so
+ * neither the control thread (replies, heartbeats) nor a caller is held by
+ * a peer that does not read.  Before the peer is polled (the initiator's
+ * handshake) it blocks, bounded by SO_SNDTIMEO. */
 hixl_status_t hixl__send(hixl_peer_t *peer, hixl_msg_t *m, const int *fds, int nfds)
 {
   uint8_t buf[RX_CAP];
@@ -134,40 +279,46 @@ hixl_status_t hixl__send(hixl_peer_t *peer, hixl_msg_t *m, const int *fds, int n
   if (len == 0)
     return hixl__err(HIXL_ERR_INVALID, "control message %s does not encode",
                      hixl_wire_type_name(m->type));
-  union {
-    char buf[CMSG_SPACE(sizeof(int) * 4)];
-    struct cmsghdr align;
-  } cm;
+  const char *type = hixl_wire_type_name(m->type);
   pthread_mutex_lock(&peer->send_lock);
-  int fd = peer->fd;
-  size_t off = 0;
   hixl_status_t st = HIXL_OK;
-  while (off < len) {
-    struct iovec iov = {buf + off, len - off};
-    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
-    if (off == 0 && nfds > 0) {
-      memset(&cm, 0, sizeof(cm));
-      mh.msg_control = cm.buf;
-      mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
-      struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
-      memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
-    }
-    ssize_t n = fd < 0 ? -1 : sendmsg(fd, &mh, MSG_NOSIGNAL);
-    if (n < 0) {
-      if (fd >= 0 && errno == EINTR)
-        continue;
-      st = hixl__err(HIXL_ERR_PEER_LOST, "peer %s: sending %s failed: %s", peer->name,
-                     hixl_wire_type_name(m->type), fd < 0 ? "not connected" : strerror(errno));
-      break;
-    }
-    off += (size_t)n;
+  size_t off = 0;
+  if (peer->fd < 0) {
+    st = hixl__err(HIXL_ERR_PEER_LOST, "peer %s: sending %s failed: not connected", peer->name,
+                   type);
+    goto out;
   }
+  if (peer->oq_head && (st = outq_flush(peer)) != HIXL_OK)
+    goto out;
+  if (peer->oq_head == NULL) {
+    while (off < len) {
+      ssize_t n = send_some(peer->fd, buf + off, len - off, off ? NULL : fds, off ? 0 : nfds,
+                            !peer->polled);
+      if (n < 0) {
+        st = hixl__err(HIXL_ERR_PEER_LOST, "peer %s: sending %s failed: %s", peer->name, type,
+                       strerror((int)-n));
+        goto out;
+      }
+      if (n == 0)
+        break;
+      off += (size_t)n;
+    }
+  }
+  if (off < len)
+    st = outq_add(peer, buf + off, len - off, off ? NULL : fds, off ? 0 : nfds, type);
+out:
   atomic_store_explicit(&peer->last_tx_ns, hixl__now_ns(), memory_order_relaxed);
   pthread_mutex_unlock(&peer->send_lock);
   return st;
+}
+
+/* The control thread: p's socket can take more. */
+static void peer_writable(hixl_peer_t *p)
+{
+  pthread_mutex_lock(&p->send_lock);
+  if (p->fd >= 0)
+    outq_flush(p);
+  pthread_mutex_unlock(&p->send_lock);
 }
 
 static void pending_unlink_locked(hixl_peer_t *peer, hixl_pending_t *pd)
@@ -438,13 +589,17 @@ static hixl_peer_t *handle_bind_locked(hixl_peer_t *u, const hixl_msg_t *m, int 
   ack->status = st;
   if (st != HIXL_OK)
     return NULL;
-  /* Swap sockets: the TCP one has done its job. */
+  /* Swap sockets: the TCP one has done its job (with anything still queued
+   * for it). */
+  pthread_mutex_lock(&p->send_lock);
   epoll_ctl(ctx->epoll_fd, EPOLL_CTL_DEL, p->fd, NULL);
   close(p->fd);
+  outq_clear(p);
   p->fd = u->fd;
   u->fd = -1;
   struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = p};
   epoll_ctl(ctx->epoll_fd, EPOLL_CTL_MOD, p->fd, &ev);
+  pthread_mutex_unlock(&p->send_lock);
   atomic_store(&u->state, HIXL_PEER_CLOSED);
   return p;
 }
@@ -729,6 +884,7 @@ static void close_sock_locked(hixl_ctx_t *ctx, hixl_peer_t *p)
   pthread_mutex_lock(&p->send_lock);
   close(p->fd);
   p->fd = -1;
+  outq_clear(p);
   pthread_mutex_unlock(&p->send_lock);
 }
 
@@ -827,6 +983,7 @@ static void accept_all(hixl_ctx_t *ctx, int lfd, bool is_unix)
     snprintf(p->name, sizeof(p->name), "%s", is_unix ? "unix-accept" : "tcp-accept");
     p->next = ctx->peers;
     ctx->peers = p;
+    p->polled = true;
     struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = p};
     epoll_ctl(ctx->epoll_fd, EPOLL_CTL_ADD, fd, &ev);
     pthread_mutex_unlock(&ctx->lock);
@@ -853,6 +1010,23 @@ static void housekeeping_locked(hixl_ctx_t *ctx, int64_t now)
   while (*pp) {
     hixl_peer_t *p = *pp;
     int st = atomic_load(&p->state);
+    bool stalled = false;
+    if (st == HIXL_PEER_UP && !p->self) {
+      /* Messages queued for it and none taken for the liveness period: it
+       * is alive enough to send but does not read (or is wedged). */
+      pthread_mutex_lock(&p->send_lock);
+      stalled = p->oq_head && now - p->oq_progress_ns > timeout_ns;
+      size_t queued = p->oq_bytes;
+      pthread_mutex_unlock(&p->send_lock);
+      if (stalled) {
+        char why[96];
+        snprintf(why, sizeof(why), "it has not read its control connection for %d ms (%zu bytes "
+                 "wait)", liveness_ms(ctx), queued);
+        hixl_warn("peer %s: %s; dropping it", p->name, why);
+        hixl__peer_fail_locked(p, HIXL_PEER_LOST, why);
+        st = HIXL_PEER_LOST;
+      }
+    }
     if (st == HIXL_PEER_UP && !p->self) {
       if (now - p->last_rx_ns > timeout_ns) {
         char why[64];
@@ -943,7 +1117,9 @@ static void *ctl_main(void *arg)
         /* The event may be stale: p might have been freed by the
          * housekeeping of an earlier event in this batch only if its fd was
          * removed from epoll first, which drops pending events for it. */
-        if (p->fd >= 0)
+        if (p->fd >= 0 && (evs[i].events & EPOLLOUT))
+          peer_writable(p);
+        if (p->fd >= 0 && (evs[i].events & ~(uint32_t)EPOLLOUT))
           peer_readable(ctx, p);
       }
     }
@@ -979,6 +1155,13 @@ static hixl_status_t listen_tcp(hixl_ctx_t *ctx)
   if (mps && hixl__parse_int(mps, 1, 1 << 20, &mp) != 0)
     return hixl__err(HIXL_ERR_INVALID, "HIXL_MAX_PEERS=\"%s\": expected 1..1048576", mps);
   ctx->max_peers = (int)mp;
+  /* Control messages queued for one peer that does not read, at most. */
+  long mq = 4 << 20;
+  const char *mqs = getenv("HIXL_MAX_PEER_QUEUE");
+  if (mqs && hixl__parse_int(mqs, 4096, 1L << 30, &mq) != 0)
+    return hixl__err(HIXL_ERR_INVALID, "HIXL_MAX_PEER_QUEUE=\"%s\": expected 4096..1073741824 "
+                     "(bytes)", mqs);
+  ctx->max_outq = (size_t)mq;
   char host[128], port[16];
   const char *listen_addr = ctx->cfg.listen ? ctx->cfg.listen : ":0";
   hixl_status_t st = hixl__parse_hostport(listen_addr, host, sizeof(host), port, sizeof(port));
@@ -1317,8 +1500,11 @@ hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeou
   p->last_rx_ns = hixl__now_ns();
   p->next = ctx->peers;
   ctx->peers = p;
+  pthread_mutex_lock(&p->send_lock);
+  p->polled = true;
   struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = p};
   epoll_ctl(ctx->epoll_fd, EPOLL_CTL_ADD, p->fd, &ev);
+  pthread_mutex_unlock(&p->send_lock);
   pthread_mutex_unlock(&ctx->lock);
   hixl_info("connected to %s over %s", addr, ops->name);
   *peer_p = p;

@@ -292,7 +292,15 @@ struct hixl_peer {
   _Atomic bool used; /* an operation was issued (fence reports loss only then) */
   uint64_t fence_acked; /* fence(NULL) reported this peer's loss */
   int fd;       /* control socket (TCP, or unix once shm is bound); -1 when none */
-  pthread_mutex_t send_lock; /* serializes writes on fd */
+  pthread_mutex_t send_lock; /* serializes writes on fd, guards the output queue */
+  /* Control messages the socket did not take at once (conn.c): sent by the
+   * control thread when the socket drains (EPOLLOUT), so no sender ever
+   * blocks on a peer that does not read; capped (HIXL_MAX_PEER_QUEUE), and a
+   * peer whose queue makes no progress for the liveness period is dropped. */
+  struct hixl_outmsg *oq_head, *oq_tail;
+  size_t oq_bytes;
+  int64_t oq_progress_ns;
+  bool polled; /* fd is in the control thread's epoll (sends may queue) */
   uint64_t remote_ctx_id;
   pid_t remote_pid;
   uint64_t tag;    /* world tag from HELLO (0: none) */
@@ -365,6 +373,7 @@ struct hixl_ctx {
   int64_t emfile_warned_ns;
   int max_handshakes;     /* HIXL_MAX_HANDSHAKES */
   int max_peers;          /* HIXL_MAX_PEERS: authenticated inbound peers at once */
+  size_t max_outq;        /* HIXL_MAX_PEER_QUEUE: bytes queued for one peer at most */
   pthread_t ctl_thread;
   bool ctl_started;
   _Atomic bool stopping;
