@@ -12,6 +12,12 @@
  * every entry is taken exactly once and in claim order, and an entry's
  * payload is visible to the consumer that sees it published.
  *
+ * A cell stores seq - i (seq_off), not seq: the initial state (seq == i for
+ * every cell, head 0) is then all zeroes after the header, so a ring in a
+ * fresh memfd is initialised by writing its header alone.  Its pages are
+ * faulted in only as positions reach them: an idle peer's 16384-cell shm
+ * inbox costs one page, not 512 KiB (issue 13, finding 6).
+ *
  * Pure code: unit-tested on its own (tests/unit/test_ring.c).
  */
 #ifndef HIXL_RING_H
@@ -23,7 +29,7 @@
 #include <stdint.h>
 
 typedef struct hixl_ring_cell {
-  _Atomic uint64_t seq;
+  _Atomic uint64_t seq_off; /* seq - (the cell's index): see the top */
   uint32_t imm;
   uint32_t flags;
   uint64_t len;
@@ -73,14 +79,32 @@ static inline size_t hixl_ring_bytes(uint64_t cap)
 
 static inline uint64_t hixl_ring_cap(const hixl_ring_t *r) { return r->mask + 1; }
 
-/* cap must be a power of two >= 2.  Initialise the shared part. */
-static inline void hixl_ring_shared_init(hixl_ring_shared_t *sh, uint64_t cap)
+/* Cell i's seq (i = its index, pos & mask). */
+static inline uint64_t hixl_ring_seq(hixl_ring_cell_t *c, uint64_t i)
+{
+  return atomic_load_explicit(&c->seq_off, memory_order_acquire) + i;
+}
+
+static inline void hixl_ring_set_seq(hixl_ring_cell_t *c, uint64_t i, uint64_t seq)
+{
+  atomic_store_explicit(&c->seq_off, seq - i, memory_order_release);
+}
+
+/* Initialise the shared part of cap cells (a power of two >= 2) in memory
+ * known to be zero (a fresh memfd): the header only, no cell is touched. */
+static inline void hixl_ring_shared_init_zeroed(hixl_ring_shared_t *sh, uint64_t cap)
 {
   sh->magic = HIXL_RING_MAGIC;
   sh->cap = cap;
-  for (uint64_t i = 0; i < cap; i++)
-    atomic_store_explicit(&sh->cells[i].seq, i, memory_order_relaxed);
   atomic_store_explicit(&sh->head, 0, memory_order_release);
+}
+
+/* The same in memory of any content. */
+static inline void hixl_ring_shared_init(hixl_ring_shared_t *sh, uint64_t cap)
+{
+  for (uint64_t i = 0; i < cap; i++)
+    atomic_store_explicit(&sh->cells[i].seq_off, 0, memory_order_relaxed);
+  hixl_ring_shared_init_zeroed(sh, cap);
 }
 
 /* A view of a shared part of cap cells (ours, or mapped from a peer). */
@@ -123,7 +147,7 @@ static inline bool hixl_ring_claim(hixl_ring_t *r, uint64_t *pos_p)
   uint64_t pos = atomic_load_explicit(&sh->head, memory_order_relaxed);
   for (unsigned tries = 0; tries < HIXL_RING_CLAIM_RETRIES; tries++) {
     hixl_ring_cell_t *c = &sh->cells[pos & mask];
-    uint64_t seq = atomic_load_explicit(&c->seq, memory_order_acquire);
+    uint64_t seq = hixl_ring_seq(c, pos & mask);
     int64_t diff = (int64_t)(seq - pos);
     if (diff == 0) {
       if (atomic_compare_exchange_weak_explicit(&sh->head, &pos, pos + 1, memory_order_relaxed,
@@ -146,7 +170,7 @@ static inline void hixl_ring_publish(hixl_ring_t *r, uint64_t pos, uint32_t imm,
   c->imm = imm;
   c->len = len;
   c->flags = 0;
-  atomic_store_explicit(&c->seq, pos + 1, memory_order_release);
+  hixl_ring_set_seq(c, pos & r->mask, pos + 1);
 }
 
 static inline bool hixl_ring_push(hixl_ring_t *r, uint32_t imm, uint64_t len)
@@ -170,14 +194,14 @@ static inline bool hixl_ring_pop(hixl_ring_t *r, uint32_t *imm_p, uint64_t *len_
   uint64_t pos = atomic_load_explicit(&r->tail, memory_order_relaxed);
   for (;;) {
     hixl_ring_cell_t *c = &sh->cells[pos & mask];
-    uint64_t seq = atomic_load_explicit(&c->seq, memory_order_acquire);
+    uint64_t seq = hixl_ring_seq(c, pos & mask);
     int64_t diff = (int64_t)(seq - (pos + 1));
     if (diff == 0) {
       if (atomic_compare_exchange_weak_explicit(&r->tail, &pos, pos + 1, memory_order_relaxed,
                                                 memory_order_relaxed)) {
         *imm_p = c->imm;
         *len_p = c->len;
-        atomic_store_explicit(&c->seq, pos + mask + 1, memory_order_release);
+        hixl_ring_set_seq(c, pos & mask, pos + mask + 1);
         return true;
       }
     } else if (diff < 0) {
@@ -195,7 +219,7 @@ static inline bool hixl_ring_pop(hixl_ring_t *r, uint32_t *imm_p, uint64_t *len_
 static inline bool hixl_ring_maybe_nonempty(hixl_ring_t *r)
 {
   uint64_t pos = atomic_load_explicit(&r->tail, memory_order_relaxed);
-  return atomic_load_explicit(&r->sh->cells[pos & r->mask].seq, memory_order_acquire) == pos + 1;
+  return hixl_ring_seq(&r->sh->cells[pos & r->mask], pos & r->mask) == pos + 1;
 }
 
 #endif

@@ -98,7 +98,7 @@ static hixl_status_t make_inbox(shm_peer_t *sp, int *fd_p)
     return hixl__err(HIXL_ERR_NOMEM, "shm: notification ring: %s", strerror(e));
   }
   sp->inbox_sh = p;
-  hixl_ring_shared_init(sp->inbox_sh, SHM_RING_CAP);
+  hixl_ring_shared_init_zeroed(sp->inbox_sh, SHM_RING_CAP); /* a fresh memfd: zero */
   hixl_ring_attach(&sp->inbox, sp->inbox_sh, SHM_RING_CAP);
   *fd_p = fd;
   return HIXL_OK;

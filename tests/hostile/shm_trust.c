@@ -1,0 +1,931 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * shm_trust: peers that completed the shm handshake and then use what they
+ * were handed, or what they told us, against us (issue 13, "trust nothing
+ * a peer controls").  The attacker is the library itself, linked with
+ * --wrap=close (it keeps a copy of every memfd it is handed), --wrap=getpid
+ * (it can claim another process's pid in the handshake) and
+ * --wrap=hixl__memfd (its emulated device memory can be left unsealed).
+ * One mode per run:
+ *
+ *   table        finding 2: the region table a peer maps listed every region
+ *                (published or not) with its rkey, and was handed out
+ *                writable.  The attacker harvests keys from it, forges blobs
+ *                for the target's unpublished regions and writes into them,
+ *                then tries every way to write the table (mmap, pwrite, a
+ *                read-write reopen through /proc, mprotect) and zeroes what
+ *                it can.  The target's unpublished bytes must be intact, a
+ *                legitimate peer must keep reading (and looking up) its
+ *                region, and the attacker must find no key and write nothing.
+ *   subregion    finding 1: a 4 KiB region registered inside an unpublished
+ *                1 MiB hixl_mem_alloc (access 0): FD_REQ handed out the whole
+ *                memfd.  The rest of the allocation must stay unreachable
+ *                and intact; the small region still works (put).
+ *   idle         finding 6: 48 idle peers must not cost the target more than
+ *                IDLE_MAX_KIB of resident memory each (the inbox ring was
+ *                written cell by cell: 512 KiB and more per peer).
+ *   devtrunc     the emulated device importer mapped a peer's memfd without
+ *                checking its seals: an owner that truncates its device
+ *                memory under the importer's mapping killed it (SIGBUS).
+ *                The importer must refuse the unsealed memfd and stay up.
+ *   uid-target   finding 5: a peer of another uid (65534) is refused at
+ *                SHM_BIND by default (HIXL_ERR_AUTH, naming the setting) and
+ *                accepted with HIXL_SHM_ALLOW_UIDS=65534.
+ *   uid-initiator the same from the initiator's side: a target of another
+ *                uid is refused unless the initiator allows it.
+ *   pidlie       finding 5: an initiator claims a bystander's pid in its
+ *                HELLO; the target's puts into the initiator's CMA region
+ *                went into the bystander (a confused deputy).  They must land
+ *                in the initiator, the bystander must be untouched.
+ *   pidlie-target the same with a lying target and an honest initiator.
+ *
+ * The uid modes and the pid modes need root (they exit 77 otherwise).
+ * Exit 0 on success, 1 on failure (the reason on stderr).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <hixl.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "hixl_int.h"
+#include "rkey.h"
+
+#define FAIL(...)                                                                                \
+  do {                                                                                           \
+    fprintf(stderr, "FAIL: " __VA_ARGS__);                                                       \
+    fputc('\n', stderr);                                                                         \
+    exit(1);                                                                                     \
+  } while (0)
+#define OK(x)                                                                                    \
+  do {                                                                                           \
+    hixl_status_t st_ = (x);                                                                     \
+    if (st_ != HIXL_OK)                                                                          \
+      FAIL("%s: %s (%s)", #x, hixl_strerror(st_), hixl_last_error());                            \
+  } while (0)
+
+#define KV_LEN (1u << 20)
+#define SECRET_LEN (64u << 10)
+#define BIG_LEN (1u << 20)   /* subregion: the allocation */
+#define SMALL_OFF (64u << 10) /* and the region inside it */
+#define SMALL_LEN 4096u
+#define VICTIM_LEN (64u << 10)
+#define IDLE_WARM 4
+#define IDLE_PEERS 48
+#define IDLE_MAX_KIB 64
+#define NOBODY 65534
+#define TOKEN "hostile-trust"
+
+static const char *g_mode;
+static bool mode(const char *m) { return strcmp(g_mode, m) == 0; }
+
+/* --- the attacker's instruments ---------------------------------------- */
+int __real_close(int fd);
+int __wrap_close(int fd);
+pid_t __real_getpid(void);
+pid_t __wrap_getpid(void);
+int __real_hixl__memfd(const char *name, size_t len);
+int __wrap_hixl__memfd(const char *name, size_t len);
+static int g_kept[64];
+static int g_nkept;
+static int g_capture;
+static pid_t g_fake_pid;   /* != 0: what getpid() says */
+static bool g_unseal_dev;  /* emulated device memory in an unsealed memfd */
+static int g_dev_fd = -1;  /* and its fd, to truncate */
+
+int __wrap_close(int fd)
+{
+  if (g_capture && fd >= 0 && g_nkept < 64) {
+    char path[64], link[256];
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(path, link, sizeof(link) - 1);
+    if (n > 0) {
+      link[n] = 0;
+      if (strncmp(link, "/memfd:hixl-", 12) == 0) {
+        int d = fcntl(fd, F_DUPFD_CLOEXEC, 100);
+        if (d >= 0)
+          g_kept[g_nkept++] = d;
+      }
+    }
+  }
+  return __real_close(fd);
+}
+
+pid_t __wrap_getpid(void) { return g_fake_pid ? g_fake_pid : __real_getpid(); }
+
+int __wrap_hixl__memfd(const char *name, size_t len)
+{
+  if (!g_unseal_dev || strcmp(name, "hixl-device") != 0)
+    return __real_hixl__memfd(name, len);
+  int fd = memfd_create(name, MFD_CLOEXEC); /* no seals at all */
+  if (fd < 0 || ftruncate(fd, (off_t)len) != 0)
+    return -1;
+  g_dev_fd = fcntl(fd, F_DUPFD_CLOEXEC, 100);
+  return fd;
+}
+
+/* --- common ------------------------------------------------------------- */
+static uint8_t pat(size_t i) { return (uint8_t)(i * 131u + (i >> 12) + 7u); }
+
+static hixl_ctx_t *mk_ctx(void)
+{
+  hixl_config_t cfg;
+  hixl_config_init(&cfg);
+  cfg.listen = "127.0.0.1:0";
+  cfg.transports = "shm";
+  cfg.auth_token = TOKEN;
+  cfg.timeout_ms = 5000;
+  hixl_ctx_t *ctx;
+  OK(hixl_ctx_create(&cfg, &ctx));
+  return ctx;
+}
+
+static double now_s(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* Become uid/gid 65534 (fork children only; needs root). */
+static void become_nobody(void)
+{
+  if (setgroups(0, NULL) != 0 || setresgid(NOBODY, NOBODY, NOBODY) != 0 ||
+      setresuid(NOBODY, NOBODY, NOBODY) != 0)
+    FAIL("cannot become uid %d: %s", NOBODY, strerror(errno));
+  prctl(PR_SET_DUMPABLE, 1);
+  prctl(PR_SET_PDEATHSIG, SIGKILL); /* cleared by the change of credentials */
+}
+
+static void put_byte(int fd, char c)
+{
+  if (write(fd, &c, 1) != 1)
+    FAIL("write to a pipe: %s", strerror(errno));
+}
+
+static char get_byte(int fd)
+{
+  char c;
+  ssize_t n;
+  while ((n = read(fd, &c, 1)) < 0 && errno == EINTR)
+    ;
+  if (n != 1)
+    FAIL("a pipe closed (the other side died)");
+  return c;
+}
+
+static bool try_byte(int fd, char *c)
+{
+  fcntl(fd, F_SETFL, O_NONBLOCK);
+  return read(fd, c, 1) == 1;
+}
+
+static void put_str(int fd, const char *s)
+{
+  if (write(fd, s, strlen(s) + 1) != (ssize_t)(strlen(s) + 1))
+    FAIL("write to a pipe");
+}
+
+static void get_str(int fd, char *buf, size_t cap)
+{
+  size_t got = 0;
+  while (got < cap) {
+    ssize_t n = read(fd, buf + got, 1);
+    if (n <= 0)
+      FAIL("no address (the other side died)");
+    if (buf[got++] == 0)
+      return;
+  }
+  FAIL("address too long");
+}
+
+static int wait_for(pid_t pid, const char *who)
+{
+  int ws;
+  double end = now_s() + 90; /* a hang guard, not a timing assertion */
+  for (;;) {
+    pid_t r = waitpid(pid, &ws, WNOHANG);
+    if (r == pid)
+      break;
+    if (now_s() > end) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &ws, 0);
+      fprintf(stderr, "FAIL: %s hung (killed after 90 s)\n", who);
+      return 1;
+    }
+    usleep(10000);
+  }
+  if (WIFSIGNALED(ws)) {
+    fprintf(stderr, "FAIL: %s died of signal %d (%s)\n", who, WTERMSIG(ws),
+            strsignal(WTERMSIG(ws)));
+    return 1;
+  }
+  if (WEXITSTATUS(ws) != 0) {
+    fprintf(stderr, "FAIL: %s exited %d\n", who, WEXITSTATUS(ws));
+    return 1;
+  }
+  return 0;
+}
+
+static pid_t spawn(void (*fn)(void))
+{
+  pid_t pid = fork();
+  if (pid < 0)
+    FAIL("fork: %s", strerror(errno));
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    fn();
+    exit(0);
+  }
+  return pid;
+}
+
+static long rss_kib(pid_t pid)
+{
+  char path[64], line[256];
+  snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+  FILE *f = fopen(path, "re");
+  long v = -1;
+  while (f && fgets(line, sizeof(line), f))
+    if (sscanf(line, "VmRSS: %ld kB", &v) == 1)
+      break;
+  if (f)
+    fclose(f);
+  if (v < 0)
+    FAIL("cannot read the RSS of pid %d", (int)pid);
+  return v;
+}
+
+/* Pipes between the parent and the children. */
+static int g_t_ctl[2];  /* parent -> target: 'q' stop */
+static int g_t_out[2];  /* target -> parent: its address */
+static int g_l_go[2];   /* parent -> legit peer: 'f' finish */
+static int g_l_rdy[2];  /* legit peer -> parent: 'r' served once */
+static int g_a_ctl[2];  /* parent -> attacker */
+static int g_a_out[2];  /* attacker -> parent */
+static int g_b_ctl[2];  /* parent -> bystander: 'q' check and leave */
+static char g_addr[256];
+static char g_addr2[256];
+static pid_t g_bystander;
+
+/* Every process forks from main: this buffer has the same address in each.
+ * The bystander fills it with pat(i + 11); the pid-lie attacker registers
+ * its own copy as a CMA region. */
+static uint8_t g_victim[VICTIM_LEN] __attribute__((aligned(4096)));
+
+/* --- the honest target ---------------------------------------------------- */
+static void target_main(void)
+{
+  if (mode("uid-initiator"))
+    become_nobody();
+  hixl_ctx_t *ctx = mk_ctx();
+  uint8_t *kv;
+  hixl_mr_t *mr;
+  OK(hixl_mem_alloc(ctx, KV_LEN, HIXL_MEM_HOST, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE,
+                    (void **)&kv, &mr));
+  for (size_t i = 0; i < KV_LEN; i++)
+    kv[i] = pat(i);
+  OK(hixl_mr_publish(mr, "kv"));
+  /* table: two regions nobody was given a blob for. */
+  uint8_t *secret = NULL, *secret2 = NULL;
+  hixl_mr_t *secret_mr = NULL, *secret2_mr = NULL;
+  if (mode("table")) {
+    secret = aligned_alloc(4096, SECRET_LEN);
+    for (size_t i = 0; i < SECRET_LEN; i++)
+      secret[i] = pat(i + 3);
+    OK(hixl_mr_reg(ctx, secret, SECRET_LEN, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &secret_mr));
+    OK(hixl_mem_alloc(ctx, SECRET_LEN, HIXL_MEM_HOST, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE,
+                      (void **)&secret2, &secret2_mr));
+    for (size_t i = 0; i < SECRET_LEN; i++)
+      secret2[i] = pat(i + 5);
+  }
+  /* subregion: 4 KiB published inside an unpublished 1 MiB allocation. */
+  uint8_t *big = NULL;
+  hixl_mr_t *big_mr = NULL, *small_mr = NULL;
+  if (mode("subregion")) {
+    OK(hixl_mem_alloc(ctx, BIG_LEN, HIXL_MEM_HOST, 0, (void **)&big, &big_mr));
+    for (size_t i = 0; i < BIG_LEN; i++)
+      big[i] = pat(i + 9);
+    OK(hixl_mr_reg(ctx, big + SMALL_OFF, SMALL_LEN, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE,
+                   &small_mr));
+    OK(hixl_mr_publish(small_mr, "small"));
+  }
+  /* uid-target: a second context that lets uid 65534 in. */
+  hixl_ctx_t *ctx2 = NULL;
+  uint8_t *kv2 = NULL;
+  hixl_mr_t *mr2 = NULL;
+  if (mode("uid-target")) {
+    setenv("HIXL_SHM_ALLOW_UIDS", "65534", 1);
+    ctx2 = mk_ctx();
+    unsetenv("HIXL_SHM_ALLOW_UIDS");
+    OK(hixl_mem_alloc(ctx2, KV_LEN, HIXL_MEM_HOST, HIXL_ACCESS_READ, (void **)&kv2, &mr2));
+    for (size_t i = 0; i < KV_LEN; i++)
+      kv2[i] = pat(i);
+    OK(hixl_mr_publish(mr2, "kv"));
+  }
+  put_str(g_t_out[1], hixl_ctx_address(ctx));
+  if (ctx2)
+    put_str(g_t_out[1], hixl_ctx_address(ctx2));
+  uint64_t notifs = 0, late = 0;
+  for (;;) {
+    char c;
+    bool stop = try_byte(g_t_ctl[0], &c);
+    hixl_notif_t nb[64];
+    int n = hixl_notif_poll(ctx, nb, 64);
+    for (int i = 0; i < n; i++) {
+      notifs++;
+      if (nb[i].imm == 0xfeed)
+        late++;
+      if (nb[i].imm == 0xa77) {
+        /* pidlie: the initiator asks for a put into its region "att". */
+        hixl_rmr_t *att;
+        /* Its notification can be seen before our control thread has
+         * marked the new peer up (lookup: PEER_LOST "not connected"). */
+        hixl_status_t st;
+        for (int tries = 0;
+             (st = hixl_rmr_lookup(nb[i].peer, "att", 10000, &att)) == HIXL_ERR_PEER_LOST &&
+             tries < 1000;
+             tries++)
+          usleep(10000);
+        OK(st);
+        static uint8_t src[VICTIM_LEN];
+        for (size_t k = 0; k < VICTIM_LEN; k++)
+          src[k] = pat(k + 13);
+        OK(hixl_put(nb[i].peer, src, VICTIM_LEN, att, 0, 0, NULL));
+        OK(hixl_fence(ctx, nb[i].peer, 10000));
+        OK(hixl_notify(nb[i].peer, 0xd0e, 0, NULL));
+        hixl_rmr_release(att);
+      }
+    }
+    if (stop)
+      break;
+    usleep(1000);
+  }
+  for (size_t i = 0; i < KV_LEN; i++)
+    if (kv[i] != pat(i))
+      FAIL("target: its kv changed at byte %zu", i);
+  if (secret) {
+    for (size_t i = 0; i < SECRET_LEN; i++)
+      if (secret[i] != pat(i + 3))
+        FAIL("target: its unpublished heap region was written at byte %zu", i);
+    for (size_t i = 0; i < SECRET_LEN; i++)
+      if (secret2[i] != pat(i + 5))
+        FAIL("target: its unpublished hixl_mem_alloc region was written at byte %zu", i);
+    OK(hixl_mr_dereg(secret_mr));
+    OK(hixl_mr_dereg(secret2_mr));
+  }
+  if (big) {
+    for (size_t i = 0; i < BIG_LEN; i++)
+      if ((i < SMALL_OFF || i >= SMALL_OFF + SMALL_LEN) && big[i] != pat(i + 9))
+        FAIL("target: byte %zu of the allocation around the small region changed", i);
+    OK(hixl_mr_dereg(small_mr));
+    OK(hixl_mr_dereg(big_mr));
+  }
+  if (late == 0)
+    FAIL("target: no notification from the legitimate peer after the attack (%llu in all)",
+         (unsigned long long)notifs);
+  OK(hixl_mr_dereg(mr));
+  printf("target: %llu notifications (%llu after the attack), memory intact\n",
+         (unsigned long long)notifs, (unsigned long long)late);
+  if (ctx2)
+    hixl_ctx_destroy(ctx2);
+  hixl_ctx_destroy(ctx);
+  exit(0);
+}
+
+/* --- the legitimate peer -------------------------------------------------- */
+static void check_get(hixl_ctx_t *ctx, hixl_peer_t *peer, hixl_rmr_t *kv, size_t k)
+{
+  static uint8_t buf[4096];
+  size_t off = (k * 4096 * 7) % KV_LEN;
+  OK(hixl_get(peer, buf, sizeof(buf), kv, off, 0, NULL));
+  OK(hixl_fence(ctx, peer, 10000));
+  for (size_t i = 0; i < sizeof(buf); i++)
+    if (buf[i] != pat(off + i))
+      FAIL("legit peer: byte %zu of kv read %u, expected %u", off + i, buf[i], pat(off + i));
+}
+
+static void legit_main(void)
+{
+  hixl_ctx_t *ctx = mk_ctx();
+  hixl_peer_t *peer;
+  OK(hixl_connect(ctx, g_addr, 10000, &peer));
+  hixl_rmr_t *kv;
+  OK(hixl_rmr_lookup(peer, "kv", 10000, &kv));
+  uint64_t gets = 0;
+  int after = -1; /* rounds left once told to finish */
+  for (size_t k = 0; after != 0; k++) {
+    check_get(ctx, peer, kv, k);
+    gets++;
+    if (gets == 1)
+      put_byte(g_l_rdy[1], 'r');
+    char c;
+    if (after < 0 && try_byte(g_l_go[0], &c)) {
+      /* After the attack: a fresh lookup (the blob checked against the
+       * target's table again) must work too. */
+      hixl_rmr_t *kv_again;
+      OK(hixl_rmr_lookup(peer, "kv", 10000, &kv_again));
+      hixl_rmr_release(kv);
+      kv = kv_again;
+      after = 50;
+    }
+    OK(hixl_notify(peer, after >= 0 ? 0xfeed : 1, 0, NULL));
+    if (after > 0)
+      after--;
+    usleep(500);
+  }
+  OK(hixl_fence(ctx, peer, 10000));
+  printf("legit peer: %llu gets intact\n", (unsigned long long)gets);
+  hixl_ctx_destroy(ctx);
+  exit(0);
+}
+
+/* --- the attackers -------------------------------------------------------- */
+static const char *fd_name(int fd, char *buf, size_t cap)
+{
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+  ssize_t n = readlink(path, buf, cap - 1);
+  buf[n > 0 ? n : 0] = 0;
+  return buf;
+}
+
+/* Every way to write a memfd we hold read-only; each that works zeroes it.
+ * Returns how many worked. */
+static int try_write(int fd, size_t size)
+{
+  int wrote = 0;
+  uint8_t *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p != MAP_FAILED) {
+    memset(p, 0, size);
+    munmap(p, size);
+    wrote++;
+  }
+  static const uint8_t zero[4096];
+  if (pwrite(fd, zero, sizeof(zero), 0) > 0)
+    wrote++;
+  p = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+  if (p != MAP_FAILED) {
+    if (mprotect(p, size, PROT_READ | PROT_WRITE) == 0) {
+      memset(p, 0, size);
+      wrote++;
+    }
+    munmap(p, size);
+  }
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+  int rw = open(path, O_RDWR | O_CLOEXEC);
+  if (rw >= 0) {
+    p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0);
+    if (p != MAP_FAILED) {
+      memset(p, 0, size);
+      munmap(p, size);
+      wrote++;
+    }
+    if (pwrite(rw, zero, sizeof(zero), 0) > 0)
+      wrote++;
+    close(rw);
+  }
+  return wrote;
+}
+
+static void attack_table(hixl_ctx_t *ctx, hixl_peer_t *peer)
+{
+  hixl_rmr_t *kv;
+  OK(hixl_rmr_lookup(peer, "kv", 10000, &kv));
+  g_capture = 0;
+  int table = -1;
+  char name[256];
+  for (int i = 0; i < g_nkept; i++)
+    if (strstr(fd_name(g_kept[i], name, sizeof(name)), "hixl-regions"))
+      table = g_kept[i];
+  if (table < 0)
+    FAIL("attacker: no region table among %d memfds", g_nkept);
+  struct stat st;
+  if (fstat(table, &st) != 0 || st.st_size <= 0)
+    FAIL("attacker: fstat of the table");
+  size_t size = (size_t)st.st_size;
+  const uint8_t *t = mmap(NULL, size, PROT_READ, MAP_SHARED, table, 0);
+  if (t == MAP_FAILED)
+    FAIL("attacker: cannot even read the table: %s", strerror(errno));
+  /* Harvest: the key of kv (which we hold) anywhere in it, and every slot
+   * read as {rkey, base, len, access, flags} forged into a blob. */
+  int leaked = 0, forged = 0, wrote = 0;
+  for (size_t o = 0; o + 8 <= size; o += 8) {
+    uint64_t w;
+    memcpy(&w, t + o, 8);
+    leaked += w == kv->rkey;
+  }
+  for (size_t s = 0; s < size / 32; s++) {
+    const uint8_t *e = t + s * 32;
+    hixl_rkey_info_t k = {.ctx_id = peer->remote_ctx_id, .slot = (uint32_t)s};
+    memcpy(&k.rkey, e, 8);
+    memcpy(&k.base, e + 8, 8);
+    memcpy(&k.len, e + 16, 8);
+    memcpy(&k.access, e + 24, 4);
+    memcpy(&k.flags, e + 28, 4);
+    if (k.rkey == 0 || k.rkey == kv->rkey || k.len == 0)
+      continue;
+    uint8_t blob[HIXL_RKEY_BLOB_LEN];
+    hixl_rkey_encode(&k, blob);
+    hixl_rmr_t *r;
+    if (hixl_rmr_unpack(peer, blob, sizeof(blob), &r) != HIXL_OK)
+      continue;
+    forged++;
+    static uint8_t junk[256];
+    memset(junk, 0x5a, sizeof(junk));
+    if (hixl_put(peer, junk, k.len < sizeof(junk) ? (size_t)k.len : sizeof(junk), r, 0, 0,
+                 NULL) == HIXL_OK)
+      (void)hixl_fence(ctx, peer, 10000);
+  }
+  munmap((void *)t, size);
+  wrote = try_write(table, size);
+  printf("attacker: table of %zu bytes: kv's key found %d times, %d regions reached with "
+         "forged blobs, %d writes into the table\n", size, leaked, forged, wrote);
+  if (leaked || forged || wrote)
+    FAIL("attacker: the table gave away keys or took writes");
+}
+
+static void attack_subregion(hixl_ctx_t *ctx, hixl_peer_t *peer)
+{
+  g_capture = 1;
+  hixl_rmr_t *small;
+  OK(hixl_rmr_lookup(peer, "small", 10000, &small));
+  g_capture = 0;
+  int exposed = 0;
+  char name[256];
+  for (int i = 0; i < g_nkept; i++) {
+    struct stat st;
+    if (!strstr(fd_name(g_kept[i], name, sizeof(name)), "hixl-mem") ||
+        fstat(g_kept[i], &st) != 0 || (size_t)st.st_size < BIG_LEN)
+      continue;
+    uint8_t *p = mmap(NULL, BIG_LEN, PROT_READ | PROT_WRITE, MAP_SHARED, g_kept[i], 0);
+    bool rw = p != MAP_FAILED;
+    if (!rw)
+      p = mmap(NULL, BIG_LEN, PROT_READ, MAP_SHARED, g_kept[i], 0);
+    if (p == MAP_FAILED)
+      continue;
+    exposed++;
+    printf("attacker: mapped the whole 1 MiB allocation (%s); byte 0 reads %u\n",
+           rw ? "read-write" : "read-only", p[0]);
+    if (rw)
+      memset(p, 0x55, SMALL_OFF);
+    munmap(p, BIG_LEN);
+  }
+  /* The region itself works, whatever carries it. */
+  static uint8_t buf[SMALL_LEN];
+  memset(buf, 0x77, sizeof(buf));
+  OK(hixl_put(peer, buf, sizeof(buf), small, 0, 0, NULL));
+  OK(hixl_fence(ctx, peer, 10000));
+  memset(buf, 0, sizeof(buf));
+  OK(hixl_get(peer, buf, sizeof(buf), small, 0, 0, NULL));
+  for (size_t i = 0; i < sizeof(buf); i++)
+    if (buf[i] != 0x77)
+      FAIL("attacker: the small region read back %u at %zu", buf[i], i);
+  if (exposed)
+    FAIL("attacker: the memfd of the whole allocation was handed out");
+  printf("attacker: the small region works, nothing around it reachable\n");
+}
+
+static void attacker_main(void)
+{
+  hixl_ctx_t *ctx = mk_ctx();
+  if (mode("idle")) {
+    hixl_peer_t *p;
+    for (int i = 0; i < IDLE_WARM; i++)
+      OK(hixl_connect(ctx, g_addr, 10000, &p));
+    put_byte(g_a_out[1], 'w');
+    get_byte(g_a_ctl[0]);
+    for (int i = 0; i < IDLE_PEERS; i++)
+      OK(hixl_connect(ctx, g_addr, 10000, &p));
+    put_byte(g_a_out[1], 'c');
+    get_byte(g_a_ctl[0]); /* measured: leave */
+    _exit(0);
+  }
+  hixl_peer_t *peer;
+  g_capture = 1; /* the table comes at bind */
+  OK(hixl_connect(ctx, g_addr, 10000, &peer));
+  g_capture = 0;
+  if (mode("table"))
+    attack_table(ctx, peer);
+  else if (mode("subregion"))
+    attack_subregion(ctx, peer);
+  _exit(0); /* without a word */
+}
+
+/* The peer of another uid (uid-target): refused by default, accepted by the
+ * context that allows it. */
+static void nobody_peer_main(void)
+{
+  become_nobody();
+  hixl_ctx_t *ctx = mk_ctx();
+  hixl_peer_t *peer;
+  hixl_status_t st = hixl_connect(ctx, g_addr, 10000, &peer);
+  if (st == HIXL_OK)
+    FAIL("uid %d peer: accepted by a target that does not allow its uid", NOBODY);
+  if (st != HIXL_ERR_AUTH || !strstr(hixl_last_error(), "HIXL_SHM_ALLOW_UIDS"))
+    FAIL("uid %d peer: refused with %s (%s): want AUTH naming HIXL_SHM_ALLOW_UIDS", NOBODY,
+         hixl_strerror(st), hixl_last_error());
+  printf("uid %d peer: refused: %s\n", NOBODY, hixl_last_error());
+  OK(hixl_connect(ctx, g_addr2, 10000, &peer));
+  hixl_rmr_t *kv;
+  OK(hixl_rmr_lookup(peer, "kv", 10000, &kv));
+  for (size_t k = 0; k < 16; k++)
+    check_get(ctx, peer, kv, k);
+  printf("uid %d peer: served by the target that allows it\n", NOBODY);
+  hixl_ctx_destroy(ctx);
+  exit(0);
+}
+
+/* uid-initiator: a root initiator and a target of uid 65534. */
+static void root_initiator_main(void)
+{
+  hixl_ctx_t *ctx = mk_ctx();
+  hixl_peer_t *peer;
+  hixl_status_t st = hixl_connect(ctx, g_addr, 10000, &peer);
+  if (st == HIXL_OK)
+    FAIL("initiator: bound to a target of uid %d it does not allow", NOBODY);
+  if (st != HIXL_ERR_AUTH || !strstr(hixl_last_error(), "HIXL_SHM_ALLOW_UIDS"))
+    FAIL("initiator: refused with %s (%s): want AUTH naming HIXL_SHM_ALLOW_UIDS",
+         hixl_strerror(st), hixl_last_error());
+  printf("initiator: refused the target: %s\n", hixl_last_error());
+  setenv("HIXL_SHM_ALLOW_UIDS", "65534", 1);
+  hixl_ctx_t *ctx2 = mk_ctx();
+  OK(hixl_connect(ctx2, g_addr, 10000, &peer));
+  hixl_rmr_t *kv;
+  OK(hixl_rmr_lookup(peer, "kv", 10000, &kv));
+  for (size_t k = 0; k < 16; k++)
+    check_get(ctx2, peer, kv, k);
+  OK(hixl_notify(peer, 0xfeed, 0, NULL));
+  printf("initiator: with HIXL_SHM_ALLOW_UIDS=65534, served\n");
+  hixl_ctx_destroy(ctx2);
+  hixl_ctx_destroy(ctx);
+  exit(0);
+}
+
+/* --- pid lies -------------------------------------------------------------- */
+static void bystander_main(void)
+{
+  for (size_t i = 0; i < VICTIM_LEN; i++)
+    g_victim[i] = pat(i + 11);
+  put_byte(g_a_out[1], 'b');
+  get_byte(g_b_ctl[0]);
+  for (size_t i = 0; i < VICTIM_LEN; i++)
+    if (g_victim[i] != pat(i + 11))
+      FAIL("bystander (pid %d): byte %zu of its memory was written by a hixl peer (%u)",
+           (int)getpid(), i, g_victim[i]);
+  printf("bystander: untouched\n");
+  exit(0);
+}
+
+/* Wait for notification imm (a hang guard only); then g_victim must hold
+ * what the honest side put. */
+static void expect_put(hixl_ctx_t *ctx, uint32_t imm, const char *who)
+{
+  double end = now_s() + 60;
+  for (;;) {
+    hixl_notif_t nb;
+    if (hixl_notif_poll(ctx, &nb, 1) == 1 && nb.imm == imm)
+      break;
+    if (now_s() > end)
+      FAIL("%s: no notification after the put", who);
+    usleep(1000);
+  }
+  for (size_t i = 0; i < VICTIM_LEN; i++)
+    if (g_victim[i] != pat(i + 13))
+      FAIL("%s: the put did not land here (byte %zu is %u): it went to pid %d", who, i,
+           g_victim[i], (int)g_fake_pid);
+  printf("%s: the put landed in this process, not in pid %d\n", who, (int)g_fake_pid);
+}
+
+static void liar_initiator_main(void)
+{
+  g_fake_pid = g_bystander;
+  memset(g_victim, 0, sizeof(g_victim));
+  hixl_ctx_t *ctx = mk_ctx();
+  hixl_mr_t *mr;
+  OK(hixl_mr_reg(ctx, g_victim, VICTIM_LEN, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &mr));
+  OK(hixl_mr_publish(mr, "att"));
+  hixl_peer_t *peer;
+  OK(hixl_connect(ctx, g_addr, 10000, &peer));
+  OK(hixl_notify(peer, 0xa77, 0, NULL)); /* "put into my region, please" */
+  expect_put(ctx, 0xd0e, "lying initiator");
+  OK(hixl_notify(peer, 0xfeed, 0, NULL));
+  OK(hixl_fence(ctx, peer, 10000));
+  hixl_ctx_destroy(ctx);
+  exit(0);
+}
+
+static void liar_target_main(void)
+{
+  g_fake_pid = g_bystander;
+  memset(g_victim, 0, sizeof(g_victim));
+  hixl_ctx_t *ctx = mk_ctx();
+  hixl_mr_t *mr;
+  OK(hixl_mr_reg(ctx, g_victim, VICTIM_LEN, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &mr));
+  OK(hixl_mr_publish(mr, "att"));
+  put_str(g_t_out[1], hixl_ctx_address(ctx));
+  expect_put(ctx, 0xd0e, "lying target");
+  get_byte(g_t_ctl[0]);
+  hixl_ctx_destroy(ctx);
+  exit(0);
+}
+
+static void honest_initiator_main(void)
+{
+  hixl_ctx_t *ctx = mk_ctx();
+  hixl_peer_t *peer;
+  OK(hixl_connect(ctx, g_addr, 10000, &peer));
+  hixl_rmr_t *att;
+  OK(hixl_rmr_lookup(peer, "att", 10000, &att));
+  static uint8_t src[VICTIM_LEN];
+  for (size_t k = 0; k < VICTIM_LEN; k++)
+    src[k] = pat(k + 13);
+  OK(hixl_put(peer, src, VICTIM_LEN, att, 0, 0, NULL));
+  OK(hixl_fence(ctx, peer, 10000));
+  OK(hixl_notify(peer, 0xd0e, 0, NULL));
+  OK(hixl_fence(ctx, peer, 10000));
+  hixl_ctx_destroy(ctx);
+  exit(0);
+}
+
+/* --- devtrunc ---------------------------------------------------------- */
+static void dev_owner_main(void)
+{
+  g_unseal_dev = true;
+  hixl_ctx_t *ctx = mk_ctx();
+  uint8_t *kv;
+  hixl_mr_t *mr;
+  OK(hixl_mem_alloc(ctx, KV_LEN, HIXL_MEM_HOST, HIXL_ACCESS_READ, (void **)&kv, &mr));
+  for (size_t i = 0; i < KV_LEN; i++)
+    kv[i] = pat(i);
+  OK(hixl_mr_publish(mr, "kv"));
+  void *dev;
+  hixl_mr_t *dmr;
+  OK(hixl_mem_alloc(ctx, KV_LEN, HIXL_MEM_DEVICE, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &dev,
+                    &dmr));
+  if (g_dev_fd < 0)
+    FAIL("device owner: no unsealed device memfd (is HIXL_DEVICE=emulated set?)");
+  OK(hixl_mr_publish(dmr, "dev"));
+  put_str(g_t_out[1], hixl_ctx_address(ctx));
+  get_byte(g_a_ctl[0]); /* the importer looked it up */
+  if (ftruncate(g_dev_fd, 0) != 0)
+    FAIL("device owner: ftruncate: %s", strerror(errno));
+  put_byte(g_a_out[1], 't');
+  get_byte(g_t_ctl[0]);
+  hixl_ctx_destroy(ctx);
+  exit(0);
+}
+
+static void dev_importer_main(void)
+{
+  hixl_ctx_t *ctx = mk_ctx();
+  hixl_peer_t *peer;
+  OK(hixl_connect(ctx, g_addr, 10000, &peer));
+  hixl_rmr_t *kv, *dev = NULL;
+  OK(hixl_rmr_lookup(peer, "kv", 10000, &kv));
+  check_get(ctx, peer, kv, 0);
+  hixl_status_t st = hixl_rmr_lookup(peer, "dev", 10000, &dev);
+  printf("importer: lookup of the unsealed device region: %s (%s)\n", hixl_strerror(st),
+         st == HIXL_OK ? "imported" : hixl_last_error());
+  put_byte(g_a_ctl[1], 'l');
+  get_byte(g_a_out[0]); /* truncated */
+  if (st == HIXL_OK) {
+    static uint8_t buf[4096];
+    (void)hixl_get(peer, buf, sizeof(buf), dev, 8192, 0, NULL); /* SIGBUS before */
+    (void)hixl_fence(ctx, peer, 10000);
+  }
+  for (size_t k = 0; k < 16; k++)
+    check_get(ctx, peer, kv, k);
+  if (st == HIXL_OK)
+    FAIL("importer: imported device memory in an unsealed memfd");
+  printf("importer: up, its other region intact\n");
+  hixl_ctx_destroy(ctx);
+  exit(0);
+}
+
+/* ------------------------------------------------------------------------- */
+static void read_addrs(int n)
+{
+  get_str(g_t_out[0], g_addr, sizeof(g_addr));
+  if (n > 1)
+    get_str(g_t_out[0], g_addr2, sizeof(g_addr2));
+}
+
+/* target + legitimate peer + attacker (table, subregion, idle). */
+static int run_attack(void)
+{
+  pid_t target = spawn(target_main);
+  read_addrs(1);
+  pid_t legit = spawn(legit_main);
+  get_byte(g_l_rdy[0]); /* the legitimate peer is connected and served */
+  pid_t att = spawn(attacker_main);
+  int fails = 0;
+  if (mode("idle")) {
+    get_byte(g_a_out[0]);
+    long before = rss_kib(target);
+    put_byte(g_a_ctl[1], 'm');
+    get_byte(g_a_out[0]);
+    long after = rss_kib(target);
+    long per = (after - before) / IDLE_PEERS;
+    printf("target RSS: %ld KiB with %d peers, %ld KiB with %d more idle peers: %ld KiB each\n",
+           before, IDLE_WARM + 1, after, IDLE_PEERS, per);
+    if (per > IDLE_MAX_KIB) {
+      fprintf(stderr, "FAIL: an idle peer costs the target %ld KiB (at most %d wanted)\n", per,
+              IDLE_MAX_KIB);
+      fails++;
+    }
+    put_byte(g_a_ctl[1], 'x');
+  }
+  fails += wait_for(att, "attacker");
+  put_byte(g_l_go[1], 'f');
+  fails += wait_for(legit, "legitimate peer");
+  put_byte(g_t_ctl[1], 'q');
+  fails += wait_for(target, "target");
+  return fails;
+}
+
+int main(int argc, char **argv)
+{
+  setvbuf(stdout, NULL, _IONBF, 0);
+  g_mode = argc > 1 ? argv[1] : "table";
+  if ((strncmp(g_mode, "uid", 3) == 0 || strncmp(g_mode, "pidlie", 6) == 0) && getuid() != 0) {
+    printf("skip: mode %s needs root (another uid, another process's memory)\n", g_mode);
+    return 77;
+  }
+  if (pipe(g_t_ctl) || pipe(g_t_out) || pipe(g_l_go) || pipe(g_l_rdy) || pipe(g_a_ctl) ||
+      pipe(g_a_out) || pipe(g_b_ctl))
+    FAIL("pipe");
+  signal(SIGPIPE, SIG_IGN);
+  int fails = 0;
+  if (mode("table") || mode("subregion") || mode("idle")) {
+    fails = run_attack();
+  } else if (mode("devtrunc")) {
+    pid_t owner = spawn(dev_owner_main);
+    read_addrs(1);
+    pid_t imp = spawn(dev_importer_main);
+    fails += wait_for(imp, "importer");
+    put_byte(g_t_ctl[1], 'q');
+    fails += wait_for(owner, "device owner");
+  } else if (mode("uid-target")) {
+    pid_t target = spawn(target_main);
+    read_addrs(2);
+    pid_t legit = spawn(legit_main);
+    get_byte(g_l_rdy[0]);
+    pid_t nob = spawn(nobody_peer_main);
+    fails += wait_for(nob, "uid 65534 peer");
+    put_byte(g_l_go[1], 'f');
+    fails += wait_for(legit, "legitimate peer");
+    put_byte(g_t_ctl[1], 'q');
+    fails += wait_for(target, "target");
+  } else if (mode("uid-initiator")) {
+    pid_t target = spawn(target_main); /* as uid 65534 */
+    read_addrs(1);
+    pid_t init = spawn(root_initiator_main);
+    fails += wait_for(init, "root initiator");
+    put_byte(g_t_ctl[1], 'q');
+    fails += wait_for(target, "uid 65534 target");
+  } else if (mode("pidlie") || mode("pidlie-target")) {
+    g_bystander = spawn(bystander_main);
+    get_byte(g_a_out[0]);
+    if (mode("pidlie")) {
+      pid_t target = spawn(target_main);
+      read_addrs(1);
+      pid_t legit = spawn(legit_main);
+      get_byte(g_l_rdy[0]);
+      pid_t liar = spawn(liar_initiator_main);
+      fails += wait_for(liar, "lying initiator");
+      put_byte(g_l_go[1], 'f');
+      fails += wait_for(legit, "legitimate peer");
+      put_byte(g_t_ctl[1], 'q');
+      fails += wait_for(target, "target");
+    } else {
+      pid_t liar = spawn(liar_target_main);
+      read_addrs(1);
+      pid_t init = spawn(honest_initiator_main);
+      fails += wait_for(init, "honest initiator");
+      put_byte(g_t_ctl[1], 'q');
+      fails += wait_for(liar, "lying target");
+    }
+    put_byte(g_b_ctl[1], 'q');
+    fails += wait_for(g_bystander, "bystander");
+  } else {
+    FAIL("unknown mode %s", g_mode);
+  }
+  if (fails)
+    return 1;
+  printf("ok\n");
+  return 0;
+}
