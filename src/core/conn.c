@@ -38,6 +38,7 @@
 #include "auth.h"
 #include "config.h"
 #include "hixl_int.h"
+#include "tls.h"
 
 #define RX_CAP (HIXL_WIRE_HDR + HIXL_WIRE_MAX)
 /* How long a lost peer keeps its mappings: far longer than any copy that
@@ -61,6 +62,7 @@ static hixl_peer_t *peer_new(hixl_ctx_t *ctx, int fd, bool inbound)
   p->magic = HIXL_MAGIC_PEER;
   p->ctx = ctx;
   p->fd = fd;
+  p->tls_fd = -1;
   p->inbound = inbound;
   atomic_init(&p->state, HIXL_PEER_CONNECTING);
   pthread_mutex_init(&p->send_lock, NULL);
@@ -96,6 +98,7 @@ static void outq_clear(hixl_peer_t *p)
 void hixl__peer_free(hixl_peer_t *p)
 {
   outq_clear(p);
+  hixl__tls_free(p->tls);
   if (p->ops)
     p->ops->peer_close(p);
   for (int i = 0; i < p->n_rx_fds; i++)
@@ -187,6 +190,29 @@ static ssize_t send_some(int fd, const uint8_t *b, size_t len, const int *fds, i
   }
 }
 
+/* send_some on p's socket, through TLS while p has it (no fds there: TCP).
+ * Blocking: until the socket takes it or SO_SNDTIMEO / timeout_ms. */
+static ssize_t peer_send_some(hixl_peer_t *p, const uint8_t *b, size_t len, const int *fds,
+                              int nfds, bool block)
+{
+  if (p->tls == NULL || p->fd != p->tls_fd)
+    return send_some(p->fd, b, len, fds, nfds, block);
+  int64_t deadline = hixl__deadline(p->ctx->cfg.timeout_ms);
+  for (;;) {
+    ssize_t n = hixl__tls_send(p->tls, b, len);
+    if (n > 0)
+      return n;
+    if (n < 0)
+      return -EPROTO;
+    if (!block)
+      return 0; /* GnuTLS holds the record: the retry passes the same bytes */
+    int ms = (int)((deadline - hixl__now_ns()) / 1000000);
+    struct pollfd pfd = {p->fd, POLLOUT, 0};
+    if (ms <= 0 || (poll(&pfd, 1, ms) == 0))
+      return -ETIMEDOUT;
+  }
+}
+
 static void outq_arm(hixl_peer_t *p, bool out)
 {
   struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | (out ? EPOLLOUT : 0u),
@@ -199,8 +225,8 @@ static hixl_status_t outq_flush(hixl_peer_t *p)
 {
   while (p->oq_head) {
     hixl_outmsg_t *q = p->oq_head;
-    ssize_t n = send_some(p->fd, q->bytes + q->off, q->len - q->off, q->off ? NULL : q->fds,
-                          q->off ? 0 : q->nfds, false);
+    ssize_t n = peer_send_some(p, q->bytes + q->off, q->len - q->off, q->off ? NULL : q->fds,
+                               q->off ? 0 : q->nfds, false);
     if (n < 0) {
       hixl__peer_lost_async(p, "its control connection failed");
       return hixl__err(HIXL_ERR_PEER_LOST, "peer %s: sending failed: %s", p->name,
@@ -292,8 +318,8 @@ hixl_status_t hixl__send(hixl_peer_t *peer, hixl_msg_t *m, const int *fds, int n
     goto out;
   if (peer->oq_head == NULL) {
     while (off < len) {
-      ssize_t n = send_some(peer->fd, buf + off, len - off, off ? NULL : fds, off ? 0 : nfds,
-                            !peer->polled);
+      ssize_t n = peer_send_some(peer, buf + off, len - off, off ? NULL : fds, off ? 0 : nfds,
+                                 !peer->polled);
       if (n < 0) {
         st = hixl__err(HIXL_ERR_PEER_LOST, "peer %s: sending %s failed: %s", peer->name, type,
                        strerror((int)-n));
@@ -595,6 +621,8 @@ static hixl_peer_t *handle_bind_locked(hixl_peer_t *u, const hixl_msg_t *m, int 
   epoll_ctl(ctx->epoll_fd, EPOLL_CTL_DEL, p->fd, NULL);
   close(p->fd);
   outq_clear(p);
+  hixl__tls_free(p->tls);
+  p->tls = NULL;
   p->fd = u->fd;
   u->fd = -1;
   struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = p};
@@ -765,6 +793,22 @@ static void peer_readable(hixl_ctx_t *ctx, hixl_peer_t *p)
 {
   if (p->rx == NULL && (p->rx = malloc(RX_CAP)) == NULL)
     return;
+  bool tls = p->tls && p->fd == p->tls_fd;
+  if (tls && !p->tls_ready) {
+    /* The TLS handshake, a step per readable event (its deadline is the
+     * handshake's: from the accept). */
+    int r = hixl__tls_handshake(p->tls, p->name);
+    if (r == 0)
+      return;
+    if (r < 0) {
+      pthread_mutex_lock(&ctx->lock);
+      hixl_warn("%s", hixl_last_error());
+      hixl__peer_fail_locked(p, HIXL_PEER_LOST, "TLS handshake failed");
+      pthread_mutex_unlock(&ctx->lock);
+      return;
+    }
+    p->tls_ready = true;
+  }
   for (;;) {
     union {
       char buf[CMSG_SPACE(sizeof(int) * 8)];
@@ -773,7 +817,17 @@ static void peer_readable(hixl_ctx_t *ctx, hixl_peer_t *p)
     struct iovec iov = {p->rx + p->rx_len, RX_CAP - p->rx_len};
     struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
                         .msg_controllen = sizeof(cm.buf)};
-    ssize_t n = recvmsg(p->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    ssize_t n;
+    if (tls) {
+      mh.msg_controllen = 0; /* TCP: no fds */
+      n = hixl__tls_recv(p->tls, iov.iov_base, iov.iov_len);
+      if (n < 0 && n != -EAGAIN)
+        hixl_warn("peer %s: TLS: %s", p->name, hixl__tls_strerror(n));
+      errno = n == -EAGAIN ? EAGAIN : EPROTO;
+      n = n < 0 ? -1 : n;
+    } else {
+      n = recvmsg(p->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    }
     if (n < 0 && errno == EINTR)
       continue;
     pthread_mutex_lock(&ctx->lock);
@@ -981,6 +1035,15 @@ static void accept_all(hixl_ctx_t *ctx, int lfd, bool is_unix)
     }
     p->unix_pending = is_unix;
     snprintf(p->name, sizeof(p->name), "%s", is_unix ? "unix-accept" : "tcp-accept");
+    if (!is_unix && ctx->tls && (p->tls = hixl__tls_session(ctx, fd, true)) == NULL) {
+      hixl_warn("refused a connection: %s", hixl_last_error());
+      pthread_mutex_unlock(&ctx->lock);
+      hixl__peer_free(p);
+      continue;
+    }
+    p->tls_fd = p->tls ? fd : -1;
+    if (p->tls) /* GnuTLS reads with recv(): it must not block the control thread */
+      fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
     p->next = ctx->peers;
     ctx->peers = p;
     p->polled = true;
@@ -1162,6 +1225,9 @@ static hixl_status_t listen_tcp(hixl_ctx_t *ctx)
     return hixl__err(HIXL_ERR_INVALID, "HIXL_MAX_PEER_QUEUE=\"%s\": expected 4096..1073741824 "
                      "(bytes)", mqs);
   ctx->max_outq = (size_t)mq;
+  hixl_status_t tst = hixl__tls_init(ctx);
+  if (tst != HIXL_OK)
+    return tst;
   char host[128], port[16];
   const char *listen_addr = ctx->cfg.listen ? ctx->cfg.listen : ":0";
   hixl_status_t st = hixl__parse_hostport(listen_addr, host, sizeof(host), port, sizeof(port));
@@ -1332,6 +1398,63 @@ hixl_status_t hixl__recv_sync(int fd, hixl_msg_t *m, int *fds, int max_fds, int6
   return HIXL_OK;
 }
 
+hixl_status_t hixl__peer_recv_sync(hixl_peer_t *peer, hixl_msg_t *m, int64_t deadline)
+{
+  if (peer->tls == NULL || peer->fd != peer->tls_fd)
+    return hixl__recv_sync(peer->fd, m, NULL, 0, deadline, peer->name);
+  uint8_t buf[RX_CAP];
+  size_t have = 0, need = HIXL_WIRE_HDR;
+  for (;;) {
+    int r = hixl_wire_frame(buf, have, &need);
+    if (r == HIXL_WIRE_BAD)
+      return hixl__err(HIXL_ERR_TRANSPORT, "%s: malformed handshake reply", peer->name);
+    if (r == HIXL_WIRE_OK)
+      break;
+    ssize_t n = hixl__tls_recv(peer->tls, buf + have, need - have);
+    if (n > 0) {
+      have += (size_t)n;
+      continue;
+    }
+    if (n == 0)
+      return hixl__err(HIXL_ERR_PEER_LOST, "%s closed the connection during the handshake",
+                       peer->name);
+    if (n != -EAGAIN)
+      return hixl__err(HIXL_ERR_TRANSPORT, "%s: TLS: %s", peer->name, hixl__tls_strerror(n));
+    int ms = (int)((deadline - hixl__now_ns()) / 1000000);
+    struct pollfd pfd = {peer->fd, POLLIN, 0};
+    if (ms <= 0 || poll(&pfd, 1, ms) == 0)
+      return hixl__err(HIXL_ERR_TIMEOUT, "%s: no handshake reply in time", peer->name);
+  }
+  if (hixl_wire_decode(buf, need, m) != HIXL_WIRE_OK || m->nfds != 0)
+    return hixl__err(HIXL_ERR_TRANSPORT, "%s: malformed handshake reply", peer->name);
+  return HIXL_OK;
+}
+
+/* The initiator's TLS handshake, within the deadline (the socket stays
+ * non-blocking from here on: sends poll, receives poll). */
+static hixl_status_t tls_client(hixl_peer_t *p, int64_t deadline, const char *addr)
+{
+  fcntl(p->fd, F_SETFL, fcntl(p->fd, F_GETFL) | O_NONBLOCK);
+  if ((p->tls = hixl__tls_session(p->ctx, p->fd, false)) == NULL)
+    return HIXL_ERR_NOMEM;
+  p->tls_fd = p->fd;
+  for (;;) {
+    int r = hixl__tls_handshake(p->tls, addr);
+    if (r > 0)
+      return HIXL_OK;
+    if (r < 0)
+      return HIXL_ERR_AUTH;
+    int ms = (int)((deadline - hixl__now_ns()) / 1000000);
+    struct pollfd pfd = {p->fd, POLLIN | POLLOUT, 0};
+    /* GnuTLS waits for one direction: POLLOUT is almost always set, so
+     * poll for input unless the socket is full. */
+    pfd.events = POLLIN;
+    if (ms <= 0 || poll(&pfd, 1, ms) == 0)
+      return hixl__err(HIXL_ERR_TIMEOUT, "%s: TLS handshake timed out (does it run with "
+                       "HIXL_TLS=1?)", addr);
+  }
+}
+
 static hixl_status_t connect_with_deadline(int fd, const struct sockaddr *sa, socklen_t sl,
                                            int64_t deadline, const char *addr)
 {
@@ -1408,6 +1531,8 @@ hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeou
     return hixl__err(HIXL_ERR_NOMEM, "no memory for a peer");
   }
   snprintf(p->name, sizeof(p->name), "%s", addr);
+  if (ctx->tls && (st = tls_client(p, deadline, addr)) != HIXL_OK)
+    goto fail;
   /* The handshake (auth.h): our nonce; the target's nonce and proof, checked
    * before anything of ours goes out; our identity and proof. */
   hixl_msg_t hello = {.type = HIXL_MSG_HELLO}, chal, ack;
@@ -1416,8 +1541,12 @@ hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeou
   memcpy(hello.blob, nonces, HIXL_AUTH_NONCE);
   hello.blob_len = HIXL_AUTH_NONCE;
   if ((st = hixl__send(p, &hello, NULL, 0)) != HIXL_OK ||
-      (st = hixl__recv_sync(fd, &chal, NULL, 0, deadline, addr)) != HIXL_OK)
+      (st = hixl__peer_recv_sync(p, &chal, deadline)) != HIXL_OK) {
+    if (st == HIXL_ERR_PEER_LOST && !ctx->tls)
+      st = hixl__err(st, "%s closed the connection at HELLO (does it require TLS? HIXL_TLS must "
+                     "be the same on both sides)", addr);
     goto fail;
+  }
   if (chal.type == HIXL_MSG_HELLO_ACK && chal.status != HIXL_OK) {
     ack = chal; /* refused before the challenge (busy): reported below */
     goto refused;
@@ -1456,7 +1585,7 @@ hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeou
                    nonces + HIXL_AUTH_NONCE, id, idn, auth.blob);
   auth.blob_len = HIXL_AUTH_PROOF;
   if ((st = hixl__send(p, &auth, NULL, 0)) != HIXL_OK ||
-      (st = hixl__recv_sync(fd, &ack, NULL, 0, deadline, addr)) != HIXL_OK)
+      (st = hixl__peer_recv_sync(p, &ack, deadline)) != HIXL_OK)
     goto fail;
   if (ack.type != HIXL_MSG_HELLO_ACK) {
     st = hixl__err(HIXL_ERR_TRANSPORT, "%s answered the handshake with %s", addr,
@@ -1494,6 +1623,10 @@ hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeou
   if ((st = ops->connect(p, &ack, deadline)) != HIXL_OK) {
     p->ops = NULL;
     goto fail;
+  }
+  if (p->tls && p->fd != p->tls_fd) { /* shm moved to its unix socket */
+    hixl__tls_free(p->tls);
+    p->tls = NULL;
   }
   pthread_mutex_lock(&ctx->lock);
   atomic_store(&p->state, HIXL_PEER_UP);

@@ -14,6 +14,7 @@
 
 #include "config.h"
 #include "hixl_int.h"
+#include "tls.h"
 
 static pthread_once_t copy_once = PTHREAD_ONCE_INIT;
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
@@ -214,6 +215,7 @@ void hixl_ctx_destroy(hixl_ctx_t *ctx)
   hixl__ctl_stop(ctx);
   pthread_mutex_lock(&ctx->lock);
   hixl__peers_destroy(ctx);
+  hixl__tls_fini(ctx); /* after the last session went with its peer */
   pthread_mutex_unlock(&ctx->lock);
   hixl__mrs_destroy(ctx);
   for (size_t i = 0; i < hixl__n_transports; i++)

@@ -301,6 +301,11 @@ struct hixl_peer {
   size_t oq_bytes;
   int64_t oq_progress_ns;
   bool polled; /* fd is in the control thread's epoll (sends may queue) */
+  /* TLS (tls.h) on the TCP control connection, when HIXL_TLS=1: the session
+   * is used only while fd == tls_fd (shm moves to its unix socket). */
+  void *tls;
+  int tls_fd;
+  bool tls_ready; /* handshake done (inbound: driven by the control thread) */
   uint64_t remote_ctx_id;
   pid_t remote_pid;
   uint64_t tag;    /* world tag from HELLO (0: none) */
@@ -374,6 +379,7 @@ struct hixl_ctx {
   int max_handshakes;     /* HIXL_MAX_HANDSHAKES */
   int max_peers;          /* HIXL_MAX_PEERS: authenticated inbound peers at once */
   size_t max_outq;        /* HIXL_MAX_PEER_QUEUE: bytes queued for one peer at most */
+  void *tls;              /* HIXL_TLS=1: credentials (tls.c); NULL: plain TCP */
   pthread_t ctl_thread;
   bool ctl_started;
   _Atomic bool stopping;
@@ -424,6 +430,9 @@ hixl_status_t hixl__call(hixl_peer_t *peer, struct hixl_msg *m, uint16_t reply_t
                          struct hixl_msg *reply, int *fd_p, int64_t deadline);
 /* Read one whole message from a socket the control thread does not own yet
  * (handshakes); passed fds go to fds[0..max_fds). */
+/* One handshake reply on a peer's TCP control connection (through TLS when
+ * it has it): what the transports' connect calls use before it is polled. */
+hixl_status_t hixl__peer_recv_sync(hixl_peer_t *peer, struct hixl_msg *m, int64_t deadline);
 hixl_status_t hixl__recv_sync(int fd, struct hixl_msg *m, int *fds, int max_fds, int64_t deadline,
                               const char *who);
 /* Async call: the reply completes req (ATOMIC_REPLY). */

@@ -634,7 +634,7 @@ static hixl_status_t fab_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64
   m.u64[0] = peer->ctx->id;
   hixl_status_t st = hixl__send(peer, &m, NULL, 0);
   if (st == HIXL_OK)
-    st = hixl__recv_sync(peer->fd, &r, NULL, 0, deadline, peer->name);
+    st = hixl__peer_recv_sync(peer, &r, deadline);
   if (st != HIXL_OK)
     return st;
   if (r.type != HIXL_MSG_FABRIC_BIND_REPLY || r.status != HIXL_OK || r.blob_len == 0)

@@ -761,7 +761,7 @@ static hixl_status_t vrb_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64
   m.u64[1] = peer->ctx->id;
   hixl_status_t st = hixl__send(peer, &m, NULL, 0);
   if (st == HIXL_OK)
-    st = hixl__recv_sync(peer->fd, &r, NULL, 0, deadline, peer->name);
+    st = hixl__peer_recv_sync(peer, &r, deadline);
   if (st == HIXL_OK && (r.type != HIXL_MSG_VERBS_QP_REPLY || r.status != HIXL_OK))
     st = hixl__err(r.type == HIXL_MSG_VERBS_QP_REPLY && r.status == HIXL_ERR_UNSUPPORTED
                        ? HIXL_ERR_UNSUPPORTED
