@@ -126,9 +126,16 @@ int hixl__memfd(const char *name, size_t len)
     return -1;
   /* Sealed at its size before anyone else sees it: a process we lend it to
    * cannot truncate it under our mappings or its other borrowers' (SIGBUS),
-   * nor add seals of its own.  Peers refuse unsealed ones. */
+   * nor add seals of its own.  Peers refuse unsealed ones.
+   * Mode 0400: a memfd's inode is created 0777, so a peer we hand a
+   * read-only open of it (a READ-only region) could open it again
+   * read-write through /proc/self/fd/N.  Its mode now refuses that to a
+   * peer of another uid; one of our uid can chmod it back and root ignores
+   * modes (docs/transports.md: such peers can reach our memory anyway).
+   * Our own read-only reopens only need the read bit. */
   if (ftruncate(fd, (off_t)len) != 0 ||
-      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
+      fchmod(fd, 0400) != 0) {
     int e = errno;
     close(fd);
     errno = e;

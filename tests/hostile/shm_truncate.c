@@ -20,12 +20,18 @@
  * tries to map its fd writable and to write through it (finding 1: the fd
  * was O_RDWR whatever the region's access); its bytes must stay intact.
  * Argument "scribble": the rings only, no truncation (finding 4 alone);
- * "readonly": neither, only the READ-only region.
+ * "readonly": neither, only the READ-only region; "readonly-nobody": the
+ * same with the attacker running as uid 65534 (needs root; the target lets
+ * that uid in with HIXL_SHM_ALLOW_UIDS), which also reopens the read-only
+ * fd read-write through /proc/self/fd: memfd inodes were mode 0777, so
+ * that worked for any uid; hixl__memfd now makes them 0400 (a process of
+ * the same uid could chmod it back, and root ignores modes: the limit).
  * Exit 0 on success, 1 on failure (the reason on stderr).
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <hixl.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -65,6 +71,7 @@ static int g_nkept;
 static int g_capture;
 static bool g_truncate = true; /* argv[1] "scribble": the rings only */
 static bool g_scribble = true; /* argv[1] "readonly": the READ-only region only */
+static bool g_nobody;          /* argv[1] "readonly-nobody": the attacker is uid 65534 */
 
 int __wrap_close(int fd)
 {
@@ -114,6 +121,8 @@ static int g_peer_go[2]; /* parent -> legit peer: one byte = finish */
 static void target_main(void)
 {
   prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (g_nobody)
+    setenv("HIXL_SHM_ALLOW_UIDS", "65534", 1);
   hixl_ctx_t *ctx = mk_ctx();
   uint8_t *kv;
   hixl_mr_t *mr;
@@ -202,7 +211,11 @@ static void legit_main(void)
 
 static void attacker_main(void)
 {
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (g_nobody && (setgroups(0, NULL) != 0 || setresgid(65534, 65534, 65534) != 0 ||
+                   setresuid(65534, 65534, 65534) != 0))
+    FAIL("attacker: cannot become uid 65534: %s", strerror(errno));
+  prctl(PR_SET_DUMPABLE, 1);
+  prctl(PR_SET_PDEATHSIG, SIGKILL); /* after the change of credentials, which clears it */
   hixl_ctx_t *ctx = mk_ctx();
   g_capture = 1;
   hixl_peer_t *peer;
@@ -250,6 +263,21 @@ static void attacker_main(void)
       }
       if (pwrite(fd, "owned", 5, 128) == 5)
         ro_writes++;
+      /* A read-write open of the same file through /proc (another uid:
+       * root ignores the inode's mode, see the top). */
+      snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+      int rw = g_nobody ? open(path, O_RDWR | O_CLOEXEC) : -1;
+      if (rw >= 0) {
+        p = mmap(NULL, RO_LEN, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0);
+        if (p != MAP_FAILED) {
+          memset(p + 256, 0xbb, 64);
+          ro_writes++;
+          munmap(p, RO_LEN);
+        }
+        if (pwrite(rw, "owned", 5, 512) == 5)
+          ro_writes++;
+        close(rw);
+      }
     }
     if (g_truncate && ftruncate(fd, 0) == 0)
       truncated++;
@@ -296,8 +324,13 @@ int main(int argc, char **argv)
 {
   setvbuf(stdout, NULL, _IONBF, 0);
   const char *mode = argc > 1 ? argv[1] : "truncate";
+  g_nobody = strcmp(mode, "readonly-nobody") == 0;
+  if (g_nobody && getuid() != 0) {
+    printf("skip: readonly-nobody needs root (an attacker of another uid)\n");
+    return 77;
+  }
   g_truncate = strcmp(mode, "truncate") == 0;
-  g_scribble = strcmp(mode, "readonly") != 0;
+  g_scribble = strncmp(mode, "readonly", 8) != 0;
   if (pipe(g_ctl) || pipe(g_addr_p) || pipe(g_peer_go))
     FAIL("pipe");
   pid_t target = fork();
