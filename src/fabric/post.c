@@ -435,6 +435,13 @@ static void on_recv(fab_ctx_t *fc, int ri, size_t len, fi_addr_t src)
 
 static hixl_status_t cq_err_status(const struct fi_cq_err_entry *e)
 {
+  /* The target no longer has the key (tcp: it deregistered the region while
+   * this was in flight -- hixl_mr_dereg does not wait for operations a peer
+   * has not completed yet); the provider cancels the operation and drops
+   * its connection, which rxm makes again for the next one.  The
+   * operation failed, the peer is alive: its control connection decides. */
+  if (e->err == FI_ECANCELED && (e->prov_errno == ENOENT || e->prov_errno == -ENOENT))
+    return HIXL_ERR_NOT_REGISTERED;
   switch (e->err) {
   case FI_ECANCELED:
   case FI_EIO:
@@ -480,12 +487,13 @@ static int poll_locked(fab_ctx_t *fc)
       fab_op_t *op = err.op_context;
       hixl_status_t st = cq_err_status(&err);
       char why[160];
-      snprintf(why, sizeof(why), "%s failed: %s",
+      snprintf(why, sizeof(why), "%s failed: %s (err %d, provider %d)",
                op->kind == FAB_OP_WRITE  ? "write"
                : op->kind == FAB_OP_READ ? "read"
                : op->kind == FAB_OP_SEND ? "notification"
                                          : "atomic",
-               fi_cq_strerror(fc->cq, err.prov_errno, err.err_data, NULL, 0));
+               fi_cq_strerror(fc->cq, err.prov_errno, err.err_data, NULL, 0), err.err,
+               err.prov_errno);
       hixl__err(st, "fabric: peer %s: %s", op->fp->peer->name, why);
       if (st == HIXL_ERR_PEER_LOST)
         hixl__peer_lost_async(op->fp->peer, why);
