@@ -43,13 +43,15 @@ void hixl__backoff(unsigned *iter);
 /* -------------------------------------------------------------- regions */
 
 /*
- * The region table is one memfd per context, mapped read-write by its owner
- * and read-only by same-host peers, so a peer can check an rkey with one
- * load and no syscall.  A slot is live while rkey != 0.  Only the owner
- * writes, under ctx->reg_lock; the release store of rkey publishes the other
- * fields, and dereg clears rkey first so a racing reader sees the slot dead.
- * rkeys are 64 random bits and never reused, so a released region is never
- * matched again even when its slot is.
+ * The region table: one slot per registered region, private to its owner
+ * (it holds the rkeys): every request of a peer is checked against it or
+ * ctx->slot_mr.  Same-host (shm) peers map a table of one-way tags of the
+ * same slots instead (src/shm/shm_int.h), never this one.  A slot is live
+ * while rkey != 0.  Only the owner writes, under ctx->reg_lock; the release
+ * store of rkey publishes the other fields, and dereg clears rkey first so
+ * a racing reader sees the slot dead.  rkeys are 64 random bits and never
+ * reused, so a released region is never matched again even when its slot
+ * is.
  */
 #define HIXL_REG_SLOTS 65536u
 enum { HIXL_REGF_MEMFD = 1, HIXL_REGF_DEVICE = 2 };
@@ -60,7 +62,7 @@ typedef struct hixl_reg_slot {
   uint32_t access;
   uint32_t flags; /* HIXL_REGF_* */
 } hixl_reg_slot_t;
-_Static_assert(sizeof(hixl_reg_slot_t) == 32, "region slot layout is shared between processes");
+_Static_assert(sizeof(hixl_reg_slot_t) == 32, "region slot: 32 bytes");
 
 /* Handles carry a magic so that a released one is recognised (they sit in a
  * quarantine before their memory is reused, see hixl__quarantine). */
@@ -96,7 +98,8 @@ struct hixl_rmr {
   uint32_t access;
   uint32_t flags;
   uint32_t tp_rkey;       /* verbs: the owner's ibv rkey */
-  uint64_t tp_key;        /* fabric: the owner's key, and the remote address of byte 0 */
+  uint64_t tp_key;        /* fabric: the owner's key, and the remote address of byte 0;
+                           * shm: the first word of the region's tag (shm_int.h) */
   uint64_t tp_base;
   _Atomic bool gone;      /* the owner told us it deregistered the region */
   uint8_t *map;   /* shm: byte 0 of the region in our mapping, or NULL (CMA) */
@@ -462,7 +465,7 @@ void hixl__peers_destroy(hixl_ctx_t *ctx);
 void hixl__primary_ip(char *buf, size_t cap);
 
 /* mr.c */
-/* Check rkey/slot against our table; base/len/access as claimed. */
+/* Check rkey/slot against our (private) table; base/len/access as claimed. */
 hixl_status_t hixl__reg_check(const hixl_reg_slot_t *table, uint32_t slot, uint64_t rkey,
                               uint64_t base, uint64_t len, uint32_t access, uint32_t flags);
 /* Owner side of a copy a peer asks us to perform (shm without CMA): the

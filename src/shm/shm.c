@@ -22,7 +22,8 @@
  *    non-mapped regions are reached through the owner's control thread,
  *    which copies through a staging area it lends (stage.c);
  *  - every operation first checks the owner's region table (mapped
- *    read-only) so a deregistered region is refused without a syscall;
+ *    read-only; one-way tags, never keys: shm_int.h) so a deregistered
+ *    region is refused without a syscall;
  *  - notifications are pushed into the owner's inbox ring (ring.h) after
  *    the data, with release ordering, so the owner sees data before the
  *    notification;
@@ -35,6 +36,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <nettle/sha2.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,7 +53,112 @@
 #define SHM_RING_CAP 16384u
 #define SHM_MAX_INFLIGHT 1024 /* atomics executed by the owner, per peer */
 
-static size_t table_bytes(void) { return HIXL_REG_SLOTS * sizeof(hixl_reg_slot_t); }
+/* ------------------------------------------------------ the tag table */
+
+/* The tag of a region (shm_int.h): SHA-256 over a label, the owner's
+ * context id and every field a blob carries, truncated to 128 bits; w[0]
+ * is never 0 (0 marks a free slot). */
+static void shm_tag(uint64_t ctx_id, uint32_t slot, uint64_t rkey, uint64_t base, uint64_t len,
+                    uint32_t access, uint32_t flags, uint64_t out[2])
+{
+  static const char label[16] = "hixl region tag";
+  uint8_t in[sizeof(label) + 4 * 8 + 3 * 4], d[SHA256_DIGEST_SIZE];
+  size_t o = 0;
+  memcpy(in + o, label, sizeof(label)), o += sizeof(label);
+  memcpy(in + o, &ctx_id, 8), o += 8;
+  memcpy(in + o, &rkey, 8), o += 8;
+  memcpy(in + o, &base, 8), o += 8;
+  memcpy(in + o, &len, 8), o += 8;
+  memcpy(in + o, &slot, 4), o += 4;
+  memcpy(in + o, &access, 4), o += 4;
+  memcpy(in + o, &flags, 4), o += 4;
+  struct sha256_ctx h;
+  sha256_init(&h);
+  sha256_update(&h, o, in);
+  sha256_digest(&h, sizeof(d), d);
+  memcpy(out, d, 16);
+  if (out[0] == 0)
+    out[0] = 1;
+}
+
+hixl_status_t hixl__shm_table_init(shm_ctx_t *sc)
+{
+  /* Mapped read-write here first; then sealed against shrinking, growing
+   * and (F_SEAL_FUTURE_WRITE, Linux 5.1) any new writable mapping or
+   * write(), and mode 0400 (hixl__memfd says why); what peers get is a
+   * read-only open.  Either of the last two alone keeps a peer from
+   * writing it; with neither, shm is not offered. */
+  sc->tags_fd = -1;
+  int fd = memfd_create("hixl-regions", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  void *p = MAP_FAILED;
+  if (fd >= 0 && ftruncate(fd, (off_t)SHM_TABLE_BYTES) == 0)
+    p = mmap(NULL, SHM_TABLE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    int e = errno;
+    if (fd >= 0)
+      close(fd);
+    return hixl__err(HIXL_ERR_NOMEM, "shm: region table: %s", strerror(e));
+  }
+  const int seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+  bool future = fcntl(fd, F_ADD_SEALS, seals | F_SEAL_FUTURE_WRITE) == 0;
+  if (!future)
+    fcntl(fd, F_ADD_SEALS, seals);
+  fchmod(fd, 0400);
+  char path[48];
+  snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+  int ro = open(path, O_RDONLY | O_CLOEXEC);
+  if (ro < 0 && future) {
+    ro = fd; /* writable fd, but no new writable mapping or write() works */
+    fd = -1;
+  }
+  if (fd >= 0)
+    close(fd);
+  if (ro < 0) {
+    munmap(p, SHM_TABLE_BYTES);
+    return hixl__err(HIXL_ERR_NO_DEVICE, "shm: the region table cannot be handed out "
+                     "read-only (no /proc/self/fd, no F_SEAL_FUTURE_WRITE)");
+  }
+  sc->tags = p;
+  sc->tags_fd = ro;
+  return HIXL_OK;
+}
+
+void hixl__shm_table_fini(shm_ctx_t *sc)
+{
+  if (sc->tags)
+    munmap(sc->tags, SHM_TABLE_BYTES);
+  if (sc->tags_fd >= 0)
+    close(sc->tags_fd);
+  sc->tags = NULL;
+  sc->tags_fd = -1;
+}
+
+/* A region joins the registry: its tag goes into its slot (the private
+ * registry already holds it; this runs before hixl_mr_reg returns, so no
+ * peer holds its blob yet). */
+static hixl_status_t shm_mr_reg(hixl_mr_t *mr)
+{
+  hixl_ctx_t *ctx = mr->ctx;
+  shm_ctx_t *sc = ctx->tp[HIXL_TP_SHM];
+  uint64_t t[2];
+  shm_tag(ctx->id, mr->slot, mr->rkey, (uint64_t)(uintptr_t)mr->addr, mr->len, mr->access,
+          ctx->reg_table[mr->slot].flags, t);
+  shm_tag_t *s = &sc->tags[mr->slot];
+  atomic_store_explicit(&s->w[1], t[1], memory_order_relaxed);
+  atomic_store_explicit(&s->w[0], t[0], memory_order_release);
+  return HIXL_OK;
+}
+
+/* Under reg_lock, before the memory is released: peers see it dead. */
+static void shm_mr_dereg(hixl_mr_t *mr)
+{
+  shm_ctx_t *sc = mr->ctx->tp[HIXL_TP_SHM];
+  shm_tag_t *s = &sc->tags[mr->slot];
+  atomic_store_explicit(&s->w[0], 0, memory_order_release);
+  atomic_store_explicit(&s->w[1], 0, memory_order_relaxed);
+}
+
+/* ---------------------------------------------------------------- peers */
 
 static bool shm_usable(hixl_ctx_t *ctx, const hixl_msg_t *hello)
 {
@@ -77,7 +184,7 @@ static void shm_free(shm_peer_t *sp)
   hixl__shm_stage_free(sp);
   pthread_mutex_destroy(&sp->out.lock);
   if (sp->table)
-    munmap((void *)sp->table, table_bytes());
+    munmap((void *)sp->table, SHM_TABLE_BYTES);
   if (sp->outbox_sh)
     munmap(sp->outbox_sh, hixl_ring_shared_bytes(SHM_RING_CAP));
   if (sp->inbox_sh)
@@ -117,7 +224,7 @@ static void *map_fd(int fd, size_t bytes, int prot)
 /* Map the peer's table and inbox (fds[0], fds[1]); the fds are closed. */
 static hixl_status_t map_theirs(shm_peer_t *sp, const int *fds, const char *who)
 {
-  sp->table = map_fd(fds[0], table_bytes(), PROT_READ);
+  sp->table = map_fd(fds[0], SHM_TABLE_BYTES, PROT_READ);
   sp->outbox_sh = map_fd(fds[1], hixl_ring_shared_bytes(SHM_RING_CAP), PROT_READ | PROT_WRITE);
   close(fds[0]);
   close(fds[1]);
@@ -156,7 +263,8 @@ static hixl_status_t shm_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64
   hixl_msg_t bind = {.type = HIXL_MSG_SHM_BIND};
   bind.u64[0] = ack->u64[1];
   bind.u64[1] = ctx->id;
-  int fds[2] = {ctx->reg_fd, inbox_fd};
+  const shm_ctx_t *sc = ctx->tp[HIXL_TP_SHM];
+  int fds[2] = {sc->tags_fd, inbox_fd};
   peer->fd = ufd;
   st = hixl__send(peer, &bind, fds, 2);
   hixl_msg_t reply;
@@ -203,7 +311,8 @@ hixl_status_t hixl__shm_accept(hixl_peer_t *peer, const int *fds, int nfds, int 
   hixl_status_t st = map_theirs(sp, fds, peer->name);
   if (st == HIXL_OK)
     st = make_inbox(sp, &inbox_fd);
-  int table_fd = st == HIXL_OK ? fcntl(peer->ctx->reg_fd, F_DUPFD_CLOEXEC, 0) : -1;
+  const shm_ctx_t *sc = peer->ctx->tp[HIXL_TP_SHM];
+  int table_fd = st == HIXL_OK ? fcntl(sc->tags_fd, F_DUPFD_CLOEXEC, 0) : -1;
   if (st != HIXL_OK || table_fd < 0) {
     if (inbox_fd >= 0)
       close(inbox_fd);
@@ -265,12 +374,19 @@ static hixl_status_t shm_rmr_attach(hixl_rmr_t *r, int64_t deadline)
 {
   hixl_peer_t *peer = r->peer;
   shm_peer_t *sp = peer->tp;
-  if (hixl__reg_check(sp->table, r->slot, r->rkey, r->base, r->len, r->access, r->flags) !=
-      HIXL_OK)
+  /* What the blob claims must be what the owner registered in that slot
+   * (shm_int.h); the first word is what rmr_live compares from now on. */
+  uint64_t t[2];
+  shm_tag(peer->remote_ctx_id, r->slot, r->rkey, r->base, r->len, r->access, r->flags, t);
+  const shm_tag_t *s = r->slot < HIXL_REG_SLOTS ? &sp->table[r->slot] : NULL;
+  if (s == NULL ||
+      atomic_load_explicit((_Atomic uint64_t *)&s->w[0], memory_order_acquire) != t[0] ||
+      atomic_load_explicit((_Atomic uint64_t *)&s->w[1], memory_order_relaxed) != t[1])
     return hixl__err(HIXL_ERR_NOT_REGISTERED,
                      "hixl_rmr_unpack: peer %s has no live region matching the blob (forged or "
                      "stale key)",
                      peer->name);
+  r->tp_key = t[0];
   if (r->flags & HIXL_REGF_DEVICE)
     return attach_device(r, deadline);
   if (!(r->flags & HIXL_REGF_MEMFD))
@@ -320,8 +436,8 @@ static void shm_rmr_detach(hixl_rmr_t *r)
 static bool shm_rmr_live(const hixl_rmr_t *r)
 {
   const shm_peer_t *sp = r->peer->tp;
-  return atomic_load_explicit(&((hixl_reg_slot_t *)&sp->table[r->slot])->rkey,
-                              memory_order_acquire) == r->rkey;
+  return atomic_load_explicit((_Atomic uint64_t *)&sp->table[r->slot].w[0],
+                              memory_order_acquire) == r->tp_key;
 }
 
 static hixl_status_t cma_error(hixl_peer_t *peer, bool write, int e)
@@ -596,8 +712,8 @@ const hixl_transport_ops_t hixl__shm_ops = {
     .needs_bind = true,
     .ctx_init = hixl__shm_ctx_init,
     .ctx_fini = hixl__shm_ctx_fini,
-    .mr_reg = hixl__tp_mr_reg_none,
-    .mr_dereg = hixl__tp_mr_dereg_none,
+    .mr_reg = shm_mr_reg,
+    .mr_dereg = shm_mr_dereg,
     .usable = shm_usable,
     .connect = shm_connect,
     .accept = hixl__tp_accept_none,

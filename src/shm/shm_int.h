@@ -67,8 +67,31 @@ typedef struct shm_stage_in {
   uint64_t handled; /* SHM_COPY messages handled */
 } shm_stage_in_t;
 
+/*
+ * The region table shm peers map (read-only: an O_RDONLY open of a memfd
+ * sealed against future writes): per slot of the owner's registry, a
+ * one-way tag of the live region there, zero when none.  Never a key, an
+ * address or a length: those stay in the owner's private registry
+ * (ctx->reg_table, ctx->slot_mr), against which it checks every request.
+ * A peer that unpacks a blob computes the tag of what the blob claims
+ * (shm_tag: SHA-256 of the owner's context id, the slot and every field,
+ * truncated to 128 bits) and compares it with the slot, once; the data
+ * path then compares the first word only (a deregistration zeroes it) with
+ * one load.  To forge a blob that passes, a peer would need a preimage of a
+ * live tag; the rkey of a region it has no blob for (64 random bits, in the
+ * hash) is not derivable from the tag.
+ *
+ * The owner writes under its registration's order: w[1], then w[0] with
+ * release; a deregistration zeroes w[0] first (before the memory goes).
+ */
+typedef struct shm_tag {
+  _Atomic uint64_t w[2];
+} shm_tag_t;
+_Static_assert(sizeof(shm_tag_t) == 16, "the tag table is shared between processes");
+#define SHM_TABLE_BYTES ((size_t)HIXL_REG_SLOTS * sizeof(shm_tag_t))
+
 typedef struct shm_peer {
-  const hixl_reg_slot_t *table; /* theirs, read-only */
+  const shm_tag_t *table; /* theirs, read-only */
   hixl_ring_shared_t *outbox_sh; /* their inbox, mapped: we produce */
   hixl_ring_shared_t *inbox_sh;  /* ours, mapped by them: they produce */
   /* Our private views of both (ring.h): the capacity and our consumer
@@ -91,6 +114,8 @@ typedef struct shm_ctx {
   int cma_threads;     /* HIXL_SHM_CMA_THREADS: threads per large transfer, the caller too */
   size_t split_min;    /* HIXL_SHM_CMA_SPLIT_MIN */
   size_t stage_bytes;  /* HIXL_SHM_STAGE_BYTES: data area of a staging we lend */
+  shm_tag_t *tags;     /* our tag table (mapped read-write before sealing) */
+  int tags_fd;         /* a read-only open of it: what peers get */
   pthread_mutex_t lock;
   pthread_cond_t work, idle;
   struct shm_cma_job *queue; /* jobs helpers may join */
@@ -119,6 +144,10 @@ static inline bool hixl__shm_fd_sealed(int fd, uint64_t need)
 /* cma.c */
 hixl_status_t hixl__shm_ctx_init(hixl_ctx_t *ctx);
 void hixl__shm_ctx_fini(hixl_ctx_t *ctx);
+/* shm.c: our tag table (at context set-up; NO_DEVICE when it cannot be
+ * handed out read-only) and its release. */
+hixl_status_t hixl__shm_table_init(shm_ctx_t *sc);
+void hixl__shm_table_fini(shm_ctx_t *sc);
 /* Move cnt paired elements (l[i].iov_len == r[i].iov_len, total bytes in
  * all) to or from the peer's memory with process_vm_writev/readv, split
  * across the context's helper threads from split_min bytes up.  Returns 0,
