@@ -3,12 +3,26 @@
 # peer, with QPs connected by librdmacm, and with the event-mode progress
 # thread), the bad-input matrix, the
 # 4-rank world, the peer-death test and the examples over the verbs transport,
-# initiator on rxe0 and target on rxe1.  Usage: suite.sh BUILD_DIR [CASE...]
+# initiator on rxe0 and target on rxe1, and hostile peers (tests/hostile).
+# Usage: suite.sh BUILD_DIR [CASE...]: conformance cases, and hostile/NAME
+# for hostile ones (control-slowloris, control-cap, control-emfile,
+# verbs_data, verbs_data:CASE); a list of hostile cases alone runs only them.
 set -u
 build=$1
 shift
 export HIXL_TRANSPORTS=verbs HIXL_NET_DEV=rxe0 HIXL_TEST_TARGET_NET_DEV=rxe1
-cases=${*:-put_get batch notif_order faa cas_lock fence connect_churn remap flood}
+cases=""
+hostile=""
+for c in "$@"; do
+  case $c in
+    hostile/*) hostile="$hostile ${c#hostile/}" ;;
+    *) cases="$cases $c" ;;
+  esac
+done
+if [ $# -eq 0 ]; then
+  cases="put_get batch notif_order faa cas_lock fence connect_churn remap flood"
+  hostile="control-slowloris control-cap control-emfile verbs_data"
+fi
 fail=0
 run() {
   local name=$1
@@ -55,6 +69,25 @@ if [ $# -eq 0 ]; then
     run "$c+event_progress" env HIXL_PROGRESS_THREAD=2 "$build/tests/conformance" verbs "$c"
   done
 fi
+# Hostile peers (issue 13; tests/hostile, docs/testing.md).  The control-port
+# floods of control_flood.c against a verbs-only target on rxe1 and a
+# legitimate verbs peer on rxe0 (hostile_verbs_flood: the same program,
+# transports swapped at link time); verbs_data: attackers with QPs of their
+# own that never finish the handshake, and an authenticated one with forged
+# NIC keys (every case checks the target stays up, serves a legitimate peer
+# meanwhile and keeps its protected bytes).
+for h in $hostile; do
+  case $h in
+    control-*)
+      run "hostile-$h" env HIXL_HOSTILE_TRANSPORTS=verbs "$build/tests/hostile/hostile_verbs_flood" \
+        "${h#control-}" "$(dirname "$0")/../fuzz/seeds_wire/hello.bin" ;;
+    verbs_data) run "hostile-$h" "$build/tests/hostile/hostile_verbs_data" ;;
+    verbs_data:*) run "hostile-$h" "$build/tests/hostile/hostile_verbs_data" "${h#verbs_data:}" ;;
+    *) echo "FAIL hostile/$h: no such case"; fail=1 ;;
+  esac
+done
+# Only hostile cases asked for: nothing else.
+[ -n "$cases" ] || exit $fail
 # Device memory (emulated backend) over verbs: registered through its NIC
 # view (the peer-memory path) on both sides; staged through bounce buffers on
 # our side while the target's NIC reaches its own; and with no NIC access to
