@@ -56,7 +56,11 @@ static hixl_status_t reg_common(hixl_ctx_t *ctx, void *addr, size_t len, unsigne
   s->base = (uint64_t)(uintptr_t)addr;
   s->len = len;
   s->access = access;
-  s->flags = (device >= 0 ? HIXL_REGF_DEVICE : 0) | (memfd >= 0 ? HIXL_REGF_MEMFD : 0);
+  /* MEMFD: shm peers may map the memfd (FD_REQ).  A mapping always reads,
+   * so only for a region that grants READ; one without reaches them as a
+   * non-mapped region (CMA, or our copies), whose every access is checked. */
+  s->flags = (device >= 0 ? HIXL_REGF_DEVICE : 0) |
+             (memfd >= 0 && (access & HIXL_ACCESS_READ) ? HIXL_REGF_MEMFD : 0);
   atomic_store_explicit(&s->rkey, mr->rkey, memory_order_release);
   ctx->slot_mr[slot] = mr;
   mr->next = ctx->mrs;
@@ -108,19 +112,20 @@ hixl_status_t hixl_mr_reg(hixl_ctx_t *ctx, void *addr, size_t len, unsigned acce
   hixl_dev_range_t dr;
   if (hixl__is_dev(addr) && hixl__dev_lookup(addr, &dr))
     return hixl_mr_reg_device(ctx, addr, len, dr.device, access, mr_p);
-  /* Inside memory we allocated?  Then peers can map it too. */
+  /* Exactly memory we allocated (a second registration of an allocation,
+   * with other rights)?  Then peers can map it too.  Not a part of one: a
+   * peer handed the memfd could map all of it, not just the region, so a
+   * region inside an allocation is reached as non-mapped memory (CMA, or
+   * our copies), every access checked against its bounds. */
   int memfd = -1;
-  uint64_t fd_off = 0;
   pthread_mutex_lock(&ctx->reg_lock);
   for (hixl_mr_t *m = ctx->mrs; m; m = m->next)
-    if (m->owns_mem && m->device < 0 && (uint8_t *)addr >= (uint8_t *)m->addr &&
-        (uint8_t *)addr + len <= (uint8_t *)m->addr + m->len) {
+    if (m->owns_mem && m->device < 0 && addr == m->addr && len == m->len) {
       memfd = fcntl(m->memfd, F_DUPFD_CLOEXEC, 0);
-      fd_off = (uint64_t)((uint8_t *)addr - (uint8_t *)m->addr);
       break;
     }
   pthread_mutex_unlock(&ctx->reg_lock);
-  st = reg_common(ctx, addr, len, access, memfd, fd_off, false, -1, mr_p);
+  st = reg_common(ctx, addr, len, access, memfd, 0, false, -1, mr_p);
   if (st != HIXL_OK && memfd >= 0)
     close(memfd);
   return st;
@@ -545,12 +550,13 @@ void hixl__serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out, int *o
   case HIXL_MSG_FD_REQ: {
     out->type = HIXL_MSG_FD_REPLY;
     out->status = HIXL_ERR_NOT_REGISTERED;
-    /* Only same-host peers may ask, and only for memfd-backed regions. */
+    /* Only same-host peers may ask, and only for regions whose memfd they
+     * may map (HIXL_REGF_MEMFD: the whole memfd, granting READ). */
     if (peer->ops != &hixl__shm_ops)
       return;
     pthread_mutex_lock(&ctx->reg_lock);
     hixl_mr_t *mr = live_mr(ctx, m->u32[0], m->u64[0]);
-    if (mr && mr->memfd >= 0) {
+    if (mr && mr->memfd >= 0 && (ctx->reg_table[mr->slot].flags & HIXL_REGF_MEMFD)) {
       /* A region the peer may not write reaches it as a read-only open of
        * the memfd (a new open file description): it can neither map that
        * writable nor write or truncate through it. */

@@ -17,10 +17,12 @@
  *                it can.  The target's unpublished bytes must be intact, a
  *                legitimate peer must keep reading (and looking up) its
  *                region, and the attacker must find no key and write nothing.
- *   subregion    finding 1: a 4 KiB region registered inside an unpublished
- *                1 MiB hixl_mem_alloc (access 0): FD_REQ handed out the whole
- *                memfd.  The rest of the allocation must stay unreachable
- *                and intact; the small region still works (put).
+ *   subregion    finding 1: a 4 KiB region registered inside a 1 MiB
+ *                hixl_mem_alloc granted nothing (access 0): FD_REQ handed
+ *                out the whole memfd for the small region (read-write), and
+ *                for the allocation itself (read-only, though it grants no
+ *                READ).  The rest of the allocation must stay unreachable and
+ *                intact; the small region still works (put, get).
  *   idle         finding 6: 48 idle peers must not cost the target more than
  *                IDLE_MAX_KIB of resident memory each (the inbox ring was
  *                written cell by cell: 512 KiB and more per peer).
@@ -321,6 +323,7 @@ static void target_main(void)
     OK(hixl_mr_reg(ctx, big + SMALL_OFF, SMALL_LEN, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE,
                    &small_mr));
     OK(hixl_mr_publish(small_mr, "small"));
+    OK(hixl_mr_publish(big_mr, "none"));
   }
   /* uid-target: a second context that lets uid 65534 in. */
   hixl_ctx_t *ctx2 = NULL;
@@ -561,9 +564,13 @@ static void attack_table(hixl_ctx_t *ctx, hixl_peer_t *peer)
 static void attack_subregion(hixl_ctx_t *ctx, hixl_peer_t *peer)
 {
   g_capture = 1;
-  hixl_rmr_t *small;
+  hixl_rmr_t *small, *none;
   OK(hixl_rmr_lookup(peer, "small", 10000, &small));
+  OK(hixl_rmr_lookup(peer, "none", 10000, &none));
   g_capture = 0;
+  static uint8_t one[64];
+  if (hixl_get(peer, one, sizeof(one), none, 0, 0, NULL) == HIXL_OK)
+    FAIL("attacker: read a region granted nothing");
   int exposed = 0;
   char name[256];
   for (int i = 0; i < g_nkept; i++) {
