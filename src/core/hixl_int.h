@@ -551,6 +551,11 @@ hixl_status_t hixl__notify_push(hixl_peer_t *peer, hixl_ring_t *ring, uint32_t i
 hixl_status_t hixl__host_id(uint8_t out[32]);
 uint64_t hixl__random64(void);
 int hixl__memfd(const char *name, size_t len);
+/* Whether a memfd another process lent us may be mapped: only if it cannot
+ * shrink under the mapping (a truncation would make every access past the
+ * new end SIGBUS): sealed against shrinking and against further seals, and
+ * at least need bytes long.  hixl__memfd seals every one it makes. */
+bool hixl__fd_sealed(int fd, uint64_t need);
 /* The one data mover of self and shm (see util.c). */
 void hixl__copy(void *dst, const void *src, size_t len);
 /* The streaming copy itself (any size; memcpy off x86-64) and the fence that

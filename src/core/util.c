@@ -144,6 +144,14 @@ int hixl__memfd(const char *name, size_t len)
   return fd;
 }
 
+bool hixl__fd_sealed(int fd, uint64_t need)
+{
+  struct stat st;
+  int seals = fcntl(fd, F_GET_SEALS);
+  return seals >= 0 && (seals & (F_SEAL_SHRINK | F_SEAL_SEAL)) == (F_SEAL_SHRINK | F_SEAL_SEAL) &&
+         fstat(fd, &st) == 0 && st.st_size >= 0 && (uint64_t)st.st_size >= need;
+}
+
 /*
  * Data mover: every put and get of shm and self goes through here.
  *

@@ -249,12 +249,18 @@ static hixl_status_t emu_ipc_export(const hixl_dev_range_t *r, const void *p, si
 
 static hixl_status_t emu_ipc_import(const hixl_dev_ipc_t *h, void **base_p)
 {
-  struct stat st;
   hixl_status_t rc;
   emu_alloc_t a;
-  if (h->fd < 0 || fstat(h->fd, &st) != 0 || (uint64_t)st.st_size < h->alloc_len ||
-      h->alloc_len == 0 || h->device < 0 || h->device >= g_count) {
+  /* The exporter is a peer: its memfd must be sealed against shrinking (a
+   * truncation under our mapping would SIGBUS every later copy) and as long
+   * as it says (hixl__fd_sealed, as shm checks every memfd it maps). */
+  if (h->fd < 0 || h->alloc_len == 0 || h->alloc_len > SIZE_MAX || h->device < 0 ||
+      h->device >= g_count) {
     rc = hixl__err(HIXL_ERR_TRANSPORT, "emulated device: a malformed IPC handle");
+  } else if (!hixl__fd_sealed(h->fd, h->alloc_len)) {
+    rc = hixl__err(HIXL_ERR_TRANSPORT, "emulated device: the exporter's memfd is not sealed "
+                   "against shrinking, or shorter than the %llu bytes it claims",
+                   (unsigned long long)h->alloc_len);
   } else if ((rc = map2(h->fd, (size_t)h->alloc_len, h->device, false, &a)) == HIXL_OK &&
              (rc = insert(&a)) != HIXL_OK) {
     unmap(&a);

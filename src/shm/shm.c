@@ -211,11 +211,11 @@ static hixl_status_t make_inbox(shm_peer_t *sp, int *fd_p)
   return HIXL_OK;
 }
 
-/* Only a sealed fd (hixl__shm_fd_sealed): the peer cannot truncate it
+/* Only a sealed fd (hixl__fd_sealed): the peer cannot truncate it
  * under our mapping. */
 static void *map_fd(int fd, size_t bytes, int prot)
 {
-  if (!hixl__shm_fd_sealed(fd, bytes))
+  if (!hixl__fd_sealed(fd, bytes))
     return NULL;
   void *p = mmap(NULL, bytes, prot, MAP_SHARED, fd, 0);
   return p == MAP_FAILED ? NULL : p;
@@ -410,7 +410,7 @@ static hixl_status_t shm_rmr_attach(hixl_rmr_t *r, int64_t deadline)
   int prot = PROT_READ | (r->access & (HIXL_ACCESS_WRITE | HIXL_ACCESS_ATOMIC) ? PROT_WRITE : 0);
   void *p = MAP_FAILED;
   errno = EPERM; /* unsealed or short: its owner could truncate it under us */
-  if (hixl__shm_fd_sealed(fd, map_off + map_len))
+  if (hixl__fd_sealed(fd, map_off + map_len))
     p = mmap(NULL, map_len, prot, MAP_SHARED, fd, (off_t)map_off);
   int e = errno;
   close(fd);

@@ -128,19 +128,6 @@ typedef struct shm_ctx {
   pthread_t threads[SHM_CMA_MAX_THREADS];
 } shm_ctx_t;
 
-/* A memfd a peer lent us (or one of ours it mapped) may be mapped only if
- * it cannot shrink under the mapping (a truncation would make every access
- * past the new end SIGBUS): sealed against shrinking and against further
- * seals, and at least need bytes long.  hixl__memfd seals every one it
- * makes. */
-static inline bool hixl__shm_fd_sealed(int fd, uint64_t need)
-{
-  struct stat st;
-  int seals = fcntl(fd, F_GET_SEALS);
-  return seals >= 0 && (seals & (F_SEAL_SHRINK | F_SEAL_SEAL)) == (F_SEAL_SHRINK | F_SEAL_SEAL) &&
-         fstat(fd, &st) == 0 && st.st_size >= 0 && (uint64_t)st.st_size >= need;
-}
-
 /* cma.c */
 hixl_status_t hixl__shm_ctx_init(hixl_ctx_t *ctx);
 void hixl__shm_ctx_fini(hixl_ctx_t *ctx);

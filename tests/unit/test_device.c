@@ -2,8 +2,8 @@
 /*
  * The device shim's emulated backend, white box: which addresses are device
  * memory (edges included), copies in every direction and overlapping ones,
- * IPC export / import of the same pages, the NIC view, and that freeing
- * forgets.
+ * IPC export / import of the same pages (and no import of an unsealed or
+ * short memfd), the NIC view, and that freeing forgets.
  */
 #define _GNU_SOURCE
 #include <setjmp.h>
@@ -13,6 +13,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "hixl_int.h"
@@ -116,6 +117,27 @@ static void test_ipc(void **state)
   hixl__dev_free(p);
 }
 
+/* The importer maps a peer's memfd only if it is sealed against shrinking
+ * and as long as claimed: an exporter that truncated it under the mapping
+ * killed the importer with SIGBUS (issue 13). */
+static void test_ipc_unsealed(void **state)
+{
+  (void)state;
+  hixl_dev_ipc_t h = {.len = 0, .alloc_len = 1 << 20, .device = 0};
+  void *base;
+  h.fd = memfd_create("unsealed", MFD_CLOEXEC); /* unsealed */
+  assert_true(h.fd >= 0 && ftruncate(h.fd, 1 << 20) == 0);
+  assert_int_equal(hixl__dev_ipc_import(&h, &base), HIXL_ERR_TRANSPORT);
+  assert_non_null(strstr(hixl_last_error(), "sealed"));
+  h.fd = hixl__memfd("short", 4096); /* sealed, but shorter than it claims */
+  assert_true(h.fd >= 0);
+  assert_int_equal(hixl__dev_ipc_import(&h, &base), HIXL_ERR_TRANSPORT);
+  h.fd = hixl__memfd("fine", 1 << 20);
+  assert_true(h.fd >= 0);
+  assert_int_equal(hixl__dev_ipc_import(&h, &base), HIXL_OK);
+  hixl__dev_ipc_close(base);
+}
+
 int main(void)
 {
   setenv("HIXL_DEVICE", "emulated", 1);
@@ -124,6 +146,7 @@ int main(void)
       cmocka_unit_test(test_lookup_edges),
       cmocka_unit_test(test_copies),
       cmocka_unit_test(test_ipc),
+      cmocka_unit_test(test_ipc_unsealed),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
