@@ -46,6 +46,32 @@ int hixl__parse_int(const char *s, long lo, long hi, long *out)
   return 0;
 }
 
+hixl_status_t hixl__parse_uids(const char *s, uint32_t *uids, int cap, int *n_p, bool *any_p)
+{
+  int n = 0;
+  if (s != NULL && strcmp(s, "any") == 0) {
+    *n_p = 0;
+    *any_p = true;
+    return HIXL_OK;
+  }
+  for (const char *p = s; p != NULL && *p != 0;) {
+    char *end;
+    errno = 0;
+    unsigned long v = *p >= '0' && *p <= '9' ? strtoul(p, &end, 10) : 0;
+    if (*p < '0' || *p > '9' || errno || v >= UINT32_MAX || (*end != 0 && *end != ','))
+      return hixl__err(HIXL_ERR_INVALID, "\"%s\": want \"any\" or uids separated by commas", s);
+    if (n == cap)
+      return hixl__err(HIXL_ERR_INVALID, "\"%s\": more than %d uids", s, cap);
+    uids[n++] = (uint32_t)v;
+    p = *end == ',' ? end + 1 : end;
+    if (*end == ',' && *p == 0)
+      return hixl__err(HIXL_ERR_INVALID, "\"%s\": a trailing comma", s);
+  }
+  *n_p = n;
+  *any_p = false;
+  return HIXL_OK;
+}
+
 hixl_status_t hixl__parse_transports(const char *s, uint8_t *order, int *n_p, uint32_t *mask_p)
 {
   uint32_t mask = 0;

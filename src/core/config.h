@@ -3,6 +3,7 @@
 #ifndef HIXL_CONFIG_H
 #define HIXL_CONFIG_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -18,5 +19,9 @@ hixl_status_t hixl__parse_hostport(const char *s, char *host, size_t host_cap, c
                                    size_t port_cap);
 /* Parse a decimal int in [lo, hi]; -1 on error. */
 int hixl__parse_int(const char *s, long lo, long hi, long *out);
+/* HIXL_SHM_ALLOW_UIDS: "any" (*any_p true), or a comma-separated list of
+ * decimal uids (at most cap, into uids[], *n_p of them).  NULL or "": none.
+ * INVALID when malformed (the detail says why); outputs set on success. */
+hixl_status_t hixl__parse_uids(const char *s, uint32_t *uids, int cap, int *n_p, bool *any_p);
 
 #endif

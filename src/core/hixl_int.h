@@ -254,7 +254,14 @@ static inline bool hixl__tp_remote_keys(const hixl_transport_ops_t *ops)
 /* What a peer's ops become after hixl_disconnect: every op PEER_LOST. */
 extern const hixl_transport_ops_t hixl__closed_ops;
 hixl_status_t hixl__self_init(hixl_peer_t *peer);
-/* shm target side: map the initiator's segments (fds), create ours. */
+/* shm target side of SHM_BIND, first: who is at the other end of the unix
+ * socket sock it came on (SO_PEERCRED, from the kernel), never what its
+ * HELLO said.  Sets peer->remote_pid (where CMA goes, whom device IPC is
+ * exported to) to that process's; AUTH (with the detail, logged) when its
+ * uid is neither ours, nor root, nor one HIXL_SHM_ALLOW_UIDS allows. */
+hixl_status_t hixl__shm_bind_cred(hixl_peer_t *peer, int sock);
+/* shm target side: map the initiator's segments (fds), create ours.  The
+ * fds are consumed on success only (the caller closes them otherwise). */
 hixl_status_t hixl__shm_accept(hixl_peer_t *peer, const int *fds, int nfds, int *out_fds,
                                int *n_out);
 /* shm owner side when the kernel refuses CMA (src/shm/stage.c; control

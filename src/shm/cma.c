@@ -264,6 +264,10 @@ hixl_status_t hixl__shm_ctx_init(hixl_ctx_t *ctx)
     sc->cma_threads = (int)v;
   else if (e)
     hixl_warn("ignoring HIXL_SHM_CMA_THREADS=%s (want 1..%d)", e, SHM_CMA_MAX_THREADS);
+  e = getenv("HIXL_SHM_ALLOW_UIDS");
+  if (e && hixl__parse_uids(e, sc->uids, SHM_MAX_UIDS, &sc->n_uids, &sc->uid_any) != HIXL_OK)
+    hixl_warn("ignoring HIXL_SHM_ALLOW_UIDS=%s (%s): only peers of our uid and root are "
+              "bound with", e, hixl_last_error());
   env_size("HIXL_SHM_CMA_SPLIT_MIN", (size_t)64 << 10, SIZE_MAX >> 1, &sc->split_min);
   env_size("HIXL_SHM_STAGE_BYTES", (size_t)64 << 10, (size_t)1 << 30, &sc->stage_bytes);
   sc->stage_bytes = (sc->stage_bytes + 4095) & ~(size_t)4095;

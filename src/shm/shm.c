@@ -7,7 +7,11 @@
  * target's abstract unix socket and sends SHM_BIND with two fds, its region
  * table and its notification inbox; the target answers SHM_BIND_ACK with its
  * own two.  From then on the unix socket is the control connection (it can
- * carry fds) and the TCP one is closed.
+ * carry fds) and the TCP one is closed.  Each side takes the other's pid
+ * and uid from the kernel (SO_PEERCRED on that socket), never from the
+ * handshake: the pid is where CMA goes (a peer that named another process
+ * made a privileged target write into it), and a peer of another uid is
+ * refused unless HIXL_SHM_ALLOW_UIDS allows it.
  *
  * Data path:
  *  - regions backed by a memfd (hixl_mem_alloc, or registered inside it) are
@@ -160,12 +164,61 @@ static void shm_mr_dereg(hixl_mr_t *mr)
 
 /* ---------------------------------------------------------------- peers */
 
+static bool uid_allowed(const shm_ctx_t *sc, uid_t uid)
+{
+  /* Root may ptrace and rewrite any process of ours anyway: refusing it
+   * would protect nothing. */
+  if (sc->uid_any || uid == geteuid() || uid == 0)
+    return true;
+  for (int i = 0; i < sc->n_uids; i++)
+    if (sc->uids[i] == (uint32_t)uid)
+      return true;
+  return false;
+}
+
+/* The process at the other end of unix socket sock, from the kernel (taken
+ * when it connected), checked against our uid policy.  Its pid is as our
+ * pid namespace sees it: 0 when it cannot (a container beside ours), and
+ * then CMA is never tried (shm_peer_new: the owner's copies). */
+static hixl_status_t peer_cred(hixl_ctx_t *ctx, int sock, const char *who, struct ucred *cr_p)
+{
+  struct ucred cr;
+  socklen_t len = sizeof(cr);
+  if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0 || len != sizeof(cr) ||
+      cr.pid < 0)
+    return hixl__err(HIXL_ERR_TRANSPORT, "shm: no credentials for the unix socket of %s: %s",
+                     who, strerror(errno));
+  if (!uid_allowed(ctx->tp[HIXL_TP_SHM], cr.uid))
+    return hixl__err(HIXL_ERR_AUTH,
+                     "shm: %s (pid %d) runs as uid %u, this process as uid %u: refused "
+                     "(HIXL_SHM_ALLOW_UIDS lists other uids to allow, or \"any\")",
+                     who, (int)cr.pid, (unsigned)cr.uid, (unsigned)geteuid());
+  *cr_p = cr;
+  return HIXL_OK;
+}
+
+hixl_status_t hixl__shm_bind_cred(hixl_peer_t *peer, int sock)
+{
+  struct ucred cr;
+  hixl_status_t st = peer_cred(peer->ctx, sock, peer->name, &cr);
+  if (st != HIXL_OK) {
+    hixl_warn("%s", hixl_last_error());
+    return st;
+  }
+  if (cr.pid != peer->remote_pid)
+    hixl_info("shm: %s said it was pid %d; the kernel says pid %d", peer->name,
+              (int)peer->remote_pid, (int)cr.pid);
+  peer->remote_pid = cr.pid;
+  return HIXL_OK;
+}
+
 static bool shm_usable(hixl_ctx_t *ctx, const hixl_msg_t *hello)
 {
   return memcmp(ctx->host_id, hello->host_id, sizeof(ctx->host_id)) == 0;
 }
 
-static shm_peer_t *shm_peer_new(hixl_ctx_t *ctx)
+/* pid: the peer's, from the kernel (0: not in our pid namespace). */
+static shm_peer_t *shm_peer_new(hixl_ctx_t *ctx, pid_t pid)
 {
   shm_peer_t *sp = calloc(1, sizeof(*sp));
   if (sp == NULL)
@@ -173,7 +226,7 @@ static shm_peer_t *shm_peer_new(hixl_ctx_t *ctx)
   pthread_mutex_init(&sp->out.lock, NULL);
   sp->in.fd = -1;
   const shm_ctx_t *sc = ctx->tp[HIXL_TP_SHM];
-  atomic_init(&sp->cma_refused, sc->cma_off);
+  atomic_init(&sp->cma_refused, sc->cma_off || pid <= 0);
   return sp;
 }
 
@@ -221,13 +274,11 @@ static void *map_fd(int fd, size_t bytes, int prot)
   return p == MAP_FAILED ? NULL : p;
 }
 
-/* Map the peer's table and inbox (fds[0], fds[1]); the fds are closed. */
+/* Map the peer's table and inbox (fds[0], fds[1]; the caller closes them). */
 static hixl_status_t map_theirs(shm_peer_t *sp, const int *fds, const char *who)
 {
   sp->table = map_fd(fds[0], SHM_TABLE_BYTES, PROT_READ);
   sp->outbox_sh = map_fd(fds[1], hixl_ring_shared_bytes(SHM_RING_CAP), PROT_READ | PROT_WRITE);
-  close(fds[0]);
-  close(fds[1]);
   if (sp->table == NULL || sp->outbox_sh == NULL ||
       !hixl_ring_shared_valid(sp->outbox_sh, SHM_RING_CAP))
     return hixl__err(HIXL_ERR_TRANSPORT, "shm: cannot map the segments of %s (unsealed, short "
@@ -240,7 +291,7 @@ static hixl_status_t map_theirs(shm_peer_t *sp, const int *fds, const char *who)
 static hixl_status_t shm_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64_t deadline)
 {
   hixl_ctx_t *ctx = peer->ctx;
-  shm_peer_t *sp = shm_peer_new(ctx);
+  shm_peer_t *sp = shm_peer_new(ctx, 1); /* its pid: below */
   if (sp == NULL)
     return hixl__err(HIXL_ERR_NOMEM, "shm: no memory");
   int inbox_fd = -1, ufd = -1, tcp_fd = peer->fd;
@@ -258,6 +309,14 @@ static hixl_status_t shm_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64
                    peer->name, strerror(errno));
     goto fail;
   }
+  /* Whoever listens there (the name came from the peer) is who we bind
+   * with: its pid and uid, from the kernel. */
+  struct ucred cr;
+  if ((st = peer_cred(ctx, ufd, peer->name, &cr)) != HIXL_OK)
+    goto fail;
+  peer->remote_pid = cr.pid;
+  if (cr.pid == 0) /* not in our pid namespace: no CMA */
+    atomic_store(&sp->cma_refused, true);
   struct timeval tv = {ctx->cfg.timeout_ms / 1000, (ctx->cfg.timeout_ms % 1000) * 1000};
   setsockopt(ufd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   hixl_msg_t bind = {.type = HIXL_MSG_SHM_BIND};
@@ -276,11 +335,20 @@ static hixl_status_t shm_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64
   if (reply.type != HIXL_MSG_SHM_BIND_ACK || reply.status != HIXL_OK || reply.nfds != 2) {
     for (int i = 0; i < reply.nfds; i++)
       close(got[i]);
-    st = hixl__err(HIXL_ERR_TRANSPORT, "shm: %s refused the bind (%s)", peer->name,
-                   hixl_strerror(reply.status));
+    if (reply.status == HIXL_ERR_AUTH)
+      st = hixl__err(HIXL_ERR_AUTH, "shm: %s refused the bind (%s): it binds with peers of "
+                     "its own uid and root, and of the uids its HIXL_SHM_ALLOW_UIDS lists; "
+                     "this process runs as uid %u", peer->name, hixl_strerror(reply.status),
+                     (unsigned)geteuid());
+    else
+      st = hixl__err(HIXL_ERR_TRANSPORT, "shm: %s refused the bind (%s)", peer->name,
+                     hixl_strerror(reply.status));
     goto fail;
   }
-  if ((st = map_theirs(sp, got, peer->name)) != HIXL_OK)
+  st = map_theirs(sp, got, peer->name);
+  close(got[0]);
+  close(got[1]);
+  if (st != HIXL_OK)
     goto fail;
   close(inbox_fd);
   close(tcp_fd);
@@ -300,13 +368,11 @@ fail:
 hixl_status_t hixl__shm_accept(hixl_peer_t *peer, const int *fds, int nfds, int *out_fds,
                                int *n_out)
 {
-  shm_peer_t *sp = shm_peer_new(peer->ctx);
-  if (sp == NULL || nfds != 2) {
-    for (int i = 0; i < nfds; i++)
-      close(fds[i]);
-    free(sp);
+  if (nfds != 2)
+    return HIXL_ERR_INVALID;
+  shm_peer_t *sp = shm_peer_new(peer->ctx, peer->remote_pid); /* hixl__shm_bind_cred's */
+  if (sp == NULL)
     return HIXL_ERR_NOMEM;
-  }
   int inbox_fd = -1;
   hixl_status_t st = map_theirs(sp, fds, peer->name);
   if (st == HIXL_OK)
@@ -319,6 +385,8 @@ hixl_status_t hixl__shm_accept(hixl_peer_t *peer, const int *fds, int nfds, int 
     shm_free(sp);
     return st != HIXL_OK ? st : HIXL_ERR_NOMEM;
   }
+  close(fds[0]); /* mapped: consumed (on failure the caller closes them) */
+  close(fds[1]);
   out_fds[0] = table_fd;
   out_fds[1] = inbox_fd;
   *n_out = 2;

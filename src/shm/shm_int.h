@@ -108,6 +108,7 @@ typedef struct shm_peer {
  * the helper threads that split large CMA transfers (started lazily, at
  * the first transfer of split_min bytes or more). */
 #define SHM_CMA_MAX_THREADS 16
+#define SHM_MAX_UIDS 64 /* in HIXL_SHM_ALLOW_UIDS */
 struct shm_cma_job;
 typedef struct shm_ctx {
   bool cma_off;        /* HIXL_SHM_CMA=0 */
@@ -116,6 +117,11 @@ typedef struct shm_ctx {
   size_t stage_bytes;  /* HIXL_SHM_STAGE_BYTES: data area of a staging we lend */
   shm_tag_t *tags;     /* our tag table (mapped read-write before sealing) */
   int tags_fd;         /* a read-only open of it: what peers get */
+  /* HIXL_SHM_ALLOW_UIDS: the uids of peers we bind with besides our own
+   * (effective) uid and root's; any: every uid. */
+  bool uid_any;
+  int n_uids;
+  uint32_t uids[SHM_MAX_UIDS];
   pthread_mutex_t lock;
   pthread_cond_t work, idle;
   struct shm_cma_job *queue; /* jobs helpers may join */
@@ -132,7 +138,8 @@ typedef struct shm_ctx {
 hixl_status_t hixl__shm_ctx_init(hixl_ctx_t *ctx);
 void hixl__shm_ctx_fini(hixl_ctx_t *ctx);
 /* shm.c: our tag table (at context set-up; NO_DEVICE when it cannot be
- * handed out read-only) and its release. */
+ * handed out read-only) and its release.  The target side of the binding's
+ * credential check is hixl__shm_bind_cred (hixl_int.h). */
 hixl_status_t hixl__shm_table_init(shm_ctx_t *sc);
 void hixl__shm_table_fini(shm_ctx_t *sc);
 /* Move cnt paired elements (l[i].iov_len == r[i].iov_len, total bytes in
