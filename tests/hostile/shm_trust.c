@@ -196,6 +196,8 @@ static bool try_byte(int fd, char *c)
 
 static void put_str(int fd, const char *s)
 {
+  if (s == NULL)
+    FAIL("no address to pass on");
   if (write(fd, s, strlen(s) + 1) != (ssize_t)(strlen(s) + 1))
     FAIL("write to a pipe");
 }
