@@ -611,7 +611,11 @@ static hixl_peer_t *handle_bind_locked(hixl_peer_t *u, const hixl_msg_t *m, int 
     ack->status = HIXL_ERR_AUTH;
     return NULL;
   }
-  hixl_status_t st = hixl__shm_accept(p, fds, nfds, out_fds, n_out);
+  /* Who is really at the other end (SO_PEERCRED): its pid for CMA, its uid
+   * against the policy -- never what its HELLO claimed. */
+  hixl_status_t st = hixl__shm_bind_cred(p, u->fd);
+  if (st == HIXL_OK)
+    st = hixl__shm_accept(p, fds, nfds, out_fds, n_out);
   ack->status = st;
   if (st != HIXL_OK)
     return NULL;
