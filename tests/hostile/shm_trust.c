@@ -256,15 +256,18 @@ static pid_t spawn(void (*fn)(void))
   return pid;
 }
 
-static long rss_kib(pid_t pid)
+/* VmRSS of pid, and its anonymous and shared-memory parts. */
+static long rss_kib(pid_t pid, long *anon_p, long *shmem_p)
 {
   char path[64], line[256];
   snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
   FILE *f = fopen(path, "re");
   long v = -1;
-  while (f && fgets(line, sizeof(line), f))
-    if (sscanf(line, "VmRSS: %ld kB", &v) == 1)
-      break;
+  while (f && fgets(line, sizeof(line), f)) {
+    sscanf(line, "VmRSS: %ld kB", &v);
+    sscanf(line, "RssAnon: %ld kB", anon_p);
+    sscanf(line, "RssShmem: %ld kB", shmem_p);
+  }
   if (f)
     fclose(f);
   if (v < 0)
@@ -844,13 +847,16 @@ static int run_attack(void)
   int fails = 0;
   if (mode("idle")) {
     get_byte(g_a_out[0]);
-    long before = rss_kib(target);
+    long anon0 = 0, shm0 = 0, anon1 = 0, shm1 = 0;
+    long before = rss_kib(target, &anon0, &shm0);
     put_byte(g_a_ctl[1], 'm');
     get_byte(g_a_out[0]);
-    long after = rss_kib(target);
+    long after = rss_kib(target, &anon1, &shm1);
     long per = (after - before) / IDLE_PEERS;
-    printf("target RSS: %ld KiB with %d peers, %ld KiB with %d more idle peers: %ld KiB each\n",
-           before, IDLE_WARM + 1, after, IDLE_PEERS, per);
+    printf("target RSS: %ld KiB with %d peers, %ld KiB with %d more idle peers: %ld KiB each "
+           "(%.1f KiB anonymous, %.1f KiB shared memory)\n", before, IDLE_WARM + 1, after,
+           IDLE_PEERS, per, (double)(anon1 - anon0) / IDLE_PEERS,
+           (double)(shm1 - shm0) / IDLE_PEERS);
     if (per > IDLE_MAX_KIB) {
       fprintf(stderr, "FAIL: an idle peer costs the target %ld KiB (at most %d wanted)\n", per,
               IDLE_MAX_KIB);
