@@ -14,10 +14,12 @@
  * refused unless HIXL_SHM_ALLOW_UIDS allows it.
  *
  * Data path:
- *  - regions backed by a memfd (hixl_mem_alloc, or registered inside it) are
- *    mapped into the initiator once, at rmr unpack (FD_REQ passes the fd),
- *    with PROT_WRITE only if the region grants WRITE or ATOMIC: a put or get
- *    is one copy, an atomic one CPU instruction, no syscall;
+ *  - regions backed by a whole memfd (hixl_mem_alloc, or a registration of
+ *    exactly such an allocation) granting READ are mapped into the
+ *    initiator once, at rmr unpack (FD_REQ passes the fd), with PROT_WRITE
+ *    only if the region grants WRITE or ATOMIC: a put or get is one copy,
+ *    an atomic one CPU instruction, no syscall (a part of an allocation is
+ *    not: the peer could map all of it; mr.c);
  *  - other regions are reached with process_vm_writev/readv (CMA, cma.c;
  *    large transfers split across helper threads); atomics on them are
  *    executed by the owner's control thread (ATOMIC message);
