@@ -371,12 +371,31 @@ static void cond_wait_until(hixl_ctx_t *ctx, int64_t deadline)
   pthread_cond_timedwait(&ctx->cond, &ctx->lock, &ts);
 }
 
+/* An inbound peer can reach the user (its first notification) a moment
+ * before its handshake's last message is on the wire and it is marked UP:
+ * wait for that, within deadline.  ctx->lock held. */
+static void await_up_locked(hixl_peer_t *peer, int64_t deadline)
+{
+  while (atomic_load(&peer->state) == HIXL_PEER_CONNECTING && peer->inbound &&
+         hixl__now_ns() < deadline)
+    cond_wait_until(peer->ctx, deadline);
+}
+
+bool hixl__peer_await_up(hixl_peer_t *peer, int64_t deadline)
+{
+  pthread_mutex_lock(&peer->ctx->lock);
+  await_up_locked(peer, deadline);
+  pthread_mutex_unlock(&peer->ctx->lock);
+  return atomic_load(&peer->state) == HIXL_PEER_UP;
+}
+
 hixl_status_t hixl__call(hixl_peer_t *peer, hixl_msg_t *m, uint16_t reply_type, hixl_msg_t *reply,
                          int *fd_p, int64_t deadline)
 {
   hixl_ctx_t *ctx = peer->ctx;
   hixl_pending_t pd = {.reply_type = reply_type, .reply = reply, .fd = -1};
   pthread_mutex_lock(&ctx->lock);
+  await_up_locked(peer, deadline);
   if (atomic_load(&peer->state) != HIXL_PEER_UP) {
     pthread_mutex_unlock(&ctx->lock);
     return hixl__err(HIXL_ERR_PEER_LOST, "peer %s is not connected", peer->name);

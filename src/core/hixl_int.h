@@ -440,6 +440,9 @@ hixl_status_t hixl__call(hixl_peer_t *peer, struct hixl_msg *m, uint16_t reply_t
                          struct hixl_msg *reply, int *fd_p, int64_t deadline);
 /* Read one whole message from a socket the control thread does not own yet
  * (handshakes); passed fds go to fds[0..max_fds). */
+/* Wait (until deadline) while an inbound peer finishes its handshake;
+ * true when it is UP. */
+bool hixl__peer_await_up(hixl_peer_t *peer, int64_t deadline);
 /* One handshake reply on a peer's TCP control connection (through TLS when
  * it has it): what the transports' connect calls use before it is polled. */
 hixl_status_t hixl__peer_recv_sync(hixl_peer_t *peer, struct hixl_msg *m, int64_t deadline);

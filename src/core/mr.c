@@ -321,7 +321,7 @@ hixl_status_t hixl_rmr_unpack(hixl_peer_t *peer, const void *buf, size_t len, hi
   if (!peer_valid(peer) || buf == NULL || rmr_p == NULL)
     return hixl__err(HIXL_ERR_INVALID, "hixl_rmr_unpack: NULL or invalid %s",
                      !peer_valid(peer) ? "peer" : buf == NULL ? "buf" : "rmr_p");
-  if (atomic_load(&peer->state) != HIXL_PEER_UP)
+  if (!hixl__peer_await_up(peer, hixl__deadline(hixl__ctx_timeout(peer->ctx))))
     return hixl__err(HIXL_ERR_PEER_LOST, "hixl_rmr_unpack: peer %s is not connected", peer->name);
   hixl_rkey_info_t k;
   if (hixl_rkey_decode(buf, len, &k) != 0)
@@ -453,7 +453,7 @@ hixl_status_t hixl_rmr_lookup(hixl_peer_t *peer, const char *name, int timeout_m
    * answer), the whole by timeout_ms (a name that does not appear). */
   int call_ms = hixl__ctx_timeout(peer->ctx);
   for (;;) {
-    if (atomic_load(&peer->state) != HIXL_PEER_UP)
+    if (!hixl__peer_await_up(peer, hixl__deadline(call_ms)))
       return hixl__err(HIXL_ERR_PEER_LOST, "hixl_rmr_lookup: peer %s is not connected",
                        peer->name);
     uint8_t blob[HIXL_WIRE_BLOB];

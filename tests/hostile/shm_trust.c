@@ -360,14 +360,8 @@ static void target_main(void)
         /* pidlie: the initiator asks for a put into its region "att". */
         hixl_rmr_t *att;
         /* Its notification can be seen before our control thread has
-         * marked the new peer up (lookup: PEER_LOST "not connected"). */
-        hixl_status_t st;
-        for (int tries = 0;
-             (st = hixl_rmr_lookup(nb[i].peer, "att", 10000, &att)) == HIXL_ERR_PEER_LOST &&
-             tries < 1000;
-             tries++)
-          usleep(10000);
-        OK(st);
+         * marked the new peer up: the lookup waits for that. */
+        OK(hixl_rmr_lookup(nb[i].peer, "att", 10000, &att));
         static uint8_t src[VICTIM_LEN];
         for (size_t k = 0; k < VICTIM_LEN; k++)
           src[k] = pat(k + 13);
