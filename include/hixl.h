@@ -127,8 +127,13 @@ const char *hixl_ctx_transports(const hixl_ctx_t *ctx);
  * (libfabric) across hosts; cfg.transports limits
  * the choice.  Peers that connect to us become hixl_peer_t objects too
  * (they appear in notifications and can be used to reach back).
+ * Both sides prove they hold the token without sending it (HMAC-SHA256
+ * challenge-response, the target first; docs/security.md), over TLS when
+ * HIXL_TLS=1.
  * Errors: INVALID (bad address), TIMEOUT, PEER_LOST (refused / closed),
- * AUTH (token mismatch), UNSUPPORTED (no common transport), NOMEM. */
+ * AUTH (token mismatch, or the target could not prove it holds our token),
+ * AGAIN (the target serves HIXL_MAX_PEERS peers already), UNSUPPORTED (no
+ * common transport), NOMEM. */
 hixl_status_t hixl_connect(hixl_ctx_t *ctx, const char *addr, int timeout_ms,
                            hixl_peer_t **peer_p);
 /* Close a peer we connected to: outstanding requests fail with PEER_LOST,
