@@ -563,7 +563,7 @@ static void handle_auth_locked(hixl_peer_t *p, const hixl_msg_t *m, hixl_msg_t *
   if (m->blob_len != HIXL_AUTH_PROOF || !hixl__auth_equal(want, m->blob)) {
     /* No identity in a refusal: the initiator has proved nothing. */
     ack->status = HIXL_ERR_AUTH;
-    snprintf(ack->str[1], sizeof(ack->str[1]), "auth token rejected by %s", ctx->address);
+    snprintf(ack->str[1], sizeof(ack->str[1]), "auth token rejected");
     hixl_warn("rejected a connection: wrong auth token");
     return;
   }
@@ -817,7 +817,7 @@ static void peer_readable(hixl_ctx_t *ctx, hixl_peer_t *p)
   if (p->rx == NULL && (p->rx = malloc(RX_CAP)) == NULL)
     return;
   bool tls = p->tls && p->fd == p->tls_fd;
-  if (tls && !p->tls_ready) {
+  if (tls && !p->tls_ready && p->inbound) {
     /* The TLS handshake, a step per readable event (its deadline is the
      * handshake's: from the accept). */
     int r = hixl__tls_handshake(p->tls, p->name);
@@ -962,6 +962,8 @@ static void close_sock_locked(hixl_ctx_t *ctx, hixl_peer_t *p)
   close(p->fd);
   p->fd = -1;
   outq_clear(p);
+  hixl__tls_free(p->tls); /* no sender can use it: fd is -1 under send_lock */
+  p->tls = NULL;
   pthread_mutex_unlock(&p->send_lock);
 }
 
@@ -972,7 +974,8 @@ static hixl_peer_t *oldest_handshake_locked(hixl_ctx_t *ctx, int *n_p)
   hixl_peer_t *old = NULL;
   int n = 0;
   for (hixl_peer_t *p = ctx->peers; p; p = p->next)
-    if (p->inbound && p->fd >= 0 && atomic_load(&p->state) == HIXL_PEER_CONNECTING) {
+    if (p->inbound && p->fd >= 0 && atomic_load(&p->state) == HIXL_PEER_CONNECTING &&
+        p->ops == NULL && p->hs_stage < 2) {
       n++;
       if (old == NULL || p->born_ns < old->born_ns)
         old = p;
@@ -1463,15 +1466,17 @@ static hixl_status_t tls_client(hixl_peer_t *p, int64_t deadline, const char *ad
   p->tls_fd = p->fd;
   for (;;) {
     int r = hixl__tls_handshake(p->tls, addr);
-    if (r > 0)
+    if (r > 0) {
+      /* Done: calling gnutls_handshake again on a TLS 1.3 session would
+       * send a KeyUpdate (from the control thread, beside senders). */
+      p->tls_ready = true;
       return HIXL_OK;
+    }
     if (r < 0)
       return HIXL_ERR_AUTH;
     int ms = (int)((deadline - hixl__now_ns()) / 1000000);
-    struct pollfd pfd = {p->fd, POLLIN | POLLOUT, 0};
-    /* GnuTLS waits for one direction: POLLOUT is almost always set, so
-     * poll for input unless the socket is full. */
-    pfd.events = POLLIN;
+    /* The direction GnuTLS is waiting for (a full socket: output). */
+    struct pollfd pfd = {p->fd, hixl__tls_wants_write(p->tls) ? POLLOUT : POLLIN, 0};
     if (ms <= 0 || poll(&pfd, 1, ms) == 0)
       return hixl__err(HIXL_ERR_TIMEOUT, "%s: TLS handshake timed out (does it run with "
                        "HIXL_TLS=1?)", addr);
@@ -1570,10 +1575,8 @@ hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeou
                      "be the same on both sides)", addr);
     goto fail;
   }
-  if (chal.type == HIXL_MSG_HELLO_ACK && chal.status != HIXL_OK) {
-    ack = chal; /* refused before the challenge (busy): reported below */
-    goto refused;
-  }
+  /* Nothing but a challenge: an unproven answer does not get to choose our
+   * error or our message. */
   if (chal.type != HIXL_MSG_AUTH_CHALLENGE ||
       chal.blob_len != HIXL_AUTH_NONCE + HIXL_AUTH_PROOF) {
     st = hixl__err(HIXL_ERR_TRANSPORT, "%s answered the handshake with %s", addr,
@@ -1616,7 +1619,6 @@ hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeou
     goto fail;
   }
   if (ack.status != HIXL_OK) {
-  refused:
     st = hixl__err(ack.status < 0 && ack.status >= HIXL_ERR_NO_DEVICE ? ack.status
                                                                        : HIXL_ERR_TRANSPORT,
                    "%s refused the connection: %s", addr,

@@ -462,7 +462,8 @@ void hixl__wake(hixl_ctx_t *ctx);
 int hixl__ctx_timeout(const hixl_ctx_t *ctx);
 /* A peer silent for max(timeout_ms, this) is lost (conn.c: liveness_ms). */
 #define HIXL_LIVENESS_FLOOR_MS 1000
-/* The auth token travels in HELLO's string field: at most this many bytes. */
+/* The auth token (the handshake's HMAC key, TLS's PSK): at most this many
+ * bytes, a documented limit (it never travels). */
 #define HIXL_AUTH_TOKEN_MAX 255
 
 /* Answer a peer's LOOKUP / FD_REQ / ATOMIC (control thread, ctx->lock

@@ -35,10 +35,11 @@ int hixl__tls_handshake(void *s, const char *who);
 /* Bytes sent (a whole record: all of len), 0: again (retry with the same
  * bytes), < 0: -errno-like failure. */
 ssize_t hixl__tls_send(void *s, const void *buf, size_t len);
-/* Bytes received, 0: closed, -EAGAIN: nothing now, other < 0: failure. */
+/* Bytes received, 0: closed, -EAGAIN: nothing now, other < 0: a GnuTLS
+ * error code (hixl__tls_strerror). */
 ssize_t hixl__tls_recv(void *s, void *buf, size_t len);
-/* Decrypted bytes buffered inside the session (poll would not see them). */
-bool hixl__tls_pending(void *s);
+/* The last call that returned "again" was waiting to write (else to read). */
+bool hixl__tls_wants_write(void *s);
 /* The last failure of a session call, for messages. */
 const char *hixl__tls_strerror(ssize_t rc);
 
