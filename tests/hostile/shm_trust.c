@@ -24,8 +24,10 @@
  *                READ).  The rest of the allocation must stay unreachable and
  *                intact; the small region still works (put, get).
  *   idle         finding 6: 48 idle peers must not cost the target more than
- *                IDLE_MAX_KIB of resident memory each (the inbox ring was
- *                written cell by cell: 512 KiB and more per peer).
+ *                IDLE_MAX_SHM_KIB of shared memory each (the inbox ring was
+ *                written cell by cell: 512 KiB and more per peer), nor
+ *                IDLE_MAX_KIB in all (not checked under sanitizers, whose
+ *                allocators inflate the heap).
  *   devtrunc     the emulated device importer mapped a peer's memfd without
  *                checking its seals: an owner that truncates its device
  *                memory under the importer's mapping killed it (SIGBUS).
@@ -86,9 +88,23 @@
 #define VICTIM_LEN (64u << 10)
 #define IDLE_WARM 4
 #define IDLE_PEERS 48
-#define IDLE_MAX_KIB 64
+#define IDLE_MAX_KIB 64     /* resident memory per idle peer, all of it */
+#define IDLE_MAX_SHM_KIB 32 /* of which shared memory (the rings: 580 KiB before) */
+/* Sanitizer runtimes grow every allocation (TSan: ~70 KiB of heap per
+ * peer): there only the shared-memory part, the finding itself, is held to
+ * its bound. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define IDLE_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define IDLE_SANITIZED 1
+#endif
+#endif
+#ifndef IDLE_SANITIZED
+#define IDLE_SANITIZED 0
+#endif
 #define NOBODY 65534
-#define TOKEN "hostile-trust"
+#define TOKEN "hostile-trust-token"
 
 static const char *g_mode;
 static bool mode(const char *m) { return strcmp(g_mode, m) == 0; }
@@ -851,7 +867,13 @@ static int run_attack(void)
            "(%.1f KiB anonymous, %.1f KiB shared memory)\n", before, IDLE_WARM + 1, after,
            IDLE_PEERS, per, (double)(anon1 - anon0) / IDLE_PEERS,
            (double)(shm1 - shm0) / IDLE_PEERS);
-    if (per > IDLE_MAX_KIB) {
+    long per_shm = (shm1 - shm0) / IDLE_PEERS;
+    if (per_shm > IDLE_MAX_SHM_KIB) {
+      fprintf(stderr, "FAIL: an idle peer costs the target %ld KiB of shared memory (at most %d "
+              "wanted)\n", per_shm, IDLE_MAX_SHM_KIB);
+      fails++;
+    }
+    if (!IDLE_SANITIZED && per > IDLE_MAX_KIB) {
       fprintf(stderr, "FAIL: an idle peer costs the target %ld KiB (at most %d wanted)\n", per,
               IDLE_MAX_KIB);
       fails++;
