@@ -4,6 +4,7 @@ set -euo pipefail
 pkgs=(meson ninja-build gcc g++ pkg-config libcmocka-dev python3 clang
       nettle-dev  # HMAC-SHA256: control-plane authentication, region table tags
       libgnutls28-dev  # optional TLS on the control connections (HIXL_TLS=1)
+      libunistring-dev  # named by gnutls.pc for static links (the install check's static consumer)
       # Soft-RoCE in a qemu guest (tests/rxe/rxe-run) and the verbs transport:
       qemu-system-x86 busybox-static cpio kmod xz-utils ibverbs-providers ibverbs-utils
       rdmacm-utils perftest libibverbs-dev librdmacm-dev
