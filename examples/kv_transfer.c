@@ -721,8 +721,8 @@ static int decode(cfg_t c, int addr_fd, hixl_ctx_t *shared)
     printf("  generating %.3f ms (prefill), checking %.3f ms (decode); end to end %.3f ms = "
            "%.3f GB/s; first layer after p50 %.3f ms (p99 %.3f); next layers every p50 "
            "%.3f ms (p99 %.3f)\n",
-           p->pre.gen * 1e3, p->check * 1e3, p->seconds * 1e3, p->bytes / p->seconds / 1e9, p->ttfl_p50 * 1e3,
-           p->ttfl_p99 * 1e3, p->gap_p50 * 1e3, p->gap_p99 * 1e3);
+           p->pre.gen * 1e3, p->check * 1e3, p->seconds * 1e3, p->bytes / p->seconds / 1e9,
+           p->ttfl_p50 * 1e3, p->ttfl_p99 * 1e3, p->gap_p50 * 1e3, p->gap_p99 * 1e3);
     fflush(stdout);
   }
   /* Ratios of the transfer bandwidths (the same bytes in every pass). */

@@ -85,9 +85,15 @@ def test_kv_transfer_forked():
     rc, out = run([PY, str(EXAMPLES / "kv_transfer.py"), "--requests", "12",
                    "--seq-len", "16:200", "--blocks", "128"])
     assert rc == 0, out
-    assert re.search(r"batching gain: [\d.]+x .*; every byte of [\d.]+ MiB verified", out), out
-    assert re.search(r"one batch per layer: .* [\d.]+ GB/s", out), out
-    assert re.search(r"prefill, one batch per layer: .* GB/s", out), out
+    assert re.search(r"every byte of [\d.]+ MiB verified", out), out
+    # the transfer timed apart from generating and checking, in every pass
+    for what in ("one batch per layer", "one put per block", r"two-sided \(TCP\)"):
+        assert re.search(what + r": +[\d.]+ MiB; transfer [\d.]+ ms = [\d.]+ GB/s", out), out
+    assert len(re.findall(r"generating [\d.]+ ms \(prefill\), checking [\d.]+ ms \(decode\); "
+                          r"end to end [\d.]+ ms = [\d.]+ GB/s", out)) == 3, out
+    assert re.search(r"batching gain: [\d.]+x the transfer bandwidth of one put per block",
+                     out), out
+    assert re.search(r"one-sided / two-sided: transfer [\d.]+x faster", out), out
 
 
 def test_kv_transfer_roles_apart():
