@@ -87,15 +87,32 @@ typedef struct hixl_config {
   const char *transports;  /* allowed, in preference order, e.g. "shm,verbs"; NULL: all (HIXL_TRANSPORTS) */
   const char *net_dev;     /* RDMA device or netdev; NULL: auto                          (HIXL_NET_DEV) */
   const char *auth_token;  /* shared secret checked at connect, <= 255 bytes; NULL: none  (HIXL_AUTH_TOKEN) */
-  int progress_thread;     /* 1: progress in a background thread; 2: one that sleeps on
-                              completion events when idle                             (HIXL_PROGRESS_THREAD) */
+  int progress_thread;     /* 1: progress in a background thread that, idle, waits as
+                              `wait` says; 2: one that sleeps at once when idle        (HIXL_PROGRESS_THREAD) */
   int timeout_ms;          /* default for connects and blocking calls; peers are lost
                               after max(timeout_ms, 1000) ms of silence                 (HIXL_TIMEOUT_MS) */
-  void *reserved[8];       /* must be zero (hixl_config_init does it) */
+  int wait;                /* how blocking calls wait: a hixl_wait_mode_t; 0 is
+                              HIXL_WAIT_ADAPTIVE                    (HIXL_WAIT=adaptive|spin|sleep) */
+  int reserved_int;        /* must be zero */
+  void *reserved[7];       /* must be zero (hixl_config_init does it) */
 } hixl_config_t;
 
+/* How a blocking call (hixl_notif_wait, hixl_req_wait, hixl_fence, ordered
+ * operations, a full notification ring) waits (docs/waiting.md):
+ *  - ADAPTIVE (the default): polls for a few microseconds (about the time
+ *    the kernel takes to wake a sleeping thread here, at most 50 us), then
+ *    sleeps in the kernel until the event itself wakes it: a waiter costs
+ *    no CPU, and a notification or completion wakes it at once.
+ *  - SPIN: polls until done (lowest latency; a core per waiting thread).
+ *  - SLEEP: sleeps at once (no polling beyond one look). */
+typedef enum hixl_wait_mode {
+  HIXL_WAIT_ADAPTIVE = 0,
+  HIXL_WAIT_SPIN = 1,
+  HIXL_WAIT_SLEEP = 2
+} hixl_wait_mode_t;
+
 /* Fill defaults (listen NULL, transports NULL, progress_thread 0,
- * timeout_ms 10000), then override each field from its HIXL_* environment
+ * timeout_ms 10000, wait HIXL_WAIT_ADAPTIVE), then override each field from its HIXL_* environment
  * variable when set.  The strings point into the environment. */
 void hixl_config_init(hixl_config_t *cfg);
 

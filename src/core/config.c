@@ -26,6 +26,15 @@ void hixl_config_init(hixl_config_t *cfg)
     cfg->progress_thread = (int)v;
   else if (e)
     hixl_warn("ignoring HIXL_PROGRESS_THREAD=%s (want 0, 1 or 2)", e);
+  e = getenv("HIXL_WAIT");
+  if (e && strcmp(e, "adaptive") == 0)
+    cfg->wait = HIXL_WAIT_ADAPTIVE;
+  else if (e && strcmp(e, "spin") == 0)
+    cfg->wait = HIXL_WAIT_SPIN;
+  else if (e && strcmp(e, "sleep") == 0)
+    cfg->wait = HIXL_WAIT_SLEEP;
+  else if (e)
+    hixl_warn("ignoring HIXL_WAIT=%s (want adaptive, spin or sleep)", e);
   e = getenv("HIXL_TIMEOUT_MS");
   if (e && hixl__parse_int(e, 1, 24L * 3600 * 1000, &v) == 0)
     cfg->timeout_ms = (int)v;

@@ -117,6 +117,7 @@ void hixl__peer_lost_async(hixl_peer_t *p, const char *why)
   if (atomic_compare_exchange_strong(&p->state, &up, HIXL_PEER_LOST)) {
     hixl_info("peer %s lost: %s", p->name, why);
     hixl__wake(p->ctx); /* the control thread fails its pending calls */
+    hixl__wake_waiters(p->ctx); /* waits on this peer end */
   }
 }
 
@@ -153,6 +154,7 @@ void hixl__peer_fail_locked(hixl_peer_t *p, int state, const char *why)
   if (old == HIXL_PEER_UP && p->ops && p->ops->peer_lost)
     p->ops->peer_lost(p);
   hixl__wake(p->ctx);
+  hixl__wake_waiters(p->ctx); /* waits on this peer end */
 }
 
 /* ------------------------------------------------------------- sending */
@@ -634,7 +636,7 @@ static hixl_peer_t *handle_bind_locked(hixl_peer_t *u, const hixl_msg_t *m, int 
    * against the policy -- never what its HELLO claimed. */
   hixl_status_t st = hixl__shm_bind_cred(p, u->fd);
   if (st == HIXL_OK)
-    st = hixl__shm_accept(p, fds, nfds, out_fds, n_out);
+    st = hixl__shm_accept(p, m, fds, nfds, out_fds, n_out);
   ack->status = st;
   if (st != HIXL_OK)
     return NULL;
@@ -1306,13 +1308,12 @@ static hixl_status_t listen_unix(hixl_ctx_t *ctx)
   /* Abstract namespace: no file to clean up; scoped to the network
    * namespace, which is what "same host" means for us. */
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
-  int len = snprintf(sa.sun_path + 1, sizeof(sa.sun_path) - 1, "hixl-%d-%016llx", (int)getpid(),
-                     (unsigned long long)ctx->id);
-  memcpy(ctx->unix_name, sa.sun_path, sizeof(ctx->unix_name));
+  size_t len = strlen(ctx->unix_name + 1); /* named at hixl_ctx_create */
+  memcpy(sa.sun_path, ctx->unix_name, sizeof(ctx->unix_name));
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0 ||
-      bind(fd, (struct sockaddr *)&sa, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 +
-                                                   (size_t)len)) != 0 ||
+      bind(fd, (struct sockaddr *)&sa,
+           (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + len)) != 0 ||
       listen(fd, 256) != 0) {
     int e = errno;
     if (fd >= 0)

@@ -40,51 +40,23 @@ void hixl__primary_ip(char *buf, size_t cap)
   freeifaddrs(ifs);
 }
 
-/* Event mode: after this many empty polls the thread arms the transports'
- * completion events and sleeps on their fds (at most 100 ms at a time, so
- * stopping and work without an event are still seen). */
-#define PROGRESS_SPINS 2000
-
-static void progress_sleep(hixl_ctx_t *ctx)
+/* The progress thread drives completions while the application computes.
+ * Idle, it waits like any waiter (wait.c) for transport events only: it is
+ * not counted among the sleepers that completions and shm peers wake, so
+ * it costs them nothing; an armed completion channel or wait fd wakes it.
+ * HIXL_PROGRESS_THREAD=2 skips the polling before it sleeps. */
+static bool progress_made(void *arg)
 {
-  struct pollfd pf[HIXL_TP_COUNT];
-  const hixl_transport_ops_t *ops[HIXL_TP_COUNT];
-  nfds_t n = 0;
-  for (size_t t = 0; t < hixl__n_transports; t++) {
-    const hixl_transport_ops_t *o = hixl__transports[t];
-    if (o->arm == NULL || ctx->tp[o->id] == NULL)
-      continue;
-    int fd = o->arm(ctx);
-    if (fd >= 0) {
-      pf[n] = (struct pollfd){.fd = fd, .events = POLLIN};
-      ops[n++] = o;
-    }
-  }
-  /* A completion that arrived before arming raised no event: look again. */
-  if (hixl_progress(ctx) > 0)
-    return;
-  /* No transport with events (self, shm): a plain 1 ms nap. */
-  if (poll(pf, n, n ? 100 : 1) > 0)
-    for (nfds_t i = 0; i < n; i++)
-      if (pf[i].revents)
-        ops[i]->ack_event(ctx);
+  hixl_ctx_t *ctx = arg;
+  return atomic_load(&ctx->stopping) || hixl_progress(ctx) > 0;
 }
 
 static void *progress_main(void *arg)
 {
   hixl_ctx_t *ctx = arg;
-  unsigned idle = 0, empty = 0;
-  bool events = ctx->cfg.progress_thread == 2;
-  while (!atomic_load(&ctx->stopping)) {
-    if (hixl_progress(ctx) > 0) {
-      idle = empty = 0;
-    } else if (events && ++empty >= PROGRESS_SPINS) {
-      progress_sleep(ctx);
-      empty = 0;
-    } else {
-      hixl__backoff(&idle);
-    }
-  }
+  unsigned flags = HIXL_WAITF_PROGRESS | (ctx->cfg.progress_thread == 2 ? HIXL_WAITF_NOSPIN : 0);
+  while (!atomic_load(&ctx->stopping))
+    hixl__wait(ctx, INT64_MAX, flags, progress_made, ctx);
   return NULL;
 }
 
@@ -117,7 +89,13 @@ hixl_status_t hixl_ctx_create(const hixl_config_t *cfg_in, hixl_ctx_t **ctx_p)
   if (cfg_in->timeout_ms < HIXL_LIVENESS_FLOOR_MS)
     hixl_info("timeout_ms %d: calls time out after it, but a peer is declared lost only "
               "after %d ms of silence", cfg_in->timeout_ms, HIXL_LIVENESS_FLOOR_MS);
-  for (int i = 0; i < 8; i++)
+  if (cfg_in->wait < HIXL_WAIT_ADAPTIVE || cfg_in->wait > HIXL_WAIT_SLEEP)
+    return hixl__err(HIXL_ERR_INVALID,
+                     "hixl_ctx_create: wait %d (want 0 adaptive, 1 spin, 2 sleep)", cfg_in->wait);
+  if (cfg_in->reserved_int)
+    return hixl__err(HIXL_ERR_INVALID,
+                     "hixl_ctx_create: reserved fields must be zero (use hixl_config_init)");
+  for (int i = 0; i < 7; i++)
     if (cfg_in->reserved[i])
       return hixl__err(HIXL_ERR_INVALID,
                        "hixl_ctx_create: reserved fields must be zero (use hixl_config_init)");
@@ -131,7 +109,7 @@ hixl_status_t hixl_ctx_create(const hixl_config_t *cfg_in, hixl_ctx_t **ctx_p)
   if (cfg_in->progress_thread < 0 || cfg_in->progress_thread > 2) {
     free(ctx);
     return hixl__err(HIXL_ERR_INVALID,
-                     "hixl_ctx_create: progress_thread %d (want 0 none, 1 polling, 2 events)",
+                     "hixl_ctx_create: progress_thread %d (want 0 none, 1, or 2 sleeping at once)",
                      cfg_in->progress_thread);
   }
   ctx->cfg_strs[0] = dup_opt(cfg_in->listen);
@@ -143,6 +121,7 @@ hixl_status_t hixl_ctx_create(const hixl_config_t *cfg_in, hixl_ctx_t **ctx_p)
   ctx->cfg.net_dev = ctx->cfg_strs[2];
   ctx->cfg.auth_token = ctx->cfg_strs[3];
   pthread_mutex_init(&ctx->lock, NULL);
+  hixl__wait_init(ctx);
   pthread_mutex_init(&ctx->reg_lock, NULL);
   pthread_mutex_init(&ctx->pool_lock, NULL);
   pthread_condattr_t ca;
@@ -158,6 +137,10 @@ hixl_status_t hixl_ctx_create(const hixl_config_t *cfg_in, hixl_ctx_t **ctx_p)
   ctx->tp_allowed |= 1u << HIXL_TP_SELF; /* our own context is always reachable */
   ctx->id = hixl__random64();
   hixl__host_id(ctx->host_id);
+  /* The abstract unix name of our control socket (and, + "-bell", of the
+   * shm doorbell): leading NUL, scoped to the network namespace. */
+  snprintf(ctx->unix_name + 1, sizeof(ctx->unix_name) - 1, "hixl-%d-%016llx", (int)getpid(),
+           (unsigned long long)ctx->id);
 
   size_t table_bytes = HIXL_REG_SLOTS * sizeof(hixl_reg_slot_t);
   ctx->reg_fd = hixl__memfd("hixl-regions", table_bytes);
@@ -216,6 +199,7 @@ void hixl_ctx_destroy(hixl_ctx_t *ctx)
   if (ctx == NULL)
     return;
   atomic_store(&ctx->stopping, true);
+  hixl__wake_all(ctx); /* the progress thread, if asleep */
   if (ctx->prog_started)
     pthread_join(ctx->prog_thread, NULL);
   hixl__ctl_stop(ctx);
@@ -224,7 +208,9 @@ void hixl_ctx_destroy(hixl_ctx_t *ctx)
   hixl__tls_fini(ctx); /* after the last session went with its peer */
   pthread_mutex_unlock(&ctx->lock);
   hixl__mrs_destroy(ctx);
-  for (size_t i = 0; i < hixl__n_transports; i++)
+  /* Last set up, first torn down: fabric's thread is gone before shm
+   * moves the sleeper count back out of its page. */
+  for (size_t i = hixl__n_transports; i-- > 0;)
     if (ctx->tp_ready & (1u << hixl__transports[i]->id))
       hixl__transports[i]->ctx_fini(ctx);
   for (unsigned i = 0; i < HIXL_QUARANTINE; i++)
@@ -243,6 +229,7 @@ void hixl_ctx_destroy(hixl_ctx_t *ctx)
   pthread_mutex_destroy(&ctx->reg_lock);
   pthread_mutex_destroy(&ctx->pool_lock);
   pthread_cond_destroy(&ctx->cond);
+  hixl__wait_fini(ctx);
   free(ctx);
 }
 

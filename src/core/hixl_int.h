@@ -35,10 +35,53 @@ int64_t hixl__now_ns(void);
 /* Deadline helper: -1 forever, 0 now, else now + ms. */
 int64_t hixl__deadline(int timeout_ms);
 bool hixl__expired(int64_t deadline_ns);
-/* hixl__expired for a wait loop at backoff round iter: cheap while it spins. */
-bool hixl__wait_expired(int64_t deadline_ns, unsigned iter);
-/* Back-off for blocking waits: spins, then yields, then sleeps briefly. */
-void hixl__backoff(unsigned *iter);
+/* The coarse clock deadlines use (a tick of resolution, no hardware read). */
+int64_t hixl__now_coarse_ns(void);
+
+/* --------------------------------------------------------------- waiting */
+
+/* wait.c: every blocking wait of the library (see the top of wait.c and
+ * docs/waiting.md).  fn looks (and drives progress if it must) and returns
+ * true when the wait is over; hixl__wait calls it until then, polling for
+ * the adaptive budget and then sleeping until an event wakes it.  Returns
+ * OK, or TIMEOUT at deadline (no message recorded: the caller says what
+ * did not happen). */
+typedef bool (*hixl_wait_fn)(void *arg);
+enum {
+  HIXL_WAITF_NOSPIN = 1,   /* sleep at once (the progress thread in event mode) */
+  HIXL_WAITF_PROGRESS = 2, /* completions only: not notifications (the progress thread) */
+};
+hixl_status_t hixl__wait(hixl_ctx_t *ctx, int64_t deadline, unsigned flags, hixl_wait_fn fn,
+                         void *arg);
+/* One step of a wait whose condition has no event of its own (a provider
+ * said EAGAIN: room comes back with progress, not necessarily with a
+ * completion): poll fn for the budget, then sleep once, at most cap_ms,
+ * until any event.  OK when fn said done, INPROGRESS when the caller
+ * should try again, TIMEOUT at deadline. */
+hixl_status_t hixl__wait_step(hixl_ctx_t *ctx, int64_t deadline, int cap_ms, hixl_wait_fn fn,
+                              void *arg);
+/* Someone may sleep in hixl__wait: wake every waiter of ctx (they look again). */
+void hixl__wake_all(hixl_ctx_t *ctx);
+/* After making an event a waiter may wait for (a completion, a delivered
+ * notification, a peer's loss): wake the sleepers, if any.  The fence pairs
+ * with the waiter's after it announced itself; without sleepers this is
+ * all it costs. */
+#define hixl__wake_waiters(ctx)                                                                 \
+  do {                                                                                          \
+    atomic_thread_fence(memory_order_seq_cst);                                                  \
+    if (hixl_unlikely(atomic_load_explicit((ctx)->sleepers, memory_order_relaxed) != 0))       \
+      hixl__wake_all(ctx);                                                                      \
+  } while (0)
+/* A measured wake-up latency (waker's timestamp to the waiter running):
+ * what the adaptive polling budget follows. */
+void hixl__wait_sample(hixl_ctx_t *ctx, int64_t wake_ns);
+int64_t hixl__wait_spin_ns(const hixl_ctx_t *ctx);
+void hixl__wait_init(hixl_ctx_t *ctx);
+void hixl__wait_fini(hixl_ctx_t *ctx);
+typedef struct hixl_sleeper {
+  int efd; /* its thread's eventfd */
+  struct hixl_sleeper *next;
+} hixl_sleeper_t;
 
 /* -------------------------------------------------------------- regions */
 
@@ -214,15 +257,22 @@ typedef struct hixl_transport_ops {
    * imm is set. */
   hixl_status_t (*batch)(hixl_peer_t *peer, const hixl_xfer_t *xfers, size_t n, bool is_put,
                          const uint32_t *imm, uint64_t total, hixl_req_t *req);
-  /* Optional, for the progress thread's event mode (HIXL_PROGRESS_THREAD=2):
-   * arm asks for an event at this transport's next completion and returns
-   * the fd that becomes readable then (-1: none); ack_event consumes it. */
-  int (*arm)(hixl_ctx_t *ctx);
+  /* Optional, for sleeping waits (wait.c): a thread is about to sleep.
+   * arm asks for an event at this transport's next completion (and, unless
+   * flags has HIXL_WAITF_PROGRESS, its next notification) and stores the
+   * fds that become readable then in fds[0..max); returns how many, or -1
+   * when events are pending already (the waiter looks again instead of
+   * sleeping).  ack_event consumes what made them readable (non-blocking). */
+  int (*arm)(hixl_ctx_t *ctx, unsigned flags, int *fds, int max);
   void (*ack_event)(hixl_ctx_t *ctx);
   /* Optional: hixl_notif_poll is about to look at the inboxes (ctx->lock
    * not held): move what has arrived into them now (verbs: poll the receive
    * CQ directly, so a polling target does not wait for the control thread). */
   void (*notif_poll)(hixl_ctx_t *ctx);
+  /* Optional: hixl_notif_poll took entries from peer's inbox (ctx->lock
+   * held): wake its producer if it waits for room (shm: ring its doorbell
+   * when its page says it waits; self: our own waiters). */
+  void (*notif_consumed)(hixl_peer_t *peer);
 } hixl_transport_ops_t;
 
 extern const hixl_transport_ops_t hixl__self_ops;
@@ -260,10 +310,10 @@ hixl_status_t hixl__self_init(hixl_peer_t *peer);
  * exported to) to that process's; AUTH (with the detail, logged) when its
  * uid is neither ours, nor root, nor one HIXL_SHM_ALLOW_UIDS allows. */
 hixl_status_t hixl__shm_bind_cred(hixl_peer_t *peer, int sock);
-/* shm target side: map the initiator's segments (fds), create ours.  The
+/* shm target side of SHM_BIND m: map the initiator's segments (fds), create ours.  The
  * fds are consumed on success only (the caller closes them otherwise). */
-hixl_status_t hixl__shm_accept(hixl_peer_t *peer, const int *fds, int nfds, int *out_fds,
-                               int *n_out);
+hixl_status_t hixl__shm_accept(hixl_peer_t *peer, const struct hixl_msg *m, const int *fds,
+                               int nfds, int *out_fds, int *n_out);
 /* shm owner side when the kernel refuses CMA (src/shm/stage.c; control
  * thread, ctx->lock held): lend a peer a staging area (SHM_STAGE_REQ), and
  * perform one of its copies (SHM_COPY; drops ctx->lock while copying). */
@@ -418,6 +468,21 @@ struct hixl_ctx {
 #define HIXL_QUARANTINE 4096
   void *quarantine[HIXL_QUARANTINE];
   unsigned q_next;
+
+  /* Waiting (wait.c).  sleepers counts threads announced in hixl__wait;
+   * it points at own_sleepers, or into memory shm peers map read-only
+   * (they ring our doorbell only when it is non-zero). */
+  int wait_mode; /* HIXL_WAIT_* */
+  _Atomic uint32_t *sleepers;
+  _Atomic uint32_t own_sleepers;
+  /* Threads waiting for room in a full notification ring (same placement:
+   * the consumer wakes them). */
+  _Atomic uint32_t *space_waiters;
+  _Atomic uint32_t own_space_waiters;
+  pthread_mutex_t wait_lock; /* sleeping (a leaf lock) */
+  hixl_sleeper_t *sleeping;
+  _Atomic int64_t spin_ns;       /* the adaptive polling budget */
+  _Atomic int64_t wake_stamp_ns; /* when hixl__wake_all last ran */
 
   /* Request pool: chunks of requests, a lock-free free list of indices. */
   pthread_mutex_t pool_lock; /* growing only */

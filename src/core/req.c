@@ -84,6 +84,7 @@ hixl_req_t *hixl__req_get(hixl_ctx_t *ctx, hixl_peer_t *peer)
 
 void hixl__req_complete(hixl_req_t *req, hixl_status_t st, uint64_t old)
 {
+  hixl_ctx_t *ctx = req->ctx;
   if (st == HIXL_OK && req->old_p)
     *req->old_p = old;
   atomic_store_explicit(&req->status, st, memory_order_release);
@@ -91,7 +92,8 @@ void hixl__req_complete(hixl_req_t *req, hixl_status_t st, uint64_t old)
     atomic_fetch_add_explicit(&req->peer->completed, 1, memory_order_release);
   unsigned prev = atomic_fetch_or_explicit(&req->flags, HIXL_REQF_DONE, memory_order_acq_rel);
   if (prev & HIXL_REQF_FREED)
-    pool_push(req->ctx, req);
+    pool_push(ctx, req);
+  hixl__wake_waiters(ctx); /* hixl_req_wait, hixl_fence, ordered operations */
 }
 
 void hixl__req_part_add(hixl_req_t *req)
@@ -105,8 +107,11 @@ void hixl__req_part_done(hixl_req_t *req, hixl_status_t st)
     int expected = HIXL_OK;
     atomic_compare_exchange_strong(&req->part_err, &expected, st);
   }
+  hixl_ctx_t *ctx = req->ctx;
   if (atomic_fetch_sub_explicit(&req->parts, 1, memory_order_acq_rel) == 1)
     hixl__req_complete(req, atomic_load(&req->part_err), 0);
+  else /* a piece done: waits on a transport's in-flight count look again */
+    hixl__wake_waiters(ctx);
 }
 
 void hixl__req_release(hixl_req_t *req)
@@ -153,55 +158,73 @@ hixl_status_t hixl_req_test(hixl_req_t *req)
   return st;
 }
 
+static bool req_done(void *arg)
+{
+  hixl_req_t *req = arg;
+  if (atomic_load_explicit(&req->status, memory_order_acquire) != HIXL_INPROGRESS)
+    return true;
+  hixl_progress(req->ctx);
+  return atomic_load_explicit(&req->status, memory_order_acquire) != HIXL_INPROGRESS;
+}
+
 hixl_status_t hixl_req_wait(hixl_req_t *req, int timeout_ms)
 {
   if (req == NULL)
     return hixl__err(HIXL_ERR_INVALID, "hixl_req_wait: NULL request");
   hixl_status_t st = hixl_req_test(req);
-  if (st != HIXL_INPROGRESS) /* done already: no clock read */
-    return st;
-  int64_t deadline = hixl__deadline(timeout_ms);
-  unsigned it = 0;
-  for (;;) {
-    st = hixl_req_test(req);
-    if (st != HIXL_INPROGRESS)
-      return st;
-    if (timeout_ms == 0 || hixl__wait_expired(deadline, it))
-      return hixl__err(HIXL_ERR_TIMEOUT, "hixl_req_wait: not complete after %d ms", timeout_ms);
-    hixl__backoff(&it);
-  }
+  if (st != HIXL_INPROGRESS || timeout_ms == 0) /* done already: no clock read */
+    return st == HIXL_INPROGRESS
+               ? hixl__err(HIXL_ERR_TIMEOUT, "hixl_req_wait: not complete after 0 ms")
+               : st;
+  if (hixl__wait(req->ctx, hixl__deadline(timeout_ms), 0, req_done, req) != HIXL_OK)
+    return hixl__err(HIXL_ERR_TIMEOUT, "hixl_req_wait: not complete after %d ms", timeout_ms);
+  return hixl_req_test(req);
 }
 
 /* Wait until everything issued to p before now completed.  Completions of
  * one peer arrive in issue order, so a count suffices. */
+typedef struct fence_wait {
+  hixl_peer_t *p;
+  uint64_t target;
+  int state; /* the peer's when the wait ended */
+} fence_wait_t;
+
+static bool fence_done(void *arg)
+{
+  fence_wait_t *f = arg;
+  for (int pass = 0; pass < 2; pass++) {
+    if ((f->state = atomic_load(&f->p->state)) != HIXL_PEER_UP ||
+        atomic_load_explicit(&f->p->completed, memory_order_acquire) >= f->target)
+      return true;
+    if (pass == 0)
+      hixl_progress(f->p->ctx);
+  }
+  return false;
+}
+
 static hixl_status_t fence_peer(hixl_peer_t *p, int64_t deadline, bool report_loss_once)
 {
-  uint64_t target = atomic_load(&p->issued);
-  unsigned it = 0;
-  for (;;) {
-    int state = atomic_load(&p->state);
-    if (state != HIXL_PEER_UP) {
-      /* fence(NULL) does not fail for peers it never used, and reports
-       * each loss once; a fence on that very peer always says it is gone. */
-      if (report_loss_once) {
-        if (!atomic_load(&p->used))
-          return HIXL_OK;
-        uint64_t issued = atomic_load(&p->issued) + 1; /* +1: nonzero once reported */
-        if (p->fence_acked == issued)
-          return HIXL_OK;
-        p->fence_acked = issued;
-      }
-      return hixl__err(HIXL_ERR_PEER_LOST, "hixl_fence: peer %s is %s; cannot confirm delivery",
-                       p->name, state == HIXL_PEER_CLOSED ? "disconnected" : "lost");
+  fence_wait_t f = {p, atomic_load(&p->issued), HIXL_PEER_UP};
+  hixl_status_t wst = hixl__wait(p->ctx, deadline, 0, fence_done, &f);
+  int state = f.state;
+  if (state != HIXL_PEER_UP) {
+    /* fence(NULL) does not fail for peers it never used, and reports
+     * each loss once; a fence on that very peer always says it is gone. */
+    if (report_loss_once) {
+      if (!atomic_load(&p->used))
+        return HIXL_OK;
+      uint64_t issued = atomic_load(&p->issued) + 1; /* +1: nonzero once reported */
+      if (p->fence_acked == issued)
+        return HIXL_OK;
+      p->fence_acked = issued;
     }
-    if (atomic_load_explicit(&p->completed, memory_order_acquire) >= target)
-      return HIXL_OK;
-    if (hixl__wait_expired(deadline, it))
-      return hixl__err(HIXL_ERR_TIMEOUT, "hixl_fence: %llu operations to %s still in flight",
-                       (unsigned long long)(target - atomic_load(&p->completed)), p->name);
-    hixl_progress(p->ctx);
-    hixl__backoff(&it);
+    return hixl__err(HIXL_ERR_PEER_LOST, "hixl_fence: peer %s is %s; cannot confirm delivery",
+                     p->name, state == HIXL_PEER_CLOSED ? "disconnected" : "lost");
   }
+  if (wst != HIXL_OK)
+    return hixl__err(HIXL_ERR_TIMEOUT, "hixl_fence: %llu operations to %s still in flight",
+                     (unsigned long long)(f.target - atomic_load(&p->completed)), p->name);
+  return HIXL_OK;
 }
 
 hixl_status_t hixl_fence(hixl_ctx_t *ctx, hixl_peer_t *peer, int timeout_ms)

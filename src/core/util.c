@@ -47,42 +47,7 @@ bool hixl__expired(int64_t deadline_ns)
   return deadline_ns != INT64_MAX && coarse_ns() >= deadline_ns;
 }
 
-bool hixl__wait_expired(int64_t deadline_ns, unsigned iter)
-{
-  /* While spinning, read the clock one round in 32 only (even the coarse
-   * clock is a few dozen instructions); once the loop yields or sleeps,
-   * every round. */
-  if (deadline_ns == INT64_MAX || (iter < 1024 && iter % 32 != 0))
-    return false;
-  return coarse_ns() >= deadline_ns;
-}
-
-void hixl__backoff(unsigned *iter)
-{
-  unsigned i = (*iter)++;
-  /* First poll flat out (the caller's poll is the loop body: a completion
-   * that lands within microseconds is seen at once, as perftest sees it),
-   * then pause, then yield (a busy poll that lets other threads run) for a
-   * few thousand rounds, then sleep.  A wait of some tens of microseconds
-   * must not fall into the sleep: its granularity (~50-100 us with timer
-   * slack) would dominate the latency.  (Under emulation PAUSE leaves the
-   * translated code each time; measured on Soft-RoCE/TCG: atomics' p50 went
-   * from 1.18x to 1.03x of ib_atomic_lat without it in the first rounds.) */
-  if (i < 256) {
-    __asm__ volatile("" ::: "memory");
-  } else if (i < 1024) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ volatile("yield" ::: "memory");
-#endif
-  } else if (i < 8192) {
-    sched_yield();
-  } else {
-    struct timespec ts = {0, 50000};
-    nanosleep(&ts, NULL);
-  }
-}
+int64_t hixl__now_coarse_ns(void) { return coarse_ns(); }
 
 uint64_t hixl__random64(void)
 {

@@ -345,6 +345,14 @@ static hixl_status_t fab_ctx_init(hixl_ctx_t *ctx)
   }
   hixl_status_t st = open_all(fc);
   if (st == HIXL_OK) {
+    /* Whether the CQ's wait fd also wakes us for work a peer brings that
+     * makes no completion here (the target side of its atomics and
+     * messages): with tcp it is the sockets' readiness, so yes; libfabric's
+     * shm provider queues them in shared memory without a signal, so its
+     * target must keep polling (the progress thread naps, docs/waiting.md). */
+    fc->wait_covers = fc->wait_fd >= 0 && (strncmp(fc->prov, "tcp", 3) == 0 ||
+                                           strncmp(fc->prov, "sockets", 7) == 0);
+
     fc->atomics = native_atomics(fc);
     ctx->tp[HIXL_TP_FABRIC] = fc;
     if (pthread_create(&fc->thread, NULL, hixl__fab_thread, fc) != 0)
@@ -713,6 +721,25 @@ static bool fab_rmr_live(const hixl_rmr_t *r) { return !atomic_load(&r->gone); }
 
 static void fab_notif_poll(hixl_ctx_t *ctx) { hixl__fab_progress(ctx); }
 
+/* A thread is about to sleep (wait.c): the CQ's wait fd, once fi_trywait
+ * says nothing is pending.  The progress thread sleeps on it too and wakes
+ * waiters when it completes what they wait for; whoever reads the CQ first
+ * handles it. */
+static int fab_arm(hixl_ctx_t *ctx, unsigned flags, int *fds, int max)
+{
+  (void)flags;
+  fab_ctx_t *fc = hixl__fc(ctx);
+  if (fc == NULL || !fc->wait_covers || max < 1)
+    return 0; /* the progress thread polls, and wakes us when it completes ours */
+  struct fid *f = &fc->cq->fid;
+  if (fi_trywait(fc->fabric, &f, 1) != FI_SUCCESS)
+    return -1;
+  fds[0] = fc->wait_fd;
+  return 1;
+}
+
+static void fab_ack_event(hixl_ctx_t *ctx) { hixl__fab_progress(ctx); }
+
 const hixl_transport_ops_t hixl__fabric_ops = {
     .size = sizeof(hixl_transport_ops_t),
     .name = "fabric",
@@ -740,4 +767,6 @@ const hixl_transport_ops_t hixl__fabric_ops = {
     .progress = hixl__fab_progress,
     .on_event = hixl__tp_on_event_none,
     .notif_poll = fab_notif_poll,
+    .arm = fab_arm,
+    .ack_event = fab_ack_event,
 };

@@ -106,11 +106,13 @@ typedef struct fab_ctx {
    * peer enter its ring in the order they arrived. */
   pthread_mutex_t poll_lock;
   int wait_fd; /* the CQ's wait fd, or -1 (then the progress thread naps) */
+  bool wait_covers; /* it signals all work, a peer's too (else the thread naps) */
   pthread_t thread;
   bool thread_started;
   /* Bumped by every user-driven progress call: while users drive the CQ the
    * progress thread stays out of their way (see hixl__fab_thread). */
   _Atomic uint64_t user_polls;
+  _Atomic uint64_t finished; /* operations finished (posting after EAGAIN waits for it) */
   _Atomic bool stop;
   /* Operation contexts: a free list (no malloc on the fast path). */
   pthread_mutex_t op_lock;

@@ -119,7 +119,34 @@ static void op_finish(fab_ctx_t *fc, fab_op_t *op, hixl_status_t st)
   }
   op_put(fc, op);
   atomic_fetch_sub(&fp->outstanding, 1);
-  hixl__req_part_done(req, st);
+  atomic_fetch_add(&fc->finished, 1); /* queues have room: see wait_finished */
+  hixl__req_part_done(req, st);       /* wakes sleeping waiters */
+}
+
+typedef struct fin_wait {
+  fab_ctx_t *fc;
+  hixl_peer_t *peer;
+  uint64_t seen;
+} fin_wait_t;
+
+static bool finished_since(void *arg)
+{
+  fin_wait_t *w = arg;
+  if (atomic_load(&w->fc->finished) != w->seen || atomic_load(&w->peer->state) != HIXL_PEER_UP)
+    return true;
+  hixl__fab_progress(w->peer->ctx);
+  return atomic_load(&w->fc->finished) != w->seen;
+}
+
+/* The provider said EAGAIN: an operation of the context finishing (after
+ * seen was read) makes room, but so may progress that completes nothing
+ * of ours (rxm setting up a connection).  So poll, then sleep until any
+ * event or 1 ms, and let the caller try again: there is no event for
+ * "room again" in libfabric, and a full queue is rare and brief. */
+static void wait_finished(fab_ctx_t *fc, hixl_peer_t *peer, uint64_t seen, int64_t deadline)
+{
+  fin_wait_t w = {fc, peer, seen};
+  hixl__wait_step(peer->ctx, deadline, 1, finished_since, &w);
 }
 
 /* Post with fn until it is not -FI_EAGAIN (completions are driven between
@@ -128,14 +155,13 @@ static void op_finish(fab_ctx_t *fc, fab_op_t *op, hixl_status_t st)
   ({                                                                                            \
     ssize_t rc_;                                                                                \
     int64_t dl_ = 0;                                                                            \
-    unsigned it_ = 0;                                                                           \
-    while ((rc_ = (call)) == -FI_EAGAIN) {                                                      \
+    uint64_t seen_;                                                                             \
+    while ((seen_ = atomic_load(&(fc)->finished)), (rc_ = (call)) == -FI_EAGAIN) {              \
       if (dl_ == 0)                                                                             \
         dl_ = hixl__deadline(hixl__ctx_timeout((peer)->ctx));                                   \
       if (atomic_load(&(peer)->state) != HIXL_PEER_UP || hixl__expired(dl_))                    \
         break;                                                                                  \
-      if (hixl__fab_progress((peer)->ctx) == 0)                                                 \
-        hixl__backoff(&it_);                                                                    \
+      wait_finished(fc, peer, seen_, dl_);                                                      \
     }                                                                                           \
     rc_ == 0 ? HIXL_OK                                                                          \
     : atomic_load(&(peer)->state) != HIXL_PEER_UP                                               \
@@ -231,20 +257,29 @@ hixl_status_t hixl__fab_get(hixl_peer_t *peer, void *dst, size_t len, hixl_rmr_t
 
 /* Everything issued to fp so far has completed (drives completions;
  * bounded by the context timeout). */
+static bool quiet(void *arg)
+{
+  fab_peer_t *fp = arg;
+  for (int pass = 0; pass < 2; pass++) {
+    if (atomic_load(&fp->outstanding) == 0 || atomic_load(&fp->peer->state) != HIXL_PEER_UP)
+      return true;
+    if (pass == 0)
+      hixl__fab_progress(fp->peer->ctx);
+  }
+  return false;
+}
+
 static hixl_status_t wait_quiet(hixl_peer_t *peer, fab_peer_t *fp)
 {
-  int64_t deadline = hixl__deadline(hixl__ctx_timeout(peer->ctx));
-  unsigned it = 0;
-  while (atomic_load(&fp->outstanding) > 0) {
-    if (atomic_load(&peer->state) != HIXL_PEER_UP)
-      return hixl__err(HIXL_ERR_PEER_LOST, "fabric: peer %s lost", peer->name);
-    if (hixl__expired(deadline))
-      return hixl__err(HIXL_ERR_TIMEOUT, "fabric: operations to %s did not complete in %d ms",
-                       peer->name, hixl__ctx_timeout(peer->ctx));
-    if (hixl__fab_progress(peer->ctx) == 0)
-      hixl__backoff(&it);
-  }
-  return HIXL_OK;
+  if (atomic_load(&fp->outstanding) == 0)
+    return HIXL_OK;
+  hixl__wait(peer->ctx, hixl__deadline(hixl__ctx_timeout(peer->ctx)), 0, quiet, fp);
+  if (atomic_load(&fp->outstanding) == 0)
+    return HIXL_OK;
+  if (atomic_load(&peer->state) != HIXL_PEER_UP)
+    return hixl__err(HIXL_ERR_PEER_LOST, "fabric: peer %s lost", peer->name);
+  return hixl__err(HIXL_ERR_TIMEOUT, "fabric: operations to %s did not complete in %d ms",
+                   peer->name, hixl__ctx_timeout(peer->ctx));
 }
 
 hixl_status_t hixl__fab_notify(hixl_peer_t *peer, uint32_t imm, uint64_t len, hixl_req_t *req)
@@ -468,7 +503,8 @@ static int poll_locked(fab_ctx_t *fc)
   struct fi_cq_data_entry e[32];
   fi_addr_t src[32];
   int total = 0;
-  if (fc->n_pend || fc->n_parked)
+  bool retried = fc->n_pend || fc->n_parked;
+  if (retried)
     deliver_pending(fc);
   for (;;) {
     /* With FI_SOURCE each entry names its sender's fi_addr (FI_ADDR_NOTAVAIL:
@@ -515,6 +551,8 @@ static int poll_locked(fab_ctx_t *fc)
     if (n < 32)
       break;
   }
+  if (total > 0 || retried)
+    hixl__wake_waiters(fc->ctx); /* notifications delivered (completions woke already) */
   return total;
 }
 
@@ -531,13 +569,19 @@ int hixl__fab_progress(hixl_ctx_t *ctx)
   return n;
 }
 
+static bool drained(void *arg)
+{
+  fab_peer_t *fp = arg;
+  if (atomic_load(&fp->outstanding) == 0)
+    return true;
+  hixl__fab_progress(fp->peer->ctx);
+  return atomic_load(&fp->outstanding) == 0;
+}
+
 bool hixl__fab_drain_peer(fab_peer_t *fp)
 {
-  int64_t deadline = hixl__deadline(2000);
-  unsigned it = 0;
-  while (atomic_load(&fp->outstanding) > 0 && !hixl__expired(deadline))
-    if (hixl__fab_progress(fp->peer->ctx) == 0)
-      hixl__backoff(&it);
+  /* The peer is closing: its state says so, so wait on the count alone. */
+  hixl__wait(fp->peer->ctx, hixl__deadline(2000), 0, drained, fp);
   return atomic_load(&fp->outstanding) == 0;
 }
 
@@ -565,7 +609,8 @@ void *hixl__fab_thread(void *arg)
       seen = now;
       seen_ns = t;
     }
-    if (user_spins) {
+    /* A user asleep in hixl__wait relies on us (or on the wait fd it armed). */
+    if (user_spins && atomic_load(fc->ctx->sleepers) == 0) {
       nanosleep(&(struct timespec){0, 1000000}, NULL);
       continue;
     }
@@ -578,7 +623,7 @@ void *hixl__fab_thread(void *arg)
         nanosleep(&(struct timespec){0, 100000}, NULL);
       continue;
     }
-    if (fc->wait_fd >= 0) {
+    if (fc->wait_covers) {
       struct fid *f = &fc->cq->fid;
       if (fi_trywait(fc->fabric, &f, 1) == FI_SUCCESS) {
         struct pollfd pfd = {fc->wait_fd, POLLIN, 0};

@@ -105,7 +105,18 @@ static hixl_status_t self_notify(hixl_peer_t *p, uint32_t imm, uint64_t len, hix
   (void)req;
   /* Another thread of ours may be polling; if none is, this costs the
    * context timeout and returns AGAIN. */
-  return hixl__notify_push(p, p->inbox, imm, len);
+  hixl_status_t st = hixl__notify_push(p, p->inbox, imm, len);
+  if (st == HIXL_OK)
+    hixl__wake_waiters(p->ctx); /* one of our threads may sleep in hixl_notif_wait */
+  return st;
+}
+
+/* Our own thread took entries: another of ours may wait for room. */
+static void self_notif_consumed(hixl_peer_t *p)
+{
+  atomic_thread_fence(memory_order_seq_cst);
+  if (atomic_load_explicit(p->ctx->space_waiters, memory_order_relaxed))
+    hixl__wake_all(p->ctx);
 }
 
 static hixl_status_t self_atomic(hixl_peer_t *p, hixl_rmr_t *r, uint64_t off, int op, uint64_t a,
@@ -150,4 +161,5 @@ const hixl_transport_ops_t hixl__self_ops = {
     .atomic = self_atomic,
     .progress = self_progress,
     .on_event = hixl__tp_on_event_none,
+    .notif_consumed = self_notif_consumed,
 };

@@ -281,7 +281,7 @@ hixl_status_t hixl__shm_ctx_init(hixl_ctx_t *ctx)
       hixl_info("shm: prctl(PR_SET_PTRACER): %s", strerror(errno));
 #endif
   }
-  hixl_status_t st = hixl__shm_table_init(sc);
+  hixl_status_t st = hixl__shm_table_init(ctx, sc);
   if (st != HIXL_OK) {
     free(sc);
     return st;
@@ -308,7 +308,7 @@ void hixl__shm_ctx_fini(hixl_ctx_t *ctx)
   pthread_mutex_destroy(&sc->lock);
   pthread_cond_destroy(&sc->work);
   pthread_cond_destroy(&sc->idle);
-  hixl__shm_table_fini(sc);
+  hixl__shm_table_fini(ctx, sc);
   free(sc);
   ctx->tp[HIXL_TP_SHM] = NULL;
 }

@@ -87,14 +87,16 @@ static void shm_tag(uint64_t ctx_id, uint32_t slot, uint64_t rkey, uint64_t base
     out[0] = 1;
 }
 
-hixl_status_t hixl__shm_table_init(shm_ctx_t *sc)
+static hixl_status_t bell_init(hixl_ctx_t *ctx, shm_ctx_t *sc);
+
+hixl_status_t hixl__shm_table_init(hixl_ctx_t *ctx, shm_ctx_t *sc)
 {
   /* Mapped read-write here first; then sealed against shrinking, growing
    * and (F_SEAL_FUTURE_WRITE, Linux 5.1) any new writable mapping or
    * write(), and mode 0400 (hixl__memfd says why); what peers get is a
    * read-only open.  Either of the last two alone keeps a peer from
    * writing it; with neither, shm is not offered. */
-  sc->tags_fd = -1;
+  sc->tags_fd = sc->bell_rx = sc->bell_tx = -1;
   int fd = memfd_create("hixl-regions", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   void *p = MAP_FAILED;
   if (fd >= 0 && ftruncate(fd, (off_t)SHM_TABLE_BYTES) == 0)
@@ -126,11 +128,63 @@ hixl_status_t hixl__shm_table_init(shm_ctx_t *sc)
   }
   sc->tags = p;
   sc->tags_fd = ro;
+  sc->bell = (shm_bell_t *)(void *)((uint8_t *)p + SHM_TAGS_BYTES);
+  hixl_status_t st = bell_init(ctx, sc);
+  if (st != HIXL_OK)
+    hixl__shm_table_fini(ctx, sc);
+  return st;
+}
+
+/* Our doorbell: the socket peers ring, the one we ring theirs from, and
+ * the context's sleeper counts moved into the page peers read. */
+static hixl_status_t bell_init(hixl_ctx_t *ctx, shm_ctx_t *sc)
+{
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  int len = snprintf(sa.sun_path + 1, sizeof(sa.sun_path) - 1, "%s" SHM_BELL_SUFFIX,
+                     ctx->unix_name + 1);
+  sc->bell_rx = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  sc->bell_tx = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (sc->bell_rx < 0 || sc->bell_tx < 0 ||
+      bind(sc->bell_rx, (struct sockaddr *)&sa,
+           (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)len)) != 0)
+    return hixl__err(HIXL_ERR_NOMEM, "shm: doorbell socket: %s", strerror(errno));
+  ctx->sleepers = &sc->bell->sleepers;
+  ctx->space_waiters = &sc->bell->space_waiters;
   return HIXL_OK;
 }
 
-void hixl__shm_table_fini(shm_ctx_t *sc)
+void hixl__shm_bell_send(hixl_ctx_t *ctx, shm_peer_t *sp)
 {
+  const shm_ctx_t *sc = ctx->tp[HIXL_TP_SHM];
+  int64_t now = hixl__now_ns();
+  /* Never blocks: a full queue means the owner has wake-ups to read. */
+  ssize_t r = sendto(sc->bell_tx, &now, sizeof(now), MSG_DONTWAIT | MSG_NOSIGNAL,
+                     (const struct sockaddr *)&sp->bell_addr, sp->bell_len);
+  (void)r; /* its process may be gone: its loss is seen on the control socket */
+}
+
+/* Where a peer whose unix name is name (as its handshake said) is rung. */
+static void bell_addr(shm_peer_t *sp, const char *name, size_t cap)
+{
+  sp->bell_addr = (struct sockaddr_un){.sun_family = AF_UNIX};
+  int len = snprintf(sp->bell_addr.sun_path + 1, sizeof(sp->bell_addr.sun_path) - 1,
+                     "%.*s" SHM_BELL_SUFFIX, (int)strnlen(name, cap), name);
+  if (len > (int)sizeof(sp->bell_addr.sun_path) - 2)
+    len = (int)sizeof(sp->bell_addr.sun_path) - 2;
+  sp->bell_len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)len);
+}
+
+void hixl__shm_table_fini(hixl_ctx_t *ctx, shm_ctx_t *sc)
+{
+  if (ctx->sleepers != &ctx->own_sleepers) {
+    ctx->sleepers = &ctx->own_sleepers;
+    ctx->space_waiters = &ctx->own_space_waiters;
+  }
+  if (sc->bell_rx >= 0)
+    close(sc->bell_rx);
+  if (sc->bell_tx >= 0)
+    close(sc->bell_tx);
+  sc->bell_rx = sc->bell_tx = -1;
   if (sc->tags)
     munmap(sc->tags, SHM_TABLE_BYTES);
   if (sc->tags_fd >= 0)
@@ -280,6 +334,9 @@ static void *map_fd(int fd, size_t bytes, int prot)
 static hixl_status_t map_theirs(shm_peer_t *sp, const int *fds, const char *who)
 {
   sp->table = map_fd(fds[0], SHM_TABLE_BYTES, PROT_READ);
+  sp->bell = sp->table ? (const shm_bell_t *)(const void *)((const uint8_t *)sp->table +
+                                                              SHM_TAGS_BYTES)
+                       : NULL;
   sp->outbox_sh = map_fd(fds[1], hixl_ring_shared_bytes(SHM_RING_CAP), PROT_READ | PROT_WRITE);
   if (sp->table == NULL || sp->outbox_sh == NULL ||
       !hixl_ring_shared_valid(sp->outbox_sh, SHM_RING_CAP))
@@ -324,6 +381,8 @@ static hixl_status_t shm_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64
   hixl_msg_t bind = {.type = HIXL_MSG_SHM_BIND};
   bind.u64[0] = ack->u64[1];
   bind.u64[1] = ctx->id;
+  snprintf(bind.str[0], sizeof(bind.str[0]), "%s", ctx->unix_name + 1); /* our doorbell's */
+  bell_addr(sp, ack->str[0], sizeof(ack->str[0]));
   const shm_ctx_t *sc = ctx->tp[HIXL_TP_SHM];
   int fds[2] = {sc->tags_fd, inbox_fd};
   peer->fd = ufd;
@@ -367,14 +426,15 @@ fail:
   return st;
 }
 
-hixl_status_t hixl__shm_accept(hixl_peer_t *peer, const int *fds, int nfds, int *out_fds,
-                               int *n_out)
+hixl_status_t hixl__shm_accept(hixl_peer_t *peer, const hixl_msg_t *m, const int *fds, int nfds,
+                               int *out_fds, int *n_out)
 {
   if (nfds != 2)
     return HIXL_ERR_INVALID;
   shm_peer_t *sp = shm_peer_new(peer->ctx, peer->remote_pid); /* hixl__shm_bind_cred's */
   if (sp == NULL)
     return HIXL_ERR_NOMEM;
+  bell_addr(sp, m->str[0], sizeof(m->str[0]));
   int inbox_fd = -1;
   hixl_status_t st = map_theirs(sp, fds, peer->name);
   if (st == HIXL_OK)
@@ -624,7 +684,47 @@ static HIXL_HOT hixl_status_t shm_get(hixl_peer_t *peer, void *dst, size_t len, 
 static hixl_status_t shm_notify(hixl_peer_t *peer, uint32_t imm, uint64_t len, hixl_req_t *req)
 {
   (void)req;
-  return hixl__notify_push(peer, &((shm_peer_t *)peer->tp)->outbox, imm, len);
+  shm_peer_t *sp = peer->tp;
+  hixl_status_t st = hixl__notify_push(peer, &sp->outbox, imm, len);
+  if (hixl_likely(st == HIXL_OK))
+    hixl__shm_ring_if_sleeping(peer->ctx, sp);
+  return st;
+}
+
+/* We took entries from peer's inbox: ring it if it waits for room. */
+static void shm_notif_consumed(hixl_peer_t *peer)
+{
+  shm_peer_t *sp = peer->tp;
+  atomic_thread_fence(memory_order_seq_cst);
+  if (hixl_unlikely(atomic_load_explicit(&sp->bell->space_waiters, memory_order_relaxed) != 0))
+    hixl__shm_bell_send(peer->ctx, sp);
+}
+
+/* A thread is about to sleep (wait.c): our doorbell, unless it is the
+ * progress thread (no shm event is progress). */
+static int shm_arm(hixl_ctx_t *ctx, unsigned flags, int *fds, int max)
+{
+  const shm_ctx_t *sc = ctx->tp[HIXL_TP_SHM];
+  if ((flags & HIXL_WAITF_PROGRESS) || sc->bell_rx < 0 || max < 1)
+    return 0;
+  fds[0] = sc->bell_rx;
+  return 1;
+}
+
+static void shm_ack_event(hixl_ctx_t *ctx)
+{
+  const shm_ctx_t *sc = ctx->tp[HIXL_TP_SHM];
+  int64_t ts = 0, last = 0;
+  /* Bounded: a peer flooding the socket must not keep us here. */
+  for (int i = 0; i < 256; i++) {
+    ssize_t r = recv(sc->bell_rx, &ts, sizeof(ts), MSG_DONTWAIT);
+    if (r < 0)
+      break;
+    if (r == (ssize_t)sizeof(ts))
+      last = ts;
+  }
+  if (last)
+    hixl__wait_sample(ctx, hixl__now_ns() - last);
 }
 
 /* A batch: blocks in mapped regions copied directly, streamed when the batch
@@ -737,6 +837,17 @@ static hixl_status_t shm_batch(hixl_peer_t *peer, const hixl_xfer_t *x, size_t n
   return st;
 }
 
+static bool inflight_room(hixl_peer_t *peer)
+{
+  return atomic_load(&peer->issued) - atomic_load(&peer->completed) < SHM_MAX_INFLIGHT;
+}
+
+static bool inflight_room_fn(void *arg)
+{
+  hixl_peer_t *peer = arg;
+  return inflight_room(peer) || atomic_load(&peer->state) != HIXL_PEER_UP;
+}
+
 static hixl_status_t shm_atomic(hixl_peer_t *peer, hixl_rmr_t *r, uint64_t off, int op,
                                 uint64_t a, uint64_t b, uint64_t *old_p, hixl_req_t *req)
 {
@@ -753,15 +864,14 @@ static hixl_status_t shm_atomic(hixl_peer_t *peer, hixl_rmr_t *r, uint64_t off, 
   /* Not mapped: the owner's control thread executes it on its memory, so
    * it is atomic with respect to the owner and every other peer.  Bound the
    * work in flight so that neither side's socket buffer fills up. */
-  unsigned it = 0;
-  int64_t deadline = hixl__deadline(hixl__ctx_timeout(peer->ctx));
-  while (atomic_load(&peer->issued) - atomic_load(&peer->completed) >= SHM_MAX_INFLIGHT) {
+  if (!inflight_room(peer)) {
+    hixl__wait(peer->ctx, hixl__deadline(hixl__ctx_timeout(peer->ctx)), 0, inflight_room_fn,
+               peer);
     if (atomic_load(&peer->state) != HIXL_PEER_UP)
       return hixl__err(HIXL_ERR_PEER_LOST, "shm: peer %s lost", peer->name);
-    if (hixl__expired(deadline))
+    if (!inflight_room(peer))
       return hixl__err(HIXL_ERR_AGAIN, "shm: %d atomics to %s in flight for %d ms",
                        SHM_MAX_INFLIGHT, peer->name, hixl__ctx_timeout(peer->ctx));
-    hixl__backoff(&it);
   }
   hixl_msg_t m;
   hixl__atomic_msg(r, off, op, a, b, &m);
@@ -799,4 +909,7 @@ const hixl_transport_ops_t hixl__shm_ops = {
     .atomic = shm_atomic,
     .progress = shm_progress,
     .on_event = hixl__tp_on_event_none,
+    .arm = shm_arm,
+    .ack_event = shm_ack_event,
+    .notif_consumed = shm_notif_consumed,
 };

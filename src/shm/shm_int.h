@@ -10,7 +10,9 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/socket.h>
 #include <sys/uio.h>
+#include <sys/un.h>
 
 #include "../core/hixl_int.h"
 
@@ -88,10 +90,35 @@ typedef struct shm_tag {
   _Atomic uint64_t w[2];
 } shm_tag_t;
 _Static_assert(sizeof(shm_tag_t) == 16, "the tag table is shared between processes");
-#define SHM_TABLE_BYTES ((size_t)HIXL_REG_SLOTS * sizeof(shm_tag_t))
+#define SHM_TAGS_BYTES ((size_t)HIXL_REG_SLOTS * sizeof(shm_tag_t))
+
+/*
+ * The doorbell (docs/waiting.md): the page after the tags, in the same
+ * read-only mapping, says whether the owner has threads asleep in
+ * hixl__wait (ctx->sleepers points here) or waiting for room in a ring it
+ * produces into (ctx->space_waiters).  A peer that makes an event for it
+ * (a notification in its inbox, a staged copy done, room in a ring) reads
+ * the word after its own store and a full fence, and only when it is
+ * non-zero sends a datagram (its CLOCK_MONOTONIC time: the wake-up latency
+ * the owner's adaptive polling follows) to the owner's doorbell socket,
+ * the abstract unix name of its control socket + "-bell".  Only the owner
+ * can read that socket, so a peer can wake it spuriously but never steal
+ * or block another peer's wake-up; only the owner writes the page.
+ */
+typedef struct shm_bell {
+  _Atomic uint32_t sleepers;
+  uint32_t pad0[15];
+  _Atomic uint32_t space_waiters;
+} shm_bell_t;
+#define SHM_BELL_PAGE 4096u
+#define SHM_TABLE_BYTES (SHM_TAGS_BYTES + SHM_BELL_PAGE) /* tags, then the bell */
+#define SHM_BELL_SUFFIX "-bell"
 
 typedef struct shm_peer {
   const shm_tag_t *table; /* theirs, read-only */
+  const shm_bell_t *bell; /* theirs: the page after the table */
+  struct sockaddr_un bell_addr; /* their doorbell socket */
+  socklen_t bell_len;
   hixl_ring_shared_t *outbox_sh; /* their inbox, mapped: we produce */
   hixl_ring_shared_t *inbox_sh;  /* ours, mapped by them: they produce */
   /* Our private views of both (ring.h): the capacity and our consumer
@@ -117,6 +144,9 @@ typedef struct shm_ctx {
   size_t stage_bytes;  /* HIXL_SHM_STAGE_BYTES: data area of a staging we lend */
   shm_tag_t *tags;     /* our tag table (mapped read-write before sealing) */
   int tags_fd;         /* a read-only open of it: what peers get */
+  shm_bell_t *bell;    /* our doorbell page (after the tags) */
+  int bell_rx;         /* our doorbell socket (datagrams; we alone read it) */
+  int bell_tx;         /* an unbound datagram socket we ring peers' doorbells from */
   /* HIXL_SHM_ALLOW_UIDS: the uids of peers we bind with besides our own
    * (effective) uid and root's; any: every uid. */
   bool uid_any;
@@ -140,8 +170,16 @@ void hixl__shm_ctx_fini(hixl_ctx_t *ctx);
 /* shm.c: our tag table (at context set-up; NO_DEVICE when it cannot be
  * handed out read-only) and its release.  The target side of the binding's
  * credential check is hixl__shm_bind_cred (hixl_int.h). */
-hixl_status_t hixl__shm_table_init(shm_ctx_t *sc);
-void hixl__shm_table_fini(shm_ctx_t *sc);
+hixl_status_t hixl__shm_table_init(hixl_ctx_t *ctx, shm_ctx_t *sc);
+void hixl__shm_table_fini(hixl_ctx_t *ctx, shm_ctx_t *sc);
+/* Ring peer's doorbell (its threads sleep, or wait for room; see shm_bell). */
+void hixl__shm_bell_send(hixl_ctx_t *ctx, shm_peer_t *sp);
+static inline void hixl__shm_ring_if_sleeping(hixl_ctx_t *ctx, shm_peer_t *sp)
+{
+  atomic_thread_fence(memory_order_seq_cst); /* our store first: pairs with its announce */
+  if (hixl_unlikely(atomic_load_explicit(&sp->bell->sleepers, memory_order_relaxed) != 0))
+    hixl__shm_bell_send(ctx, sp);
+}
 /* Move cnt paired elements (l[i].iov_len == r[i].iov_len, total bytes in
  * all) to or from the peer's memory with process_vm_writev/readv, split
  * across the context's helper threads from split_min bytes up.  Returns 0,

@@ -75,22 +75,33 @@ static hixl_status_t attach(hixl_peer_t *peer, shm_stage_out_t *so)
   return HIXL_OK;
 }
 
-/* Wait until the owner has done copy number seq. */
+typedef struct done_wait {
+  hixl_peer_t *peer;
+  shm_stage_out_t *so;
+  uint64_t seq;
+} done_wait_t;
+
+static bool copy_done(void *arg)
+{
+  done_wait_t *w = arg;
+  return atomic_load_explicit(&w->so->hdr->done, memory_order_acquire) >= w->seq ||
+         atomic_load_explicit(&w->peer->state, memory_order_relaxed) != HIXL_PEER_UP;
+}
+
+/* Wait until the owner has done copy number seq (it rings our doorbell
+ * when we sleep). */
 static hixl_status_t wait_done(hixl_peer_t *peer, shm_stage_out_t *so, uint64_t seq)
 {
   if (atomic_load_explicit(&so->hdr->done, memory_order_acquire) >= seq)
     return HIXL_OK;
-  int64_t deadline = hixl__deadline(hixl__ctx_timeout(peer->ctx));
-  unsigned it = 0;
-  while (atomic_load_explicit(&so->hdr->done, memory_order_acquire) < seq) {
-    if (atomic_load_explicit(&peer->state, memory_order_relaxed) != HIXL_PEER_UP)
-      return hixl__err(HIXL_ERR_PEER_LOST, "shm: peer %s lost during a copy", peer->name);
-    if (hixl__wait_expired(deadline, it))
-      return hixl__err(HIXL_ERR_TIMEOUT, "shm: peer %s did not perform a copy in %d ms",
-                       peer->name, hixl__ctx_timeout(peer->ctx));
-    hixl__backoff(&it);
-  }
-  return HIXL_OK;
+  done_wait_t w = {peer, so, seq};
+  hixl__wait(peer->ctx, hixl__deadline(hixl__ctx_timeout(peer->ctx)), 0, copy_done, &w);
+  if (atomic_load_explicit(&so->hdr->done, memory_order_acquire) >= seq)
+    return HIXL_OK;
+  if (atomic_load_explicit(&peer->state, memory_order_relaxed) != HIXL_PEER_UP)
+    return hixl__err(HIXL_ERR_PEER_LOST, "shm: peer %s lost during a copy", peer->name);
+  return hixl__err(HIXL_ERR_TIMEOUT, "shm: peer %s did not perform a copy in %d ms", peer->name,
+                   hixl__ctx_timeout(peer->ctx));
 }
 
 /* Retire the oldest piece: done, and a get's bytes taken out. */
@@ -300,6 +311,7 @@ void hixl__shm_copy_serve(hixl_peer_t *peer, const hixl_msg_t *m)
     atomic_store_explicit(&in->hdr->err_seq, n, memory_order_relaxed);
   }
   atomic_store_explicit(&in->hdr->done, n, memory_order_release);
+  hixl__shm_ring_if_sleeping(ctx, sp); /* the initiator may sleep in wait_done */
 }
 
 void hixl__shm_stage_free(shm_peer_t *sp)

@@ -276,6 +276,29 @@ static size_t post_direct(vrb_qp_t *q, vrb_op_t *ops, size_t n)
   return i;
 }
 
+typedef struct queue_wait {
+  vrb_peer_t *vp;
+  vrb_qp_t *q;
+} queue_wait_t;
+
+/* Room in q's software queue again (or its peer is gone). */
+static bool queue_room(void *arg)
+{
+  queue_wait_t *w = arg;
+  for (int pass = 0; pass < 2; pass++) {
+    if (atomic_load(&w->vp->peer->state) != HIXL_PEER_UP)
+      return true;
+    pthread_mutex_lock(&w->vp->lock);
+    uint32_t queued = w->q->n_pend;
+    pthread_mutex_unlock(&w->vp->lock);
+    if (queued <= VRB_QUEUE_MAX)
+      return true;
+    if (pass == 0)
+      hixl__vrb_progress(w->vp->peer->ctx);
+  }
+  return false;
+}
+
 /* Hand ops to q: post what fits; when the send queue is full, retire
  * completions once (no syscall: the CQ is polled in user space) and try
  * again; queue the rest behind what already waits.  The caller does not
@@ -321,13 +344,9 @@ static void submit(vrb_qp_t *q, vrb_op_t *ops, size_t n)
   }
   uint32_t queued = q->n_pend;
   pthread_mutex_unlock(&vp->lock);
-  unsigned it = 0;
-  while (queued > VRB_QUEUE_MAX && atomic_load(&vp->peer->state) == HIXL_PEER_UP) {
-    if (hixl__vrb_progress(ctx) == 0)
-      hixl__backoff(&it);
-    pthread_mutex_lock(&vp->lock);
-    queued = q->n_pend;
-    pthread_mutex_unlock(&vp->lock);
+  if (queued > VRB_QUEUE_MAX) {
+    queue_wait_t w = {vp, q};
+    hixl__wait(ctx, INT64_MAX, 0, queue_room, &w); /* until room, or the peer is gone */
   }
 }
 
@@ -666,6 +685,15 @@ int hixl__vrb_progress(hixl_ctx_t *ctx)
   return total;
 }
 
+static bool flushed(void *arg)
+{
+  vrb_peer_t *vp = arg;
+  if (atomic_load(&vp->outstanding) == 0)
+    return true;
+  hixl__vrb_progress(vp->peer->ctx);
+  return atomic_load(&vp->outstanding) == 0;
+}
+
 bool hixl__vrb_drain_peer(vrb_peer_t *vp)
 {
   hixl_ctx_t *ctx = vp->peer->ctx;
@@ -677,12 +705,7 @@ bool hixl__vrb_drain_peer(vrb_peer_t *vp)
   pthread_mutex_unlock(&vp->lock);
   /* The QPs are in ERROR: the flush completes what was posted (the last
    * request of every post is signaled, so its flush retires the rest). */
-  int64_t deadline = hixl__deadline(2000);
-  unsigned it = 0;
-  while (atomic_load(&vp->outstanding) > 0 && !hixl__expired(deadline)) {
-    hixl__vrb_progress(ctx);
-    hixl__backoff(&it);
-  }
+  hixl__wait(ctx, hixl__deadline(2000), 0, flushed, vp);
   bool clean = atomic_load(&vp->outstanding) == 0;
   pthread_mutex_lock(&vc->poll_lock); /* no completion handler is running now */
   pthread_mutex_lock(&vp->lock);

@@ -854,18 +854,32 @@ static void vrb_peer_close(hixl_peer_t *peer)
 
 /* ------------------------------------------------------------ event mode */
 
-/* The progress thread is about to sleep: ask for an event at the next send
- * completion and return the fd that will show it. */
-static int vrb_arm(hixl_ctx_t *ctx)
+static void recv_poll(hixl_ctx_t *ctx, vrb_ctx_t *vc);
+
+/* A thread is about to sleep (wait.c): ask for an event at the next send
+ * completion and, for a waiter of notifications, at the next receive; the
+ * channels' fds show them.  Completions that arrived before arming raised
+ * no event: the waiter looks once more after this (its poll drives both
+ * CQs), so none is missed. */
+static int vrb_arm(hixl_ctx_t *ctx, unsigned flags, int *fds, int max)
 {
   vrb_ctx_t *vc = VC(ctx);
-  if (vc == NULL)
-    return -1;
+  if (vc == NULL || max < 2)
+    return 0;
   int n = atomic_load_explicit(&vc->n_scqs, memory_order_acquire);
   for (int i = 0; i < n; i++)
     if (ibv_req_notify_cq(vc->scqs[i].cq, 0) != 0)
-      return -1;
-  return vc->sch->fd;
+      return 0;
+  int k = 0;
+  fds[k++] = vc->sch->fd;
+  if (!(flags & HIXL_WAITF_PROGRESS)) {
+    pthread_mutex_lock(&vc->recv_lock);
+    if (!vc->rcq_armed && ibv_req_notify_cq(vc->rcq, 0) == 0)
+      vc->rcq_armed = true;
+    pthread_mutex_unlock(&vc->recv_lock);
+    fds[k++] = vc->rch->fd;
+  }
+  return k;
 }
 
 static void vrb_ack_event(hixl_ctx_t *ctx)
@@ -875,6 +889,13 @@ static void vrb_ack_event(hixl_ctx_t *ctx)
   void *cq_ctx;
   while (ibv_get_cq_event(vc->sch, &cq, &cq_ctx) == 0)
     ibv_ack_cq_events(cq, 1);
+  pthread_mutex_lock(&vc->recv_lock);
+  if (ibv_get_cq_event(vc->rch, &cq, &cq_ctx) == 0) {
+    ibv_ack_cq_events(cq, 1);
+    vc->rcq_armed = false; /* an event disarms it */
+  }
+  recv_poll(ctx, vc);
+  pthread_mutex_unlock(&vc->recv_lock);
 }
 
 /* ------------------------------------------------------------ remote keys */
@@ -922,8 +943,6 @@ static bool deliver(vrb_ctx_t *vc, const struct ibv_wc *wc)
   return hixl_ring_push(p->inbox, imm, len);
 }
 
-static void recv_poll(vrb_ctx_t *vc);
-
 /* While a user thread polls notifications (hixl_notif_poll, which polls the
  * receive CQ itself), the control thread leaves the CQ's channel unarmed: an
  * event, a wake-up and four syscalls per message would only compete with
@@ -949,7 +968,7 @@ static void vrb_on_event(hixl_ctx_t *ctx)
     ibv_ack_cq_events(cq, 1);
     vc->rcq_armed = false; /* an event disarms it */
   }
-  recv_poll(vc);
+  recv_poll(ctx, vc);
   int64_t now = hixl__now_ns();
   uint64_t polls = atomic_load_explicit(&vc->user_polls, memory_order_relaxed);
   if (polls != vc->seen_polls) {
@@ -960,7 +979,7 @@ static void vrb_on_event(hixl_ctx_t *ctx)
   if (!vc->rcq_armed && !user) {
     ibv_req_notify_cq(vc->rcq, 0);
     vc->rcq_armed = true;
-    recv_poll(vc); /* what arrived before arming raised no event */
+    recv_poll(ctx, vc); /* what arrived before arming raised no event */
   }
   pthread_mutex_unlock(&vc->recv_lock);
 }
@@ -970,18 +989,19 @@ static void vrb_notif_poll(hixl_ctx_t *ctx)
 {
   vrb_ctx_t *vc = VC(ctx);
   /* A counter, not a clock read: clocks can cost a syscall (see
-   * hixl__wait_expired), and this runs in the notification wait loop. */
+   * util.c), and this runs in the notification wait loop. */
   atomic_fetch_add_explicit(&vc->user_polls, 1, memory_order_relaxed);
   if (pthread_mutex_trylock(&vc->recv_lock) == 0) { /* else someone is at it */
-    recv_poll(vc);
+    recv_poll(ctx, vc);
     pthread_mutex_unlock(&vc->recv_lock);
   }
 }
 
 /* Receive completions -> notifications (vc->recv_lock held, so one CQ is
  * never polled by two threads at once and per-peer order holds). */
-static void recv_poll(vrb_ctx_t *vc)
+static void recv_poll(hixl_ctx_t *ctx, vrb_ctx_t *vc)
 {
+  bool delivered = false;
   /* Older ones first: per peer, order is kept. */
   int k = 0;
   while (k < vc->n_overflow && deliver(vc, &vc->overflow[k])) {
@@ -992,13 +1012,17 @@ static void recv_poll(vrb_ctx_t *vc)
   vc->n_overflow -= k;
   struct ibv_wc wcs[32];
   int n;
-  while ((n = ibv_poll_cq(vc->rcq, 32, wcs)) > 0)
+  while ((n = ibv_poll_cq(vc->rcq, 32, wcs)) > 0) {
+    delivered = true;
     for (int i = 0; i < n; i++) {
       if (vc->n_overflow == 0 && deliver(vc, &wcs[i]))
         post_recv(vc, (uint32_t)wcs[i].wr_id);
       else if (vc->n_overflow < VRB_SRQ_DEPTH)
         vc->overflow[vc->n_overflow++] = wcs[i];
     }
+  }
+  if (delivered || k > 0)
+    hixl__wake_waiters(ctx); /* hixl_notif_wait */
 }
 
 const hixl_transport_ops_t hixl__verbs_ops = {

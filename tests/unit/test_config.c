@@ -24,7 +24,9 @@ static void test_defaults_and_env(void **state)
   assert_null(c.transports);
   assert_int_equal(c.timeout_ms, 10000);
   assert_int_equal(c.progress_thread, 0);
-  for (int i = 0; i < 8; i++)
+  assert_int_equal(c.wait, HIXL_WAIT_ADAPTIVE);
+  assert_int_equal(c.reserved_int, 0);
+  for (int i = 0; i < 7; i++)
     assert_null(c.reserved[i]);
   setenv("HIXL_TRANSPORTS", "shm", 1);
   setenv("HIXL_TIMEOUT_MS", "1234", 1);
@@ -47,6 +49,17 @@ static void test_defaults_and_env(void **state)
   setenv("HIXL_PROGRESS_THREAD", "3", 1);
   hixl_config_init(&c);
   assert_int_equal(c.progress_thread, 0);
+  /* HIXL_WAIT: the three modes by name; anything else keeps the default. */
+  const char *names[] = {"adaptive", "spin", "sleep"};
+  for (int m = 0; m < 3; m++) {
+    setenv("HIXL_WAIT", names[m], 1);
+    hixl_config_init(&c);
+    assert_int_equal(c.wait, m);
+  }
+  setenv("HIXL_WAIT", "busy", 1);
+  hixl_config_init(&c);
+  assert_int_equal(c.wait, HIXL_WAIT_ADAPTIVE);
+  unsetenv("HIXL_WAIT");
   unsetenv("HIXL_TIMEOUT_MS");
   unsetenv("HIXL_PROGRESS_THREAD");
   unsetenv("HIXL_TRANSPORTS");
