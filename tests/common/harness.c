@@ -12,6 +12,8 @@
 #include <string.h>
 #include <sched.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
+#include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -351,6 +353,28 @@ static void target_serve(target_state_t *ts)
                  (unsigned long long)region_hash(r, a, b));
       else
         snprintf(resp, sizeof(resp), "bad: %s", hixl_strerror(st));
+    } else if (strcmp(cmd, "sleepwait") == 0 && sscanf(line, "%31s %llu", cmd, &a) == 2) {
+      /* Block in hixl_notif_wait (a ms) and say what the whole process
+       * spent meanwhile: CPU (user + system, us), wall (us), voluntary
+       * context switches -- a sleeping waiter spends next to nothing. */
+      struct rusage r0, r1;
+      struct timespec w0, w1;
+      getrusage(RUSAGE_SELF, &r0);
+      clock_gettime(CLOCK_MONOTONIC, &w0);
+      hixl_notif_t nf;
+      hixl_status_t st = hixl_notif_wait(ts->ctx, &nf, (int)a);
+      clock_gettime(CLOCK_MONOTONIC, &w1);
+      getrusage(RUSAGE_SELF, &r1);
+      long long cpu = (r1.ru_utime.tv_sec - r0.ru_utime.tv_sec + r1.ru_stime.tv_sec -
+                       r0.ru_stime.tv_sec) * 1000000LL +
+                      (r1.ru_utime.tv_usec - r0.ru_utime.tv_usec) +
+                      (r1.ru_stime.tv_usec - r0.ru_stime.tv_usec);
+      long long wall = (w1.tv_sec - w0.tv_sec) * 1000000LL + (w1.tv_nsec - w0.tv_nsec) / 1000;
+      if (st == HIXL_OK)
+        snprintf(resp, sizeof(resp), "ok %u %lld %lld %ld", nf.imm, cpu, wall,
+                 r1.ru_nvcsw - r0.ru_nvcsw);
+      else
+        snprintf(resp, sizeof(resp), "bad: %s", hixl_last_error());
     } else if (strcmp(cmd, "ping") == 0) {
       snprintf(resp, sizeof(resp), "ok");
     }

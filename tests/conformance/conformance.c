@@ -16,7 +16,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <time.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -681,6 +684,111 @@ static void test_choice(void **state)
   hixl_ctx_destroy(tctx);
 }
 
+/* --------------------------------------------------------------- sleep */
+
+static long long cpu_us(void)
+{
+  struct rusage r;
+  getrusage(RUSAGE_SELF, &r);
+  return (r.ru_utime.tv_sec + r.ru_stime.tv_sec) * 1000000LL + r.ru_utime.tv_usec +
+         r.ru_stime.tv_usec;
+}
+
+static long long wall_us(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1000000LL + ts.tv_nsec / 1000;
+}
+
+/* SIGSTOP, and wait until the kernel says it took effect (state T): kill()
+ * returns before the target's threads have all stopped. */
+static void stop_process(pid_t pid)
+{
+  kill(pid, SIGSTOP);
+  char path[64], buf[512];
+  snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+  for (int i = 0; i < 10000; i++) {
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+    if (f)
+      fclose(f);
+    buf[n] = 0;
+    const char *p = strrchr(buf, ')');
+    if (p && p[1] == ' ' && p[2] == 'T')
+      return;
+    usleep(1000);
+  }
+  fail_msg("process %d did not stop", (int)pid);
+}
+
+/* A blocked waiter sleeps (its process spends next to no CPU: a spinning
+ * one burns a whole core, so a tenth of one is the line) and still wakes on
+ * the event (docs/waiting.md).  A: the target blocked in hixl_notif_wait,
+ * woken by our notification.  B (shm, fabric): we block in hixl_req_wait on
+ * an operation the stopped target cannot complete (shm: an atomic its
+ * control thread executes; fabric: a get), then it continues and the
+ * request completes.  Not over verbs: the NIC completes gets and atomics
+ * without the target process (there, A alone). */
+static void test_sleep(void **state)
+{
+  (void)state;
+  hixl_ctx_t *ctx = test_ctx(0, NULL);
+  target_t t;
+  target_start(&t, ctx, NULL, 0);
+  hixl_peer_t *peer = connect_to(ctx, &t);
+  hixl_rmr_t *rmr = lookup(peer, "alloc");
+  EXPECT_OK(hixl_fence(ctx, peer, 10000));
+  target_send(&t, "sleepwait 30000");
+  usleep(1500000); /* the target sleeps in its wait meanwhile */
+  EXPECT_OK(hixl_notify(peer, 77, 0, NULL));
+  char resp[256];
+  if (!target_reply(&t, resp, sizeof(resp)))
+    fail_msg("the waiter did not wake: %s", resp);
+  unsigned imm = 0;
+  long long cpu = -1, wall = 0;
+  long nvcsw = 0;
+  if (sscanf(resp, "ok %u %lld %lld %ld", &imm, &cpu, &wall, &nvcsw) != 4 || imm != 77)
+    fail_msg("sleepwait: %s", resp);
+  printf("# notif_wait for %lld us: %lld us of CPU (whole process), %ld voluntary switches\n",
+         wall, cpu, nvcsw);
+  if (wall < 1000000 || cpu * 10 > wall)
+    fail_msg("the waiter did not sleep: %lld us of CPU in %lld us", cpu, wall);
+
+  if (!is_self() && strcmp(g_transport, "verbs") != 0) {
+    bool shm = strcmp(g_transport, "shm") == 0;
+    hixl_rmr_t *ctr = lookup(peer, "ctr_reg");
+    uint64_t old = 99;
+    uint8_t buf[4096];
+    hixl_req_t *req = NULL;
+    stop_process(t.pid);
+    if (shm)
+      EXPECT_OK(hixl_atomic_faa(peer, ctr, 0, 1, &old, 0, &req));
+    else
+      EXPECT_OK(hixl_get(peer, buf, sizeof(buf), rmr, 4096, 0, &req));
+    long long c0 = cpu_us(), w0 = wall_us();
+    hixl_status_t st = hixl_req_wait(req, 1500);
+    long long c1 = cpu_us(), w1 = wall_us();
+    kill(t.pid, SIGCONT);
+    if (st != HIXL_ERR_TIMEOUT)
+      fail_msg("an operation to a stopped target: %s, expected TIMEOUT", hixl_strerror(st));
+    printf("# req_wait for %lld us: %lld us of CPU (whole process)\n", w1 - w0, c1 - c0);
+    if ((c1 - c0) * 10 > w1 - w0)
+      fail_msg("hixl_req_wait did not sleep: %lld us of CPU in %lld us", c1 - c0, w1 - w0);
+    EXPECT_OK(hixl_req_wait(req, 20000));
+    hixl_req_free(req);
+    if (shm && old != 0)
+      fail_msg("the atomic returned %llu, expected 0", (unsigned long long)old);
+    if (!shm && hash_bytes(buf, sizeof(buf)) != target_hash(&t, "alloc", 4096, sizeof(buf)))
+      fail_msg("the get returned other bytes than the target holds");
+    hixl_rmr_release(ctr);
+  }
+  hixl_rmr_release(rmr);
+  hixl_disconnect(peer);
+  target_stop(&t);
+  hixl_ctx_destroy(ctx);
+}
+
 /* ----------------------------------------------------------------- main */
 
 int main(int argc, char **argv)
@@ -697,7 +805,7 @@ int main(int argc, char **argv)
       cmocka_unit_test(test_cas_lock),    cmocka_unit_test(test_fence),
       cmocka_unit_test(test_connect_churn), cmocka_unit_test(test_world),
       cmocka_unit_test(test_remap),       cmocka_unit_test(test_flood),
-      cmocka_unit_test(test_choice),
+      cmocka_unit_test(test_choice),      cmocka_unit_test(test_sleep),
   };
   char filter[64];
   snprintf(filter, sizeof(filter), "test_%s", argv[2]);
