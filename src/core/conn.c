@@ -636,7 +636,7 @@ static hixl_peer_t *handle_bind_locked(hixl_peer_t *u, const hixl_msg_t *m, int 
    * against the policy -- never what its HELLO claimed. */
   hixl_status_t st = hixl__shm_bind_cred(p, u->fd);
   if (st == HIXL_OK)
-    st = hixl__shm_accept(p, m, fds, nfds, out_fds, n_out);
+    st = hixl__shm_accept(p, fds, nfds, out_fds, n_out);
   ack->status = st;
   if (st != HIXL_OK)
     return NULL;
@@ -693,8 +693,8 @@ static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t 
   int fd = m->nfds ? fds[0] : -1;
   *reply_to = p;
   if (atomic_load(&p->state) == HIXL_PEER_CONNECTING && p->inbound) {
-    if (p->unix_pending && m->type == HIXL_MSG_SHM_BIND && m->nfds == 2) {
-      hixl_peer_t *bound = handle_bind_locked(p, m, fds, 2, out, out_fds, n_out);
+    if (p->unix_pending && m->type == HIXL_MSG_SHM_BIND && m->nfds == 3) {
+      hixl_peer_t *bound = handle_bind_locked(p, m, fds, 3, out, out_fds, n_out);
       if (bound) {
         /* UP only once the ACK is on the wire (peer_readable): nothing of
          * ours may reach the initiator before it. */
@@ -898,7 +898,7 @@ static void peer_readable(hixl_ctx_t *ctx, hixl_peer_t *p)
         pthread_mutex_unlock(&ctx->lock);
         return;
       }
-      int fds[4];
+      int fds[8]; /* m.nfds <= n_rx_fds <= 8 */
       memcpy(fds, p->rx_fds, sizeof(int) * m.nfds);
       memmove(p->rx_fds, p->rx_fds + m.nfds, sizeof(int) * (size_t)(p->n_rx_fds - m.nfds));
       p->n_rx_fds -= m.nfds;
@@ -907,7 +907,7 @@ static void peer_readable(hixl_ctx_t *ctx, hixl_peer_t *p)
 
       hixl_msg_t out;
       out.type = 0;
-      int out_fds[2], n_out = 0;
+      int out_fds[4], n_out = 0;
       hixl_peer_t *reply_to = p;
       dispatch_locked(p, &m, fds, &out, out_fds, &n_out, &reply_to);
       if (out.type != 0) {

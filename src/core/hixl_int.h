@@ -262,9 +262,12 @@ typedef struct hixl_transport_ops {
    * flags has HIXL_WAITF_PROGRESS, its next notification) and stores the
    * fds that become readable then in fds[0..max); returns how many, or -1
    * when events are pending already (the waiter looks again instead of
-   * sleeping).  ack_event consumes what made them readable (non-blocking). */
+   * sleeping).  ack_event consumes what made them readable (non-blocking;
+   * the thread that woke calls it before it next sleeps, woke_ns when it
+   * woke: a transport that knows when its event was made samples the
+   * wake-up latency, hixl__wait_sample). */
   int (*arm)(hixl_ctx_t *ctx, unsigned flags, int *fds, int max);
-  void (*ack_event)(hixl_ctx_t *ctx);
+  void (*ack_event)(hixl_ctx_t *ctx, int64_t woke_ns);
   /* Optional: hixl_notif_poll is about to look at the inboxes (ctx->lock
    * not held): move what has arrived into them now (verbs: poll the receive
    * CQ directly, so a polling target does not wait for the control thread). */
@@ -310,10 +313,10 @@ hixl_status_t hixl__self_init(hixl_peer_t *peer);
  * exported to) to that process's; AUTH (with the detail, logged) when its
  * uid is neither ours, nor root, nor one HIXL_SHM_ALLOW_UIDS allows. */
 hixl_status_t hixl__shm_bind_cred(hixl_peer_t *peer, int sock);
-/* shm target side of SHM_BIND m: map the initiator's segments (fds), create ours.  The
+/* shm target side: map the initiator's segments (fds), create ours.  The
  * fds are consumed on success only (the caller closes them otherwise). */
-hixl_status_t hixl__shm_accept(hixl_peer_t *peer, const struct hixl_msg *m, const int *fds,
-                               int nfds, int *out_fds, int *n_out);
+hixl_status_t hixl__shm_accept(hixl_peer_t *peer, const int *fds, int nfds, int *out_fds,
+                               int *n_out);
 /* shm owner side when the kernel refuses CMA (src/shm/stage.c; control
  * thread, ctx->lock held): lend a peer a staging area (SHM_STAGE_REQ), and
  * perform one of its copies (SHM_COPY; drops ctx->lock while copying). */

@@ -137,18 +137,49 @@ static int ms_left(int64_t deadline, int cap)
   return ms < cap ? (int)ms : cap;
 }
 
-/* Announce, arm, look once more, sleep; returns true when fn said done. */
+/* What woke this thread's last sleep, drained at its next one (not on the
+ * way back to the caller: a wake-up's latency is the time to return). */
+static __thread struct {
+  hixl_ctx_t *ctx;
+  unsigned fired; /* bit 0: our eventfd; bit 1 + i: transport i's fds */
+  int64_t woke_ns;
+} last;
+
+static void drain_last(hixl_ctx_t *ctx, int efd)
+{
+  if (last.ctx != ctx || last.fired == 0)
+    return;
+  if (last.fired & 1) {
+    uint64_t v;
+    if (read(efd, &v, sizeof(v)) == (ssize_t)sizeof(v)) {
+      int64_t stamp = atomic_load_explicit(&ctx->wake_stamp_ns, memory_order_relaxed);
+      if (stamp && stamp < last.woke_ns)
+        hixl__wait_sample(ctx, last.woke_ns - stamp);
+    }
+  }
+  for (size_t t = 0; t < hixl__n_transports; t++)
+    if (last.fired & (2u << t))
+      hixl__transports[t]->ack_event(ctx, last.woke_ns);
+  last.fired = 0;
+}
+
+/* Announce, arm, look once more, sleep; returns true when fn said done.
+ * Several threads may sleep on one transport fd: poll() wakes all of them,
+ * and none drains it before it next sleeps (then it announces itself and
+ * looks again), so an event can keep a thread from sleeping but never
+ * leave one asleep. */
 static bool sleep_once(hixl_ctx_t *ctx, int64_t deadline, int cap_ms, unsigned flags,
                        hixl_wait_fn fn, void *arg)
 {
   int efd = thread_efd();
+  drain_last(ctx, efd);
   hixl_sleeper_t me = {.efd = efd};
   struct pollfd pf[1 + MAX_FDS];
-  const hixl_transport_ops_t *owner[1 + MAX_FDS];
+  unsigned bit[1 + MAX_FDS];
   nfds_t n = 0;
   if (efd >= 0) {
     pf[n] = (struct pollfd){.fd = efd, .events = POLLIN};
-    owner[n++] = NULL;
+    bit[n++] = 1;
     pthread_mutex_lock(&ctx->wait_lock);
     me.next = ctx->sleeping;
     ctx->sleeping = &me;
@@ -167,12 +198,12 @@ static bool sleep_once(hixl_ctx_t *ctx, int64_t deadline, int cap_ms, unsigned f
     if (o->arm == NULL || !(ctx->tp_ready & (1u << o->id)) || ctx->tp[o->id] == NULL)
       continue;
     int fds[MAX_FDS];
-    int k = o->arm(ctx, flags, fds, (int)(MAX_FDS - (n - 1)));
+    int k = o->arm(ctx, flags, fds, (int)(1 + MAX_FDS - n));
     if (k < 0)
       pending = true;
     for (int i = 0; i < k; i++) {
       pf[n] = (struct pollfd){.fd = fds[i], .events = POLLIN};
-      owner[n++] = o;
+      bit[n++] = 2u << t;
     }
   }
   bool done = fn(arg);
@@ -194,34 +225,15 @@ static bool sleep_once(hixl_ctx_t *ctx, int64_t deadline, int cap_ms, unsigned f
     *pp = me.next;
     pthread_mutex_unlock(&ctx->wait_lock);
   }
-  if (r <= 0)
-    return done;
-  bool shared = false;
-  for (nfds_t i = 0; i < n; i++) {
-    if (!pf[i].revents)
-      continue;
-    if (owner[i] == NULL) {
-      uint64_t v;
-      ssize_t rr = read(efd, &v, sizeof(v));
-      (void)rr;
-      int64_t stamp = atomic_load_explicit(&ctx->wake_stamp_ns, memory_order_relaxed);
-      if (stamp)
-        hixl__wait_sample(ctx, hixl__now_ns() - stamp);
-    } else {
-      /* Each transport once, however many of its fds fired. */
-      bool seen = false;
-      for (nfds_t j = 0; j < i; j++)
-        seen |= owner[j] == owner[i] && pf[j].revents;
-      if (!seen)
-        owner[i]->ack_event(ctx);
-      shared = true;
-    }
+  if (r > 0) {
+    last.ctx = ctx;
+    last.woke_ns = hixl__now_ns();
+    last.fired = 0;
+    for (nfds_t i = 0; i < n; i++)
+      if (pf[i].revents)
+        last.fired |= bit[i];
   }
-  /* We drained an event source other sleepers may have been woken by (and
-   * gone back to sleep on): let them look for themselves. */
-  if (shared && atomic_load(ctx->sleepers) > 0)
-    hixl__wake_all(ctx);
-  return false;
+  return done;
 }
 
 /* Poll fn for the adaptive budget (or forever in SPIN mode); true when

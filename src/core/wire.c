@@ -12,7 +12,7 @@ static const uint8_t schema[HIXL_MSG_TYPE_MAX][12] = {
     [HIXL_MSG_HELLO] = {F_BLOB},
     [HIXL_MSG_HELLO_ACK] = {F_STATUS, F_U32_0, F_U64_0, F_HOST, F_U32_1, F_U64_1, F_STR0,
                             F_STR1},
-    [HIXL_MSG_SHM_BIND] = {F_U64_0, F_U64_1, F_STR0},
+    [HIXL_MSG_SHM_BIND] = {F_U64_0, F_U64_1},
     [HIXL_MSG_SHM_BIND_ACK] = {F_STATUS},
     [HIXL_MSG_LOOKUP] = {F_STR0},
     [HIXL_MSG_LOOKUP_REPLY] = {F_STATUS, F_BLOB},

@@ -21,8 +21,8 @@
 #define HIXL_WIRE_VERSION 6 /* 2: VERBS_QP carries the QP count; REGION_GONE_ACK; 3: DEV_IPC,
                              * FABRIC_*; 4: SHM_STAGE_*, SHM_COPY, HEARTBEAT probe flag;
                              * 5: HELLO / AUTH_CHALLENGE / AUTH (the token never travels);
-                             * 6: SHM_BIND carries the unix name; the shm table ends with
-                             * the doorbell page */
+                             * 6: SHM_BIND / SHM_BIND_ACK pass a third fd (the doorbell);
+                             * the shm table ends with the doorbell page */
 #define HIXL_WIRE_HDR 24
 #define HIXL_WIRE_MAX 4096 /* payload bytes; every message is far smaller */
 #define HIXL_WIRE_STR 256  /* string field capacity, NUL included */
@@ -31,8 +31,8 @@
 enum hixl_msg_type {
   HIXL_MSG_HELLO = 1,      /* initiator -> target over TCP: its nonce (auth.h) */
   HIXL_MSG_HELLO_ACK,      /* status, chosen transport, target identity */
-  HIXL_MSG_SHM_BIND,       /* initiator -> target over unix: cookie + 2 fds */
-  HIXL_MSG_SHM_BIND_ACK,   /* status + 2 fds */
+  HIXL_MSG_SHM_BIND,       /* initiator -> target over unix: cookie + 3 fds */
+  HIXL_MSG_SHM_BIND_ACK,   /* status + 3 fds */
   HIXL_MSG_LOOKUP,         /* name */
   HIXL_MSG_LOOKUP_REPLY,   /* status, rkey blob */
   HIXL_MSG_FD_REQ,         /* slot, rkey: give me the memfd of a region */
@@ -87,9 +87,8 @@ typedef struct hixl_msg {
  * HELLO_ACK:   status, u32[0] transport id, u64[0] ctx_id, host_id,
  *              u32[1] pid, u64[1] cookie, str[0] unix name, str[1] message (the answer
  *              to AUTH; a refusal carries no identity, only status and message)
- * SHM_BIND:    u64[0] cookie, u64[1] ctx_id, str[0] its unix name (its doorbell)
- *                                                   (+2 fds: table, inbox)
- * SHM_BIND_ACK: status                              (+2 fds: table, inbox)
+ * SHM_BIND:    u64[0] cookie, u64[1] ctx_id         (+3 fds: table, inbox, doorbell)
+ * SHM_BIND_ACK: status                              (+3 fds: table, inbox, doorbell)
  * LOOKUP:      str[0] name
  * LOOKUP_REPLY: status, blob
  * FD_REQ:      u32[0] slot, u64[0] rkey

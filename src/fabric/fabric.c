@@ -561,6 +561,7 @@ static hixl_status_t smap_add(fab_ctx_t *fc, hixl_peer_t *peer)
   }
   fab_peer_t *fp = peer->tp;
   fc->smap[fc->n_smap++] = (struct fab_smap){fp->fa, fp->rx_cookie, peer};
+  atomic_fetch_add(&fc->n_bound, 1);
   pthread_mutex_unlock(&fc->poll_lock);
   return HIXL_OK;
 }
@@ -690,6 +691,7 @@ static void fab_peer_close(hixl_peer_t *peer)
     if (fc->smap[i].peer == peer) {
       memmove(fc->smap + i, fc->smap + i + 1, (fc->n_smap - i - 1) * sizeof(*fc->smap));
       fc->n_smap--;
+      atomic_fetch_sub(&fc->n_bound, 1);
       break;
     }
   pthread_mutex_unlock(&fc->poll_lock);
@@ -729,7 +731,7 @@ static int fab_arm(hixl_ctx_t *ctx, unsigned flags, int *fds, int max)
 {
   (void)flags;
   fab_ctx_t *fc = hixl__fc(ctx);
-  if (fc == NULL || !fc->wait_covers || max < 1)
+  if (fc == NULL || !fc->wait_covers || max < 1 || atomic_load(&fc->n_bound) == 0)
     return 0; /* the progress thread polls, and wakes us when it completes ours */
   struct fid *f = &fc->cq->fid;
   if (fi_trywait(fc->fabric, &f, 1) != FI_SUCCESS)
@@ -738,7 +740,11 @@ static int fab_arm(hixl_ctx_t *ctx, unsigned flags, int *fds, int max)
   return 1;
 }
 
-static void fab_ack_event(hixl_ctx_t *ctx) { hixl__fab_progress(ctx); }
+static void fab_ack_event(hixl_ctx_t *ctx, int64_t woke_ns)
+{
+  (void)woke_ns;
+  hixl__fab_progress(ctx);
+}
 
 const hixl_transport_ops_t hixl__fabric_ops = {
     .size = sizeof(hixl_transport_ops_t),

@@ -113,6 +113,11 @@ typedef struct fab_ctx {
    * progress thread stays out of their way (see hixl__fab_thread). */
   _Atomic uint64_t user_polls;
   _Atomic uint64_t finished; /* operations finished (posting after EAGAIN waits for it) */
+  /* Peers bound (smap entries): with none, users' progress calls skip the
+   * provider (a poll of the tcp provider costs microseconds of system
+   * calls, in every notification wait of a context that talks shm only);
+   * the progress thread still reaps what a closed peer left in flight. */
+  _Atomic int n_bound;
   _Atomic bool stop;
   /* Operation contexts: a free list (no malloc on the fast path). */
   pthread_mutex_t op_lock;

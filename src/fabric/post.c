@@ -559,7 +559,7 @@ static int poll_locked(fab_ctx_t *fc)
 int hixl__fab_progress(hixl_ctx_t *ctx)
 {
   fab_ctx_t *fc = hixl__fc(ctx);
-  if (fc == NULL)
+  if (fc == NULL || atomic_load_explicit(&fc->n_bound, memory_order_relaxed) == 0)
     return 0;
   atomic_fetch_add_explicit(&fc->user_polls, 1, memory_order_relaxed);
   if (pthread_mutex_trylock(&fc->poll_lock) != 0)

@@ -96,7 +96,7 @@ hixl_status_t hixl__shm_table_init(hixl_ctx_t *ctx, shm_ctx_t *sc)
    * write(), and mode 0400 (hixl__memfd says why); what peers get is a
    * read-only open.  Either of the last two alone keeps a peer from
    * writing it; with neither, shm is not offered. */
-  sc->tags_fd = sc->bell_rx = sc->bell_tx = -1;
+  sc->tags_fd = sc->bell_r = sc->bell_w = -1;
   int fd = memfd_create("hixl-regions", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   void *p = MAP_FAILED;
   if (fd >= 0 && ftruncate(fd, (off_t)SHM_TABLE_BYTES) == 0)
@@ -135,19 +135,15 @@ hixl_status_t hixl__shm_table_init(hixl_ctx_t *ctx, shm_ctx_t *sc)
   return st;
 }
 
-/* Our doorbell: the socket peers ring, the one we ring theirs from, and
- * the context's sleeper counts moved into the page peers read. */
+/* Our doorbell: the pipe peers ring, and the context's sleeper counts
+ * moved into the page peers read. */
 static hixl_status_t bell_init(hixl_ctx_t *ctx, shm_ctx_t *sc)
 {
-  struct sockaddr_un sa = {.sun_family = AF_UNIX};
-  int len = snprintf(sa.sun_path + 1, sizeof(sa.sun_path) - 1, "%s" SHM_BELL_SUFFIX,
-                     ctx->unix_name + 1);
-  sc->bell_rx = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  sc->bell_tx = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (sc->bell_rx < 0 || sc->bell_tx < 0 ||
-      bind(sc->bell_rx, (struct sockaddr *)&sa,
-           (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)len)) != 0)
-    return hixl__err(HIXL_ERR_NOMEM, "shm: doorbell socket: %s", strerror(errno));
+  int p[2];
+  if (pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0)
+    return hixl__err(HIXL_ERR_NOMEM, "shm: doorbell pipe: %s", strerror(errno));
+  sc->bell_r = p[0];
+  sc->bell_w = p[1];
   ctx->sleepers = &sc->bell->sleepers;
   ctx->space_waiters = &sc->bell->space_waiters;
   return HIXL_OK;
@@ -155,23 +151,15 @@ static hixl_status_t bell_init(hixl_ctx_t *ctx, shm_ctx_t *sc)
 
 void hixl__shm_bell_send(hixl_ctx_t *ctx, shm_peer_t *sp)
 {
-  const shm_ctx_t *sc = ctx->tp[HIXL_TP_SHM];
+  (void)ctx;
   int64_t now = hixl__now_ns();
-  /* Never blocks: a full queue means the owner has wake-ups to read. */
-  ssize_t r = sendto(sc->bell_tx, &now, sizeof(now), MSG_DONTWAIT | MSG_NOSIGNAL,
-                     (const struct sockaddr *)&sp->bell_addr, sp->bell_len);
+  struct iovec iov = {&now, sizeof(now)};
+  /* Never blocks, whatever the peer did to the write end's flags: a full
+   * pipe means the owner has wake-ups to read anyway. */
+  ssize_t r = pwritev2(sp->bell_w, &iov, 1, -1, RWF_NOWAIT);
+  if (r < 0 && (errno == EOPNOTSUPP || errno == EINVAL))
+    r = write(sp->bell_w, &now, sizeof(now)); /* no RWF_NOWAIT on pipes (< Linux 5.8) */
   (void)r; /* its process may be gone: its loss is seen on the control socket */
-}
-
-/* Where a peer whose unix name is name (as its handshake said) is rung. */
-static void bell_addr(shm_peer_t *sp, const char *name, size_t cap)
-{
-  sp->bell_addr = (struct sockaddr_un){.sun_family = AF_UNIX};
-  int len = snprintf(sp->bell_addr.sun_path + 1, sizeof(sp->bell_addr.sun_path) - 1,
-                     "%.*s" SHM_BELL_SUFFIX, (int)strnlen(name, cap), name);
-  if (len > (int)sizeof(sp->bell_addr.sun_path) - 2)
-    len = (int)sizeof(sp->bell_addr.sun_path) - 2;
-  sp->bell_len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)len);
 }
 
 void hixl__shm_table_fini(hixl_ctx_t *ctx, shm_ctx_t *sc)
@@ -180,11 +168,11 @@ void hixl__shm_table_fini(hixl_ctx_t *ctx, shm_ctx_t *sc)
     ctx->sleepers = &ctx->own_sleepers;
     ctx->space_waiters = &ctx->own_space_waiters;
   }
-  if (sc->bell_rx >= 0)
-    close(sc->bell_rx);
-  if (sc->bell_tx >= 0)
-    close(sc->bell_tx);
-  sc->bell_rx = sc->bell_tx = -1;
+  if (sc->bell_r >= 0)
+    close(sc->bell_r);
+  if (sc->bell_w >= 0)
+    close(sc->bell_w);
+  sc->bell_r = sc->bell_w = -1;
   if (sc->tags)
     munmap(sc->tags, SHM_TABLE_BYTES);
   if (sc->tags_fd >= 0)
@@ -281,6 +269,7 @@ static shm_peer_t *shm_peer_new(hixl_ctx_t *ctx, pid_t pid)
     return NULL;
   pthread_mutex_init(&sp->out.lock, NULL);
   sp->in.fd = -1;
+  sp->bell_w = -1;
   const shm_ctx_t *sc = ctx->tp[HIXL_TP_SHM];
   atomic_init(&sp->cma_refused, sc->cma_off || pid <= 0);
   return sp;
@@ -292,6 +281,8 @@ static void shm_free(shm_peer_t *sp)
     return;
   hixl__shm_stage_free(sp);
   pthread_mutex_destroy(&sp->out.lock);
+  if (sp->bell_w >= 0)
+    close(sp->bell_w);
   if (sp->table)
     munmap((void *)sp->table, SHM_TABLE_BYTES);
   if (sp->outbox_sh)
@@ -330,9 +321,16 @@ static void *map_fd(int fd, size_t bytes, int prot)
   return p == MAP_FAILED ? NULL : p;
 }
 
-/* Map the peer's table and inbox (fds[0], fds[1]; the caller closes them). */
+/* Map the peer's table and inbox (fds[0], fds[1]) and keep its doorbell
+ * (fds[2], which must be a pipe's write end); the caller closes all three. */
 static hixl_status_t map_theirs(shm_peer_t *sp, const int *fds, const char *who)
 {
+  struct stat stb;
+  if (fstat(fds[2], &stb) != 0 || !S_ISFIFO(stb.st_mode) ||
+      (fcntl(fds[2], F_GETFL) & O_ACCMODE) != O_WRONLY ||
+      (sp->bell_w = fcntl(fds[2], F_DUPFD_CLOEXEC, 0)) < 0)
+    return hixl__err(HIXL_ERR_TRANSPORT, "shm: the doorbell %s passed is not a pipe's write end",
+                     who);
   sp->table = map_fd(fds[0], SHM_TABLE_BYTES, PROT_READ);
   sp->bell = sp->table ? (const shm_bell_t *)(const void *)((const uint8_t *)sp->table +
                                                               SHM_TAGS_BYTES)
@@ -381,19 +379,17 @@ static hixl_status_t shm_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64
   hixl_msg_t bind = {.type = HIXL_MSG_SHM_BIND};
   bind.u64[0] = ack->u64[1];
   bind.u64[1] = ctx->id;
-  snprintf(bind.str[0], sizeof(bind.str[0]), "%s", ctx->unix_name + 1); /* our doorbell's */
-  bell_addr(sp, ack->str[0], sizeof(ack->str[0]));
   const shm_ctx_t *sc = ctx->tp[HIXL_TP_SHM];
-  int fds[2] = {sc->tags_fd, inbox_fd};
+  int fds[3] = {sc->tags_fd, inbox_fd, sc->bell_w};
   peer->fd = ufd;
-  st = hixl__send(peer, &bind, fds, 2);
+  st = hixl__send(peer, &bind, fds, 3);
   hixl_msg_t reply;
-  int got[2];
+  int got[3];
   if (st == HIXL_OK)
-    st = hixl__recv_sync(ufd, &reply, got, 2, deadline, peer->name);
+    st = hixl__recv_sync(ufd, &reply, got, 3, deadline, peer->name);
   if (st != HIXL_OK)
     goto fail;
-  if (reply.type != HIXL_MSG_SHM_BIND_ACK || reply.status != HIXL_OK || reply.nfds != 2) {
+  if (reply.type != HIXL_MSG_SHM_BIND_ACK || reply.status != HIXL_OK || reply.nfds != 3) {
     for (int i = 0; i < reply.nfds; i++)
       close(got[i]);
     if (reply.status == HIXL_ERR_AUTH)
@@ -407,8 +403,8 @@ static hixl_status_t shm_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64
     goto fail;
   }
   st = map_theirs(sp, got, peer->name);
-  close(got[0]);
-  close(got[1]);
+  for (int i = 0; i < 3; i++)
+    close(got[i]);
   if (st != HIXL_OK)
     goto fail;
   close(inbox_fd);
@@ -426,32 +422,35 @@ fail:
   return st;
 }
 
-hixl_status_t hixl__shm_accept(hixl_peer_t *peer, const hixl_msg_t *m, const int *fds, int nfds,
-                               int *out_fds, int *n_out)
+hixl_status_t hixl__shm_accept(hixl_peer_t *peer, const int *fds, int nfds, int *out_fds,
+                               int *n_out)
 {
-  if (nfds != 2)
+  if (nfds != 3)
     return HIXL_ERR_INVALID;
   shm_peer_t *sp = shm_peer_new(peer->ctx, peer->remote_pid); /* hixl__shm_bind_cred's */
   if (sp == NULL)
     return HIXL_ERR_NOMEM;
-  bell_addr(sp, m->str[0], sizeof(m->str[0]));
   int inbox_fd = -1;
   hixl_status_t st = map_theirs(sp, fds, peer->name);
   if (st == HIXL_OK)
     st = make_inbox(sp, &inbox_fd);
   const shm_ctx_t *sc = peer->ctx->tp[HIXL_TP_SHM];
   int table_fd = st == HIXL_OK ? fcntl(sc->tags_fd, F_DUPFD_CLOEXEC, 0) : -1;
-  if (st != HIXL_OK || table_fd < 0) {
+  int bell_fd = table_fd >= 0 ? fcntl(sc->bell_w, F_DUPFD_CLOEXEC, 0) : -1;
+  if (st != HIXL_OK || bell_fd < 0) {
     if (inbox_fd >= 0)
       close(inbox_fd);
+    if (table_fd >= 0)
+      close(table_fd);
     shm_free(sp);
     return st != HIXL_OK ? st : HIXL_ERR_NOMEM;
   }
-  close(fds[0]); /* mapped: consumed (on failure the caller closes them) */
-  close(fds[1]);
+  for (int i = 0; i < 3; i++) /* mapped or kept: consumed (on failure the caller closes them) */
+    close(fds[i]);
   out_fds[0] = table_fd;
   out_fds[1] = inbox_fd;
-  *n_out = 2;
+  out_fds[2] = bell_fd;
+  *n_out = 3;
   peer->tp = sp;
   peer->inbox = &sp->inbox;
   return HIXL_OK;
@@ -705,26 +704,28 @@ static void shm_notif_consumed(hixl_peer_t *peer)
 static int shm_arm(hixl_ctx_t *ctx, unsigned flags, int *fds, int max)
 {
   const shm_ctx_t *sc = ctx->tp[HIXL_TP_SHM];
-  if ((flags & HIXL_WAITF_PROGRESS) || sc->bell_rx < 0 || max < 1)
+  if ((flags & HIXL_WAITF_PROGRESS) || sc->bell_r < 0 || max < 1)
     return 0;
-  fds[0] = sc->bell_rx;
+  fds[0] = sc->bell_r;
   return 1;
 }
 
-static void shm_ack_event(hixl_ctx_t *ctx)
+static void shm_ack_event(hixl_ctx_t *ctx, int64_t woke_ns)
 {
   const shm_ctx_t *sc = ctx->tp[HIXL_TP_SHM];
-  int64_t ts = 0, last = 0;
-  /* Bounded: a peer flooding the socket must not keep us here. */
-  for (int i = 0; i < 256; i++) {
-    ssize_t r = recv(sc->bell_rx, &ts, sizeof(ts), MSG_DONTWAIT);
-    if (r < 0)
+  int64_t buf[64], last = 0;
+  /* Bounded: a peer that keeps the pipe full must not keep us here. */
+  for (int i = 0; i < 16; i++) {
+    ssize_t r = read(sc->bell_r, buf, sizeof(buf));
+    if (r <= 0)
       break;
-    if (r == (ssize_t)sizeof(ts))
-      last = ts;
+    if (r % 8 == 0)
+      last = buf[r / 8 - 1];
+    if (r < (ssize_t)sizeof(buf))
+      break;
   }
-  if (last)
-    hixl__wait_sample(ctx, hixl__now_ns() - last);
+  if (last > 0 && last < woke_ns)
+    hixl__wait_sample(ctx, woke_ns - last);
 }
 
 /* A batch: blocks in mapped regions copied directly, streamed when the batch

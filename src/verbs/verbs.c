@@ -882,8 +882,9 @@ static int vrb_arm(hixl_ctx_t *ctx, unsigned flags, int *fds, int max)
   return k;
 }
 
-static void vrb_ack_event(hixl_ctx_t *ctx)
+static void vrb_ack_event(hixl_ctx_t *ctx, int64_t woke_ns)
 {
+  (void)woke_ns;
   vrb_ctx_t *vc = VC(ctx);
   struct ibv_cq *cq;
   void *cq_ctx;
