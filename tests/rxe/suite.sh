@@ -20,7 +20,7 @@ for c in "$@"; do
   esac
 done
 if [ $# -eq 0 ]; then
-  cases="put_get batch notif_order faa cas_lock fence connect_churn remap flood"
+  cases="put_get batch notif_order faa cas_lock fence connect_churn remap flood sleep"
   hostile="control-slowloris control-cap control-emfile verbs_data"
 fi
 fail=0
@@ -64,6 +64,13 @@ if [ $# -eq 0 ]; then
   # unmap event: a lookup must still never use the old registration.
   run "remap+slow_monitor" env HIXL_VERBS_RCACHE_TEST_DELAY_US=200000 \
     "$build/tests/conformance" verbs remap
+  # Every wait mode (docs/waiting.md): pure spinning and sleeping at once.
+  for m in spin sleep; do
+    for c in notif_order fence; do
+      run "$c+wait=$m" env HIXL_WAIT=$m "$build/tests/conformance" verbs "$c"
+    done
+  done
+  run "sleep+wait=sleep" env HIXL_WAIT=sleep "$build/tests/conformance" verbs sleep
   # The progress thread in event mode (sleeps on the send CQ's channel).
   for c in fence flood; do
     run "$c+event_progress" env HIXL_PROGRESS_THREAD=2 "$build/tests/conformance" verbs "$c"
@@ -111,6 +118,9 @@ for t in "put_imm" "put_batch -b 16" "get_batch -b 16" "putpoll -s 64" "cas"; do
   run "hixl-perf-${t%% *}" env HIXL_PERF_TARGET_NET_DEV=rxe1 "$build/tools/hixl-perf" --quick -t $t
 done
 run hixl-perf-server-client "$(dirname "$0")/../tools/perf_server_client.sh" "$build/tools/hixl-perf"
+# A notification's wake-up from sleep and the idle cost over verbs (its
+# figures in the log; docs/waiting.md).
+run wake_lat env HIXL_TRANSPORTS=verbs "$build/tests/hixl-wake-lat" --quick
 run demo "$build/examples/hixl-demo"
 run ps_train "$build/examples/hixl-ps-train" --launch 3 --params 4096 --steps 8
 run kv_transfer "$build/examples/hixl-kv-transfer" --requests 12 --seq-len 16:160 --blocks 128
