@@ -120,7 +120,7 @@ done
 run hixl-perf-server-client "$(dirname "$0")/../tools/perf_server_client.sh" "$build/tools/hixl-perf"
 # A notification's wake-up from sleep and the idle cost over verbs (its
 # figures in the log; docs/waiting.md).
-run wake_lat env HIXL_TRANSPORTS=verbs "$build/tests/hixl-wake-lat" --quick
+run wake_lat env HIXL_TRANSPORTS=verbs "$build/tests/hixl-wake-lat" --quick && cat /tmp/wake_lat.log
 run demo "$build/examples/hixl-demo"
 run ps_train "$build/examples/hixl-ps-train" --launch 3 --params 4096 --steps 8
 run kv_transfer "$build/examples/hixl-kv-transfer" --requests 12 --seq-len 16:160 --blocks 128
