@@ -1,0 +1,133 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * shm_bell: a peer that abuses the doorbell it is handed (docs/waiting.md,
+ * docs/security.md).  Every shm peer of a target holds the write end of
+ * the target's doorbell pipe (the same open file description for all of
+ * them).  The attacker, an authenticated shm peer, fills that pipe and then
+ * clears O_NONBLOCK on the shared write end while the target sleeps and is
+ * stopped (it drains nothing): with a plain write() every honest peer that
+ * rings it would block for good.  An honest peer must still notify (each
+ * hixl_notify returns: an alarm kills the process otherwise), and the
+ * target, once it continues, must receive every notification.  The attacker also tries to read the pipe
+ * (steal wake-ups): it has no read end.
+ *
+ * Linked with the internal objects: the attacker takes the fd from its own
+ * shm peer state.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <hixl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "hixl_int.h"
+#include "../../src/shm/shm_int.h"
+
+#define N 20
+
+#define FAIL(...)                                                                               \
+  do {                                                                                          \
+    fprintf(stderr, "shm_bell: " __VA_ARGS__);                                                  \
+    fprintf(stderr, "\n");                                                                      \
+    exit(1);                                                                                    \
+  } while (0)
+#define CHECK(call)                                                                             \
+  do {                                                                                          \
+    hixl_status_t st_ = (call);                                                                 \
+    if (st_ != HIXL_OK)                                                                         \
+      FAIL("%s: %s (%s)", #call, hixl_strerror(st_), hixl_last_error());                       \
+  } while (0)
+
+static hixl_ctx_t *mk_ctx(void)
+{
+  hixl_config_t cfg;
+  hixl_config_init(&cfg);
+  cfg.transports = "shm";
+  hixl_ctx_t *ctx;
+  CHECK(hixl_ctx_create(&cfg, &ctx));
+  return ctx;
+}
+
+int main(void)
+{
+  int out[2];
+  if (pipe(out) != 0)
+    FAIL("pipe");
+  pid_t t = fork();
+  if (t == 0) { /* the target: asleep in hixl_notif_wait, counts what comes */
+    hixl_ctx_t *ctx = mk_ctx();
+    char addr[128];
+    snprintf(addr, sizeof(addr), "%s\n", hixl_ctx_address(ctx));
+    if (write(out[1], addr, strlen(addr)) < 0)
+      _exit(2);
+    int got = 0;
+    while (got < N) {
+      hixl_notif_t n;
+      if (hixl_notif_wait(ctx, &n, 30000) != HIXL_OK)
+        FAIL("target: notification %d of %d did not come: %s", got, N, hixl_last_error());
+      if (n.imm != (uint32_t)got)
+        FAIL("target: notification %u, expected %d", n.imm, got);
+      got++;
+    }
+    hixl_ctx_destroy(ctx);
+    _exit(0);
+  }
+  char addr[128] = "";
+  FILE *f = fdopen(out[0], "r");
+  if (f == NULL || fgets(addr, sizeof(addr), f) == NULL)
+    FAIL("no target address");
+  addr[strcspn(addr, "\n")] = 0;
+  alarm(30); /* a blocked ring would hang here: the alarm makes it a failure */
+
+  /* The attacker. */
+  hixl_ctx_t *actx = mk_ctx();
+  hixl_peer_t *ap;
+  CHECK(hixl_connect(actx, addr, 10000, &ap));
+  if (strcmp(hixl_peer_transport(ap), "shm") != 0)
+    FAIL("attacker: transport %s, expected shm", hixl_peer_transport(ap));
+  int bell = ((shm_peer_t *)ap->tp)->bell_w;
+  char b;
+  if (read(bell, &b, 1) >= 0 || (errno != EBADF && errno != EINVAL))
+    FAIL("attacker: read the doorbell (%s): it holds a read end", strerror(errno));
+  fcntl(bell, F_SETFL, fcntl(bell, F_GETFL) | O_NONBLOCK);
+  static char junk[65536];
+  size_t filled = 0;
+  for (;;) {
+    ssize_t r = write(bell, junk, sizeof(junk));
+    if (r <= 0)
+      break;
+    filled += (size_t)r;
+  }
+  fcntl(bell, F_SETFL, fcntl(bell, F_GETFL) & ~O_NONBLOCK); /* shared with every peer */
+  printf("attacker: filled the doorbell with %zu bytes, cleared O_NONBLOCK\n", filled);
+
+  /* The honest peer: rings the target, asleep and stopped (so it drains
+   * nothing: the pipe stays full), N times; then the target continues. */
+  hixl_ctx_t *hctx = mk_ctx();
+  hixl_peer_t *hp;
+  CHECK(hixl_connect(hctx, addr, 10000, &hp));
+  usleep(200000); /* the target is asleep in hixl_notif_wait */
+  kill(t, SIGSTOP);
+  fcntl(bell, F_SETFL, fcntl(bell, F_GETFL) | O_NONBLOCK);
+  while (write(bell, junk, sizeof(junk)) > 0)
+    ;
+  fcntl(bell, F_SETFL, fcntl(bell, F_GETFL) & ~O_NONBLOCK);
+  for (int i = 0; i < N; i++)
+    CHECK(hixl_notify(hp, (uint32_t)i, 0, NULL));
+  kill(t, SIGCONT);
+  int status = 0;
+  if (waitpid(t, &status, 0) != t || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    FAIL("the target did not receive every notification (status %d)", status);
+  printf("honest peer: %d notifications delivered to a sleeping target past a full, "
+         "blocking doorbell\n", N);
+  hixl_disconnect(hp);
+  hixl_disconnect(ap);
+  hixl_ctx_destroy(hctx);
+  hixl_ctx_destroy(actx);
+  return 0;
+}
