@@ -753,11 +753,11 @@ static PyObject *peer_wrap(CtxObject *c, hixl_peer_t *hp, int owned, int world);
 static int Ctx_init(CtxObject *self, PyObject *args, PyObject *kw)
 {
   static char *kwl[] = {"listen", "transports", "net_dev", "auth_token", "progress_thread",
-                        "timeout_ms", NULL};
-  const char *listen = NULL, *transports = NULL, *net_dev = NULL, *token = NULL;
+                        "timeout_ms", "wait", NULL};
+  const char *listen = NULL, *transports = NULL, *net_dev = NULL, *token = NULL, *wait = NULL;
   PyObject *pt = Py_None, *to = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "|zzzzOO:Context", kwl, &listen, &transports,
-                                   &net_dev, &token, &pt, &to))
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|zzzzOOz:Context", kwl, &listen, &transports,
+                                   &net_dev, &token, &pt, &to, &wait))
     return -1;
   if (self->ctx || self->peers) { /* peers: it was initialized once (maybe closed since) */
     raise_status(HIXL_ERR_INVALID, "Context.__init__ called twice");
@@ -782,6 +782,18 @@ static int Ctx_init(CtxObject *self, PyObject *args, PyObject *kw)
       return -1;
     }
     cfg.progress_thread = (int)u;
+  }
+  if (wait) { /* docs/waiting.md */
+    if (strcmp(wait, "adaptive") == 0) {
+      cfg.wait = HIXL_WAIT_ADAPTIVE;
+    } else if (strcmp(wait, "spin") == 0) {
+      cfg.wait = HIXL_WAIT_SPIN;
+    } else if (strcmp(wait, "sleep") == 0) {
+      cfg.wait = HIXL_WAIT_SLEEP;
+    } else {
+      raise_status(HIXL_ERR_INVALID, "wait must be 'adaptive', 'spin' or 'sleep'");
+      return -1;
+    }
   }
   if (to != Py_None) {
     long long v = PyLong_AsLongLong(to);
@@ -2859,7 +2871,7 @@ static PyTypeObject CtxType = {
     .tp_dealloc = (destructor)Ctx_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Context(listen=None, transports=None, net_dev=None, auth_token=None,\n"
-              "        progress_thread=None, timeout_ms=None): a hixl context (docs/python.md)",
+              "        progress_thread=None, timeout_ms=None, wait=None): a hixl context (docs/python.md)",
     .tp_methods = Ctx_methods,
     .tp_getset = Ctx_getset,
     .tp_init = (initproc)Ctx_init,

@@ -27,6 +27,19 @@ def test_context_keywords_and_manager():
     c.close()  # idempotent
 
 
+def test_context_wait_modes():
+    # docs/waiting.md: each mode makes a working context (a notification to
+    # ourselves is waited for and taken); any other name is refused.
+    for mode in ("adaptive", "spin", "sleep"):
+        with hixl.Context(transports="self,shm", wait=mode) as c:
+            me = c.connect(c.address)
+            me.notify(7)
+            n = c.wait(timeout=5)
+            assert n.imm == 7, (mode, n)
+    with pytest.raises(hixl.InvalidError):
+        hixl.Context(wait="busy")
+
+
 def test_put_get_every_buffer_kind(peer, target):
     kv = peer.lookup("kv")
     peer.put(b"bytes-in", kv, 0)                                   # bytes
