@@ -63,13 +63,25 @@ static uint8_t g_rec[1 << 20];
 static size_t g_rec_len;
 static pthread_mutex_t g_rec_lock = PTHREAD_MUTEX_INITIALIZER;
 static int g_lfd;
-static struct sockaddr_in g_target;
+/* Each relay's own state: a relay of the last round may still be running
+ * when the next starts (TSan saw the listening fd and target shared). */
+typedef struct relay {
+  int lfd;
+  struct sockaddr_in target;
+} relay_t;
+typedef struct relay_c {
+  int a;
+  const relay_t *r;
+} relay_c_t;
 
 static void *relay_conn(void *arg)
 {
-  int a = (int)(intptr_t)arg;
+  relay_c_t *rc = arg;
+  int a = rc->a;
+  struct sockaddr_in target = rc->r->target;
+  free(rc);
   int b = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (connect(b, (struct sockaddr *)&g_target, sizeof(g_target)) != 0)
+  if (connect(b, (struct sockaddr *)&target, sizeof(target)) != 0)
     FAIL("relay: connect: %s", strerror(errno));
   struct pollfd p[2] = {{a, POLLIN, 0}, {b, POLLIN, 0}};
   uint8_t buf[65536];
@@ -96,13 +108,17 @@ static void *relay_conn(void *arg)
 
 static void *relay_main(void *arg)
 {
-  (void)arg;
+  const relay_t *r = arg; /* never freed: the program is short */
   for (;;) {
-    int a = accept4(g_lfd, NULL, NULL, SOCK_CLOEXEC);
+    int a = accept4(r->lfd, NULL, NULL, SOCK_CLOEXEC);
     if (a < 0)
       return NULL;
+    relay_c_t *rc = malloc(sizeof(*rc));
+    if (rc == NULL)
+      FAIL("relay: no memory");
+    *rc = (relay_c_t){a, r};
     pthread_t t;
-    pthread_create(&t, NULL, relay_conn, (void *)(intptr_t)a);
+    pthread_create(&t, NULL, relay_conn, rc);
     pthread_detach(t);
   }
 }
@@ -113,11 +129,14 @@ static void relay_start(const char *addr, char *out, size_t cap)
   const char *colon = strrchr(addr, ':');
   char host[64];
   snprintf(host, sizeof(host), "%.*s", (int)(colon - addr), addr);
-  g_target.sin_family = AF_INET;
-  g_target.sin_port = htons((uint16_t)atoi(colon + 1));
-  if (inet_pton(AF_INET, host, &g_target.sin_addr) != 1)
+  relay_t *r = calloc(1, sizeof(*r));
+  if (r == NULL)
+    FAIL("relay: no memory");
+  r->target.sin_family = AF_INET;
+  r->target.sin_port = htons((uint16_t)atoi(colon + 1));
+  if (inet_pton(AF_INET, host, &r->target.sin_addr) != 1)
     FAIL("relay: target address %s", addr);
-  g_lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  g_lfd = r->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   socklen_t sl = sizeof(sa);
   if (bind(g_lfd, (struct sockaddr *)&sa, sizeof(sa)) || listen(g_lfd, 8) ||
@@ -125,7 +144,7 @@ static void relay_start(const char *addr, char *out, size_t cap)
     FAIL("relay: listen: %s", strerror(errno));
   snprintf(out, cap, "127.0.0.1:%u", ntohs(sa.sin_port));
   pthread_t t;
-  pthread_create(&t, NULL, relay_main, NULL);
+  pthread_create(&t, NULL, relay_main, r);
   pthread_detach(t);
 }
 
@@ -157,6 +176,14 @@ static hixl_ctx_t *target(bool tls)
   return t;
 }
 
+static size_t rec_len(void)
+{
+  pthread_mutex_lock(&g_rec_lock);
+  size_t n = g_rec_len;
+  pthread_mutex_unlock(&g_rec_lock);
+  return n;
+}
+
 static size_t count(const void *needle, size_t n)
 {
   size_t k = 0;
@@ -174,7 +201,9 @@ static void sniff(void)
     hixl_ctx_t *t = target(tls);
     char via[64];
     relay_start(hixl_ctx_address(t), via, sizeof(via));
+    pthread_mutex_lock(&g_rec_lock);
     g_rec_len = 0;
+    pthread_mutex_unlock(&g_rec_lock);
     hixl_ctx_t *c = mk_ctx(TOKEN, tls);
     move_data(c, via, tls ? "TLS" : "plain");
     hixl_ctx_destroy(c);
@@ -185,7 +214,7 @@ static void sniff(void)
     size_t nmagic = count(magic, 4), nname = count(REGION, strlen(REGION)),
            ntok = count(TOKEN, strlen(TOKEN));
     printf("%s over %s: %zu bytes recorded, %zu wire headers, region name %zu times, token %zu\n",
-           tls ? "TLS" : "plain", g_tp, g_rec_len, nmagic, nname, ntok);
+           tls ? "TLS" : "plain", g_tp, rec_len(), nmagic, nname, ntok);
     if (ntok)
       FAIL("the token crossed the wire");
     if (tls && (nmagic || nname))
