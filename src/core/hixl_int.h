@@ -75,7 +75,6 @@ void hixl__wake_all(hixl_ctx_t *ctx);
 /* A measured wake-up latency (waker's timestamp to the waiter running):
  * what the adaptive polling budget follows. */
 void hixl__wait_sample(hixl_ctx_t *ctx, int64_t wake_ns);
-int64_t hixl__wait_spin_ns(const hixl_ctx_t *ctx);
 void hixl__wait_init(hixl_ctx_t *ctx);
 void hixl__wait_fini(hixl_ctx_t *ctx);
 typedef struct hixl_sleeper {

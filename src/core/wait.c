@@ -7,7 +7,7 @@
  * ctx->sleeping (its thread's eventfd) and counts itself in *ctx->sleepers,
  * then asks each transport to arm its event sources (verbs: the CQs'
  * completion channels; fabric: the provider's wait fd; shm: the context's
- * doorbell socket), looks once more, and sleeps in poll() on those fds and
+ * doorbell pipe), looks once more, and sleeps in poll() on those fds and
  * its eventfd.  Whoever makes an event (completes a request, delivers a
  * notification, fails a peer) publishes it, then reads *ctx->sleepers
  * (seq_cst on both sides: Dekker's pattern, the io_uring SQ_NEED_WAKEUP
@@ -17,13 +17,13 @@
  *
  * shm peers in other processes cannot write our eventfds (they would steal
  * wake-ups); they read *ctx->sleepers in a read-only page (the shm
- * transport puts the counter there) and send a datagram to our doorbell
- * socket, which only we can read.
+ * transport puts the counter there) and write into our doorbell pipe,
+ * whose read end only we hold.
  *
  * Every waiter has its own eventfd, so several threads may wait on one
  * context: a local wake-up writes all of them.  A transport fd (the
- * doorbell, a completion channel) is shared: the thread that drains it
- * wakes the others, which look again for themselves.
+ * doorbell, a completion channel) is shared: poll() wakes every thread
+ * asleep on it, and none drains it until it next sleeps (sleep_once).
  *
  * Adaptive polling: the budget is the wake-up latency recently measured
  * here (from a waker's timestamp to the waiter running again), clamped to
@@ -108,11 +108,6 @@ void hixl__wait_sample(hixl_ctx_t *ctx, int64_t wake_ns)
     wake_ns = SPIN_MAX_NS;
   int64_t b = atomic_load_explicit(&ctx->spin_ns, memory_order_relaxed);
   atomic_store_explicit(&ctx->spin_ns, b + (wake_ns - b) / 8, memory_order_relaxed);
-}
-
-int64_t hixl__wait_spin_ns(const hixl_ctx_t *ctx)
-{
-  return atomic_load_explicit(&ctx->spin_ns, memory_order_relaxed);
 }
 
 static inline void cpu_relax(void)
@@ -261,7 +256,7 @@ static bool poll_phase(hixl_ctx_t *ctx, int64_t deadline, unsigned flags, hixl_w
     }
   }
   if (mode == HIXL_WAIT_ADAPTIVE && !(flags & HIXL_WAITF_NOSPIN)) {
-    int64_t budget = hixl__wait_spin_ns(ctx);
+    int64_t budget = atomic_load_explicit(&ctx->spin_ns, memory_order_relaxed);
     int64_t t0 = hixl__now_ns();
     for (unsigned i = 1;; i++) {
       if (fn(arg))

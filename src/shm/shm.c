@@ -149,9 +149,8 @@ static hixl_status_t bell_init(hixl_ctx_t *ctx, shm_ctx_t *sc)
   return HIXL_OK;
 }
 
-void hixl__shm_bell_send(hixl_ctx_t *ctx, shm_peer_t *sp)
+void hixl__shm_bell_send(shm_peer_t *sp)
 {
-  (void)ctx;
   int64_t now = hixl__now_ns();
   struct iovec iov = {&now, sizeof(now)};
   /* Never blocks, whatever the peer did to the write end's flags: a full
@@ -686,7 +685,7 @@ static hixl_status_t shm_notify(hixl_peer_t *peer, uint32_t imm, uint64_t len, h
   shm_peer_t *sp = peer->tp;
   hixl_status_t st = hixl__notify_push(peer, &sp->outbox, imm, len);
   if (hixl_likely(st == HIXL_OK))
-    hixl__shm_ring_if_sleeping(peer->ctx, sp);
+    hixl__shm_ring_if_sleeping(sp);
   return st;
 }
 
@@ -696,7 +695,7 @@ static void shm_notif_consumed(hixl_peer_t *peer)
   shm_peer_t *sp = peer->tp;
   atomic_thread_fence(memory_order_seq_cst);
   if (hixl_unlikely(atomic_load_explicit(&sp->bell->space_waiters, memory_order_relaxed) != 0))
-    hixl__shm_bell_send(peer->ctx, sp);
+    hixl__shm_bell_send(sp);
 }
 
 /* A thread is about to sleep (wait.c): our doorbell, unless it is the

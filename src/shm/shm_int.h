@@ -172,12 +172,12 @@ void hixl__shm_ctx_fini(hixl_ctx_t *ctx);
 hixl_status_t hixl__shm_table_init(hixl_ctx_t *ctx, shm_ctx_t *sc);
 void hixl__shm_table_fini(hixl_ctx_t *ctx, shm_ctx_t *sc);
 /* Ring peer's doorbell (its threads sleep, or wait for room; see shm_bell). */
-void hixl__shm_bell_send(hixl_ctx_t *ctx, shm_peer_t *sp);
-static inline void hixl__shm_ring_if_sleeping(hixl_ctx_t *ctx, shm_peer_t *sp)
+void hixl__shm_bell_send(shm_peer_t *sp);
+static inline void hixl__shm_ring_if_sleeping(shm_peer_t *sp)
 {
   atomic_thread_fence(memory_order_seq_cst); /* our store first: pairs with its announce */
   if (hixl_unlikely(atomic_load_explicit(&sp->bell->sleepers, memory_order_relaxed) != 0))
-    hixl__shm_bell_send(ctx, sp);
+    hixl__shm_bell_send(sp);
 }
 /* Move cnt paired elements (l[i].iov_len == r[i].iov_len, total bytes in
  * all) to or from the peer's memory with process_vm_writev/readv, split

@@ -311,7 +311,7 @@ void hixl__shm_copy_serve(hixl_peer_t *peer, const hixl_msg_t *m)
     atomic_store_explicit(&in->hdr->err_seq, n, memory_order_relaxed);
   }
   atomic_store_explicit(&in->hdr->done, n, memory_order_release);
-  hixl__shm_ring_if_sleeping(ctx, sp); /* the initiator may sleep in wait_done */
+  hixl__shm_ring_if_sleeping(sp); /* the initiator may sleep in wait_done */
 }
 
 void hixl__shm_stage_free(shm_peer_t *sp)
