@@ -240,6 +240,12 @@ def main():
         u = ucx("ucp_put_lat", 8, n)
         add("put latency (ping-pong)", 8, "hixl", h and h["p50_us"])
         add("put latency (ping-pong)", 8, "ucx", u and u["p50_us"])
+        # A notification each way: put_imm against UCX's active message
+        # (ucp_am_lat: the receiver's handler runs on arrival), issue 14.
+        h = hixl(a.build, "pingpong", 8, [], n)
+        u = ucx("ucp_am_lat", 8, n)
+        add("notification latency (ping-pong)", 8, "hixl", h and h["p50_us"])
+        add("notification latency (ping-pong)", 8, "ucx", u and u["p50_us"])
         h = hixl(a.build, "put", 8, ["--lat"], n)
         add("put latency (op + completion)", 8, "hixl", h and h["p50_us"])
         add("put latency (op + completion)", 8, "mpi", (m.get(("put", 8)) or {}).get("p50_us"))
@@ -310,7 +316,8 @@ def report(samples, sizes, a):
                        ratio(op, s, "hixl", "memcpy"), lambda r: r >= 0.9)
             target("%s %s >= UCX" % (op, size_str(s)), ratio(op, s, "hixl", "ucx"),
                    lambda r: r >= 1.0)
-    for op in ("put latency (ping-pong)", "faa latency", "cas latency"):
+    for op in ("put latency (ping-pong)", "notification latency (ping-pong)", "faa latency",
+               "cas latency"):
         target("%s <= UCX" % op, ratio(op, 8, "hixl", "ucx"), lambda r: r <= 1.0)
     target("put_batch 1024 x 16 KiB >= 0.8 x one put",
            ratio("put_batch 1024 x 16 KiB", 16 << 20, "hixl batch", "hixl one put"),

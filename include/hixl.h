@@ -190,7 +190,9 @@ hixl_status_t hixl_mr_reg_device(hixl_ctx_t *ctx, void *addr, size_t len, int de
                                  unsigned access, hixl_mr_t **mr_p);
 /* Allocate len bytes of the memory every transport shares best and register
  * it.  HIXL_MEM_HOST: page-aligned, zeroed, memfd-backed so same-host peers
- * map it directly.  HIXL_MEM_DEVICE: device memory of the calling thread's
+ * map it directly -- when access grants READ (a mapping always reads): a
+ * WRITE-only region is reached with a system call per operation instead,
+ * about 0.5 us more for a small put.  HIXL_MEM_DEVICE: device memory of the calling thread's
  * current device (CUDA: the current context's; Ascend: aclrtGetDevice;
  * emulated: 0), from the device runtime.  Freed by hixl_mr_dereg.
  * Errors: INVALID, NOMEM, NO_DEVICE (HIXL_MEM_DEVICE without a backend). */
