@@ -103,6 +103,10 @@ static void exchange(hixl_mr_t *mr, hixl_rmr_t **rmrs, const char *what)
  * ranks share one notification queue, and a thread that takes another
  * rank's notification leaves it in that rank's mailbox. */
 #define IMM(dest, value) ((uint32_t)(dest) << 24 | (uint32_t)(value))
+/* A worker's compute report to the PS after the last step: IMM(0, REPORT)
+ * plus its mean compute time per step in us (steps stay below REPORT). */
+#define REPORT 0x800000u
+#define REPORT_US_MASK 0x7fffffu
 #define MAX_SELF 64
 static pthread_mutex_t g_mbox_lock = PTHREAD_MUTEX_INITIALIZER;
 static hixl_notif_t g_mbox[MAX_SELF][64];
@@ -154,6 +158,15 @@ static double now_s(void)
 {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* CPU time of the calling thread: a worker's compute, not counting the
+ * time other ranks held its CPU (ranks may outnumber the cores). */
+static double cpu_s(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
@@ -268,6 +281,9 @@ static void wait_notif(hixl_ctx_t *ctx, hixl_peer_t *from, uint32_t want)
 typedef struct run_stats {
   double seconds, bytes;
   double comm; /* PS seconds spent moving gradients in and parameters out */
+  double update;  /* PS seconds spent averaging and applying gradients */
+  double compute;     /* the slowest worker's CPU seconds computing gradients (one-sided) */
+  double compute_sum; /* every worker's, together */
   float last_loss;
 } run_stats_t;
 
@@ -324,7 +340,9 @@ static run_stats_t onesided(hixl_ctx_t *ctx, const opts_t *o, float *final_w)
         hixl_req_free(reqs[k]);
       }
       st.comm += now_s() - c0;
+      double u0 = now_s();
       float loss = update(o, workers, param, gk);
+      st.update += now_s() - u0;
       /* Push version t+1 to everyone; its notification follows the data. */
       c0 = now_s();
       for (int r = 1; r < size; r++)
@@ -339,16 +357,37 @@ static run_stats_t onesided(hixl_ctx_t *ctx, const opts_t *o, float *final_w)
         printf("  step %4d  loss %-12.6g %8.3f ms  %7.3f GB/s (gradients in, parameters out)\n",
                t, loss, dt * 1e3, bytes / dt / 1e9);
     }
+    /* Each worker's compute time per step (us, in the notification's
+     * value with the REPORT bit): the step's waste is what is left after
+     * the slowest worker's compute, the update and the data movement. */
+    for (int k = 0; k < workers; k++) {
+      hixl_notif_t n;
+      take(ctx, &n);
+      if ((n.imm & ~REPORT_US_MASK) != IMM(0, REPORT)) {
+        fprintf(stderr, "PS: notification %u instead of a compute report\n", n.imm);
+        exit(1);
+      }
+      double c = (double)(n.imm & REPORT_US_MASK) * 1e-6 * o->steps;
+      if (c > st.compute)
+        st.compute = c;
+      st.compute_sum += c;
+    }
     memcpy(final_w, param, pbytes);
     free(gk);
     free(reqs);
   } else {
+    double compute = 0;
     for (int t = 0; t < o->steps; t++) {
       wait_notif(ctx, ps, IMM(g_rank, t)); /* parameters of version t are here */
+      double c0 = cpu_s();
       gradient(g_rank, t, o, param, grad);
+      compute += cpu_s() - c0;
       CHECK(hixl_notify(ps, IMM(0, t), 0, NULL));
     }
     wait_notif(ctx, ps, IMM(g_rank, o->steps)); /* the last version */
+    double us = compute / o->steps * 1e6;
+    uint32_t v = us >= (double)REPORT_US_MASK ? REPORT_US_MASK : (uint32_t)us;
+    CHECK(hixl_notify(ps, IMM(0, REPORT) | v, 0, NULL));
   }
   st.seconds = now_s() - t_start;
   barrier();
@@ -462,12 +501,21 @@ static run_stats_t twosided(hixl_ctx_t *ctx, const opts_t *o, float *final_w)
         io_all(fds[r], gk[r - 1], gbytes, false);
         st.comm += now_s() - c0;
       }
+      double u0 = now_s();
       st.last_loss = update(o, workers, param, gk);
+      st.update += now_s() - u0;
       double c0 = now_s();
       for (int r = 1; r < size; r++)
         io_all(fds[r], param, pbytes, true);
       st.comm += now_s() - c0;
       st.bytes += (double)workers * (double)(gbytes + pbytes);
+    }
+    for (int r = 1; r < size; r++) { /* each worker's compute (CPU seconds) */
+      double c;
+      io_all(fds[r], &c, sizeof(c), false);
+      if (c > st.compute)
+        st.compute = c;
+      st.compute_sum += c;
     }
     memcpy(final_w, param, pbytes);
     for (int k = 0; k < workers; k++)
@@ -476,11 +524,15 @@ static run_stats_t twosided(hixl_ctx_t *ctx, const opts_t *o, float *final_w)
   } else {
     float *grad = xalloc(gbytes);
     io_all(fds[0], param, pbytes, false);
+    double compute = 0;
     for (int t = 0; t < o->steps; t++) {
+      double c0 = cpu_s();
       gradient(g_rank, t, o, param, grad);
+      compute += cpu_s() - c0;
       io_all(fds[0], grad, gbytes, true);
       io_all(fds[0], param, pbytes, false);
     }
+    io_all(fds[0], &compute, sizeof(compute), true);
     free(grad);
   }
   st.seconds = now_s() - t_start;
@@ -643,6 +695,23 @@ int main(int argc, char **argv)
   return rc;
 }
 
+/* What a step would take with no waiting waste: the workers' compute (the
+ * slowest one's CPU time, or all of theirs spread over the cores when
+ * workers outnumber them), then the PS's update and its data movement, in
+ * sequence; the rest of the step is waiting. */
+static void print_step(const char *name, const run_stats_t *s, int steps)
+{
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  double spread = s->compute_sum / (double)(ncpu > 0 ? ncpu : 1);
+  double compute = s->compute > spread ? s->compute : spread;
+  double need = compute + s->update + s->comm, ms = 1e3 / steps;
+  printf("%s step: %.3f ms = workers' compute %.3f (CPU time: slowest %.3f, all %.3f on %ld "
+         "cores) + update %.3f + moving data %.3f + waiting %.3f (%.1f%% over the work)\n",
+         name, s->seconds * ms, compute * ms, s->compute * ms, s->compute_sum * ms, ncpu,
+         s->update * ms, s->comm * ms, (s->seconds - need) * ms,
+         100.0 * (s->seconds - need) / need);
+}
+
 /* One rank's part, after the group is formed. */
 static int rank_main(hixl_ctx_t *ctx, const opts_t *op)
 {
@@ -674,14 +743,18 @@ static int rank_main(hixl_ctx_t *ctx, const opts_t *op)
     s2 = twosided(ctx, &o, two);
   int rc = 0;
   if (g_rank == 0) {
-    if (o.onesided)
+    if (o.onesided) {
       printf("one-sided: %.3f s, %.3f ms/step; moving data %.3f ms/step = %.3f GB/s; "
              "final loss %g\n", s1.seconds, s1.seconds / o.steps * 1e3,
              s1.comm / o.steps * 1e3, s1.bytes / s1.comm / 1e9, s1.last_loss);
+      print_step("one-sided", &s1, o.steps);
+    }
     if (o.twosided)
       printf("two-sided (TCP send/recv): %.3f s, %.3f ms/step; moving data %.3f ms/step = "
              "%.3f GB/s; final loss %g\n", s2.seconds, s2.seconds / o.steps * 1e3,
              s2.comm / o.steps * 1e3, s2.bytes / s2.comm / 1e9, s2.last_loss);
+    if (o.twosided)
+      print_step("two-sided", &s2, o.steps);
     if (o.onesided && o.twosided)
       printf("one-sided / two-sided: data movement %.2fx faster, whole steps %.2fx\n",
              s2.comm / s1.comm, s2.seconds / s1.seconds);
