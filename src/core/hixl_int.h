@@ -183,6 +183,11 @@ void hixl__req_release(hixl_req_t *req);
 void hixl__req_part_add(hixl_req_t *req);
 void hixl__req_part_done(hixl_req_t *req, hixl_status_t st);
 void hixl__pool_destroy(hixl_ctx_t *ctx);
+/* Wait (hixl__wait) until peer p has completed target operations or is no
+ * longer up; *state_p: its state when the wait ended.  Fences and
+ * HIXL_OP_ORDERED. */
+hixl_status_t hixl__wait_completed(hixl_peer_t *p, uint64_t target, int64_t deadline,
+                                   int *state_p);
 
 /* ------------------------------------------------------------ transports */
 

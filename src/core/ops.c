@@ -65,31 +65,14 @@ static inline hixl_status_t check_flags(const char *fn, unsigned flags)
 /* HIXL_OP_ORDERED: everything earlier to this peer completes first.  Ops
  * that completed synchronously are already visible; only asynchronous ones
  * (counted in issued/completed) can be outstanding. */
-typedef struct order_wait {
-  hixl_peer_t *peer;
-  uint64_t target;
-} order_wait_t;
-
-static bool earlier_done(void *arg)
-{
-  order_wait_t *w = arg;
-  for (int pass = 0; pass < 2; pass++) {
-    if (atomic_load_explicit(&w->peer->completed, memory_order_acquire) >= w->target ||
-        atomic_load(&w->peer->state) != HIXL_PEER_UP)
-      return true;
-    if (pass == 0)
-      hixl_progress(w->peer->ctx);
-  }
-  return false;
-}
-
 static hixl_status_t order_after_earlier(const char *fn, hixl_peer_t *peer)
 {
-  order_wait_t w = {peer, atomic_load(&peer->issued)};
-  if (atomic_load_explicit(&peer->completed, memory_order_acquire) >= w.target)
+  uint64_t target = atomic_load(&peer->issued);
+  if (atomic_load_explicit(&peer->completed, memory_order_acquire) >= target)
     return HIXL_OK;
-  hixl__wait(peer->ctx, hixl__deadline(hixl__ctx_timeout(peer->ctx)), 0, earlier_done, &w);
-  if (atomic_load_explicit(&peer->completed, memory_order_acquire) >= w.target)
+  int state;
+  hixl__wait_completed(peer, target, hixl__deadline(hixl__ctx_timeout(peer->ctx)), &state);
+  if (atomic_load_explicit(&peer->completed, memory_order_acquire) >= target)
     return HIXL_OK;
   if (atomic_load(&peer->state) != HIXL_PEER_UP)
     return hixl__err(HIXL_ERR_PEER_LOST, "%s: peer %s lost while ordering", fn, peer->name);

@@ -181,32 +181,42 @@ hixl_status_t hixl_req_wait(hixl_req_t *req, int timeout_ms)
   return hixl_req_test(req);
 }
 
-/* Wait until everything issued to p before now completed.  Completions of
- * one peer arrive in issue order, so a count suffices. */
-typedef struct fence_wait {
+/* Wait until p has completed target operations (completions of one peer
+ * arrive in issue order, so a count suffices) or is no longer up; *state_p
+ * gets its state when the wait ended.  Fences and ordered operations. */
+typedef struct completed_wait {
   hixl_peer_t *p;
   uint64_t target;
-  int state; /* the peer's when the wait ended */
-} fence_wait_t;
+  int state;
+} completed_wait_t;
 
-static bool fence_done(void *arg)
+static bool completed_or_down(void *arg)
 {
-  fence_wait_t *f = arg;
+  completed_wait_t *w = arg;
   for (int pass = 0; pass < 2; pass++) {
-    if ((f->state = atomic_load(&f->p->state)) != HIXL_PEER_UP ||
-        atomic_load_explicit(&f->p->completed, memory_order_acquire) >= f->target)
+    if ((w->state = atomic_load(&w->p->state)) != HIXL_PEER_UP ||
+        atomic_load_explicit(&w->p->completed, memory_order_acquire) >= w->target)
       return true;
     if (pass == 0)
-      hixl_progress(f->p->ctx);
+      hixl_progress(w->p->ctx);
   }
   return false;
 }
 
+hixl_status_t hixl__wait_completed(hixl_peer_t *p, uint64_t target, int64_t deadline,
+                                   int *state_p)
+{
+  completed_wait_t w = {p, target, HIXL_PEER_UP};
+  hixl_status_t st = hixl__wait(p->ctx, deadline, 0, completed_or_down, &w);
+  *state_p = w.state;
+  return st;
+}
+
 static hixl_status_t fence_peer(hixl_peer_t *p, int64_t deadline, bool report_loss_once)
 {
-  fence_wait_t f = {p, atomic_load(&p->issued), HIXL_PEER_UP};
-  hixl_status_t wst = hixl__wait(p->ctx, deadline, 0, fence_done, &f);
-  int state = f.state;
+  uint64_t target = atomic_load(&p->issued);
+  int state;
+  hixl_status_t wst = hixl__wait_completed(p, target, deadline, &state);
   if (state != HIXL_PEER_UP) {
     /* fence(NULL) does not fail for peers it never used, and reports
      * each loss once; a fence on that very peer always says it is gone. */
@@ -223,7 +233,7 @@ static hixl_status_t fence_peer(hixl_peer_t *p, int64_t deadline, bool report_lo
   }
   if (wst != HIXL_OK)
     return hixl__err(HIXL_ERR_TIMEOUT, "hixl_fence: %llu operations to %s still in flight",
-                     (unsigned long long)(f.target - atomic_load(&p->completed)), p->name);
+                     (unsigned long long)(target - atomic_load(&p->completed)), p->name);
   return HIXL_OK;
 }
 
