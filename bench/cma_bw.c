@@ -55,11 +55,11 @@ static void die(const char *what, hixl_status_t st)
   exit(1);
 }
 
-#define CHECK(call)                                                                             \
-  do {                                                                                          \
-    hixl_status_t st_ = (call);                                                                 \
-    if (st_ != HIXL_OK)                                                                         \
-      die(#call, st_);                                                                          \
+#define CHECK(call)                                                                                \
+  do {                                                                                             \
+    hixl_status_t st_ = (call);                                                                    \
+    if (st_ != HIXL_OK)                                                                            \
+      die(#call, st_);                                                                             \
   } while (0)
 
 /* ---------------------------------------------------------------- target */
@@ -107,8 +107,8 @@ static int run_target(size_t max, int out, int sock)
 /* ------------------------------------------------------------- initiator */
 
 enum { C_MEMCPY, C_CMA1, C_CMA2, C_HIXL, C_HIXL1, C_OWNER, C_SOCKET, NCOL };
-static const char *const col_name[NCOL] = {"memcpy", "writev", "writev-2t", "hixl", "hixl-1t",
-                                           "owner", "socket"};
+static const char *const col_name[NCOL] = {"memcpy",  "writev", "writev-2t", "hixl",
+                                           "hixl-1t", "owner",  "socket"};
 
 typedef struct bench {
   pid_t pid;
@@ -141,8 +141,8 @@ static bool cma_once(pid_t pid, bool put, uint8_t *local, uint8_t *remote, size_
 {
   struct iovec l = {local, len}, r = {remote, len};
   for (size_t done = 0; done < len;) {
-    ssize_t n = put ? process_vm_writev(pid, &l, 1, &r, 1, 0)
-                    : process_vm_readv(pid, &l, 1, &r, 1, 0);
+    ssize_t n =
+        put ? process_vm_writev(pid, &l, 1, &r, 1, 0) : process_vm_readv(pid, &l, 1, &r, 1, 0);
     if (n <= 0)
       return false;
     done += (size_t)n;
@@ -170,9 +170,7 @@ static double once(bench_t *b, int c, bool put, size_t size)
 {
   double t0 = now();
   switch (c) {
-  case C_MEMCPY:
-    memcpy(put ? b->b : b->a, put ? b->a : b->b, size);
-    break;
+  case C_MEMCPY: memcpy(put ? b->b : b->a, put ? b->a : b->b, size); break;
   case C_CMA1:
     if (!cma_once(b->pid, put, b->a, b->remote, size))
       return -1; /* refused here (no-cma, Yama): the column stays empty */
@@ -343,8 +341,13 @@ int main(int argc, char **argv)
     printf("# %s\n%9s", put ? "put" : "get", "size");
     for (int c = 0; c < NCOL; c++)
       if (put || c != C_SOCKET)
-        printf(" %9s", c == C_CMA1 && !put ? "readv" : c == C_CMA2 && !put ? "readv-2t" : col_name[c]);
-    printf(" %12s %12s %12s\n", "hixl/" "cma1", "hixl/memcpy", "owner/memcpy");
+        printf(" %9s", c == C_CMA1 && !put   ? "readv"
+                       : c == C_CMA2 && !put ? "readv-2t"
+                                             : col_name[c]);
+    printf(" %12s %12s %12s\n",
+           "hixl/"
+           "cma1",
+           "hixl/memcpy", "owner/memcpy");
     for (int si = 0; si < nsizes; si++) {
       size_t size = sizes[si];
       double g[NCOL][100], r_cma[100], r_mc[100], r_own[100];

@@ -107,8 +107,8 @@ int main(int argc, char **argv)
         }
         MPI_Win_flush(1, win);
         double dt = MPI_Wtime() - t0;
-        printf("mpi %s %zu %.4f %.4f %.4f\n", ops[o], s, p50(lat, ln),
-               (double)s * n / dt / 1e9, n / dt / 1e6);
+        printf("mpi %s %zu %.4f %.4f %.4f\n", ops[o], s, p50(lat, ln), (double)s * n / dt / 1e9,
+               n / dt / 1e6);
         fflush(stdout);
       }
     /* Atomics on 8 bytes. */

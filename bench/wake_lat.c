@@ -69,11 +69,11 @@ static void die(const char *what, hixl_status_t st)
   fprintf(stderr, "wake_lat: %s: %s (%s)\n", what, hixl_strerror(st), hixl_last_error());
   exit(1);
 }
-#define CHECK(call)                                                                             \
-  do {                                                                                          \
-    hixl_status_t st_ = (call);                                                                 \
-    if (st_ != HIXL_OK)                                                                         \
-      die(#call, st_);                                                                          \
+#define CHECK(call)                                                                                \
+  do {                                                                                             \
+    hixl_status_t st_ = (call);                                                                    \
+    if (st_ != HIXL_OK)                                                                            \
+      die(#call, st_);                                                                             \
   } while (0)
 
 static void send_cmd(int fd, char c)
@@ -111,8 +111,8 @@ static int child_main(int gap_ms)
   /* A heap region: over shm its atomics are the owner's to execute. */
   mem = aligned_alloc(4096, 4096);
   memset(mem, 0, 4096);
-  CHECK(hixl_mr_reg(ctx, mem, 4096, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE | HIXL_ACCESS_ATOMIC,
-                    &mr));
+  CHECK(
+      hixl_mr_reg(ctx, mem, 4096, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE | HIXL_ACCESS_ATOMIC, &mr));
   CHECK(hixl_mr_publish(mr, "target"));
   snprintf(sh->addr, sizeof(sh->addr), "%s", hixl_ctx_address(ctx));
   send_cmd(ctl[1], 'r'); /* ready */
@@ -232,11 +232,11 @@ static usage_t usage_end(void)
   struct rusage r;
   getrusage(RUSAGE_SELF, &r);
   double secs = (double)(now_ns() - t0) / 1e9;
-  double cpu = (double)(r.ru_utime.tv_sec - ru0.ru_utime.tv_sec + r.ru_stime.tv_sec -
-                        ru0.ru_stime.tv_sec) +
-               (double)(r.ru_utime.tv_usec - ru0.ru_utime.tv_usec + r.ru_stime.tv_usec -
-                        ru0.ru_stime.tv_usec) /
-                   1e6;
+  double cpu =
+      (double)(r.ru_utime.tv_sec - ru0.ru_utime.tv_sec + r.ru_stime.tv_sec - ru0.ru_stime.tv_sec) +
+      (double)(r.ru_utime.tv_usec - ru0.ru_utime.tv_usec + r.ru_stime.tv_usec -
+               ru0.ru_stime.tv_usec) /
+          1e6;
   double sw = (double)(r.ru_nvcsw - ru0.ru_nvcsw + r.ru_nivcsw - ru0.ru_nivcsw);
   return (usage_t){100.0 * cpu / secs, sw / secs, secs};
 }
@@ -273,8 +273,7 @@ int main(int argc, char **argv)
     } else if (strcmp(argv[i], "--idle-ms") == 0 && i + 1 < argc) {
       idle_ms = atoi(argv[++i]);
     } else {
-      fprintf(stderr, "usage: %s [--quick] [--iters N] [--gap-ms MS] [--idle-ms MS]\n",
-              argv[0]);
+      fprintf(stderr, "usage: %s [--quick] [--iters N] [--gap-ms MS] [--idle-ms MS]\n", argv[0]);
       return 2;
     }
   }

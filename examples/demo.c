@@ -13,13 +13,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define CHECK(call)                                                                             \
-  do {                                                                                          \
-    hixl_status_t st_ = (call);                                                                 \
-    if (st_ != HIXL_OK) {                                                                       \
-      fprintf(stderr, "%s failed: %s (%s)\n", #call, hixl_strerror(st_), hixl_last_error());    \
-      exit(1);                                                                                  \
-    }                                                                                           \
+#define CHECK(call)                                                                                \
+  do {                                                                                             \
+    hixl_status_t st_ = (call);                                                                    \
+    if (st_ != HIXL_OK) {                                                                          \
+      fprintf(stderr, "%s failed: %s (%s)\n", #call, hixl_strerror(st_), hixl_last_error());       \
+      exit(1);                                                                                     \
+    }                                                                                              \
   } while (0)
 
 static int target(int addr_pipe)

@@ -57,14 +57,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#define CHECK(call)                                                                             \
-  do {                                                                                          \
-    hixl_status_t st_ = (call);                                                                 \
-    if (st_ != HIXL_OK) {                                                                       \
-      fprintf(stderr, "%s: %s failed: %s (%s)\n", g_role, #call, hixl_strerror(st_),            \
-              hixl_last_error());                                                               \
-      exit(1);                                                                                  \
-    }                                                                                           \
+#define CHECK(call)                                                                                \
+  do {                                                                                             \
+    hixl_status_t st_ = (call);                                                                    \
+    if (st_ != HIXL_OK) {                                                                          \
+      fprintf(stderr, "%s: %s failed: %s (%s)\n", g_role, #call, hixl_strerror(st_),               \
+              hixl_last_error());                                                                  \
+      exit(1);                                                                                     \
+    }                                                                                              \
   } while (0)
 
 static const char *g_role = "kv_transfer";
@@ -77,7 +77,7 @@ typedef struct shape {
 } shape_t;
 
 static const shape_t shapes[] = {
-    {"tiny", 4, 4, 64, 16},        /* for tests: 8 KiB blocks */
+    {"tiny", 4, 4, 64, 16},         /* for tests: 8 KiB blocks */
     {"llama2-7b", 32, 32, 128, 16}, /* 128 KiB K (and V) per block per layer */
     {"llama2-70b", 80, 8, 128, 16}, /* grouped-query attention: 8 KV heads */
 };
@@ -117,9 +117,9 @@ typedef struct desc {
 
 /* What prefill measured in one pass, sent to decode over the socket. */
 typedef struct report {
-  double gen;   /* seconds generating the KV data */
-  double xfer;  /* seconds in hixl calls (issue and wait), or in send() */
-  double bytes; /* KV bytes written */
+  double gen;          /* seconds generating the KV data */
+  double xfer;         /* seconds in hixl calls (issue and wait), or in send() */
+  double bytes;        /* KV bytes written */
   double lat50, lat99; /* per layer, seconds in hixl calls (or send) */
 } report_t;
 
@@ -145,8 +145,8 @@ static uint64_t mix(uint64_t x)
 }
 static void generate(const cfg_t *c, uint32_t req, int layer, int kv, uint32_t bi, void *out)
 {
-  uint64_t *w = out, seed = mix(((uint64_t)req << 24) ^ ((uint64_t)layer << 12) ^
-                                ((uint64_t)kv << 11) ^ bi);
+  uint64_t *w = out,
+           seed = mix(((uint64_t)req << 24) ^ ((uint64_t)layer << 12) ^ ((uint64_t)kv << 11) ^ bi);
   for (size_t i = 0; i < block_bytes(c) / 8; i++)
     w[i] = mix(seed + i);
 }
@@ -298,8 +298,7 @@ static int tcp_connect(const char *addr, uint16_t port)
   }
   int fd = socket(res->ai_family, SOCK_STREAM, 0);
   if (fd < 0 || connect(fd, res->ai_addr, res->ai_addrlen) != 0) {
-    fprintf(stderr, "prefill: two-sided connect to %s port %u: %s\n", host, port,
-            strerror(errno));
+    fprintf(stderr, "prefill: two-sided connect to %s port %u: %s\n", host, port, strerror(errno));
     exit(1);
   }
   freeaddrinfo(res);
@@ -442,8 +441,11 @@ static int prefill(cfg_t c, const char *addr, hixl_ctx_t *shared)
     } else if (n.imm == IMM_TWOSIDED && fd >= 0) {
       prefill_twosided(&c, fd, stage, &ps);
     } else if (n.imm == IMM_REPORT && fd >= 0) {
-      report_t r = {.gen = ps.gen, .xfer = ps.xfer, .bytes = ps.bytes,
-                    .lat50 = pct(ps.lat, ps.nlat, 50), .lat99 = pct(ps.lat, ps.nlat, 99)};
+      report_t r = {.gen = ps.gen,
+                    .xfer = ps.xfer,
+                    .bytes = ps.bytes,
+                    .lat50 = pct(ps.lat, ps.nlat, 50),
+                    .lat99 = pct(ps.lat, ps.nlat, 99)};
       io_all(fd, &r, sizeof(r), true);
       ps.gen = ps.xfer = ps.bytes = 0;
       ps.nlat = 0;
@@ -771,20 +773,34 @@ static void usage(void)
 
 int main(int argc, char **argv)
 {
-  cfg_t c = {.s = shapes[0], .dtype_bytes = 2, .requests = 32, .seq_min = 16, .seq_max = 256,
-             .blocks = 256, .concurrency = 4, .passes = {MODE_BATCH, MODE_BLOCK, MODE_TCP},
-             .npasses = 3, .warmup = true};
+  cfg_t c = {.s = shapes[0],
+             .dtype_bytes = 2,
+             .requests = 32,
+             .seq_min = 16,
+             .seq_max = 256,
+             .blocks = 256,
+             .concurrency = 4,
+             .passes = {MODE_BATCH, MODE_BLOCK, MODE_TCP},
+             .npasses = 3,
+             .warmup = true};
   const char *role = NULL, *addr = NULL;
-  static const struct option lo[] = {
-      {"model", required_argument, 0, 'M'},       {"layers", required_argument, 0, 'L'},
-      {"kv-heads", required_argument, 0, 'H'},    {"head-dim", required_argument, 0, 'D'},
-      {"block-tokens", required_argument, 0, 'T'}, {"dtype", required_argument, 0, 't'},
-      {"requests", required_argument, 0, 'n'},    {"seq-len", required_argument, 0, 's'},
-      {"blocks", required_argument, 0, 'b'},      {"concurrency", required_argument, 0, 'c'},
-      {"role", required_argument, 0, 'r'},        {"connect", required_argument, 0, 'a'},
-      {"self", no_argument, 0, 'S'},              {"passes", required_argument, 0, 'P'},
-      {"no-warmup", no_argument, 0, 'W'},
-      {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
+  static const struct option lo[] = {{"model", required_argument, 0, 'M'},
+                                     {"layers", required_argument, 0, 'L'},
+                                     {"kv-heads", required_argument, 0, 'H'},
+                                     {"head-dim", required_argument, 0, 'D'},
+                                     {"block-tokens", required_argument, 0, 'T'},
+                                     {"dtype", required_argument, 0, 't'},
+                                     {"requests", required_argument, 0, 'n'},
+                                     {"seq-len", required_argument, 0, 's'},
+                                     {"blocks", required_argument, 0, 'b'},
+                                     {"concurrency", required_argument, 0, 'c'},
+                                     {"role", required_argument, 0, 'r'},
+                                     {"connect", required_argument, 0, 'a'},
+                                     {"self", no_argument, 0, 'S'},
+                                     {"passes", required_argument, 0, 'P'},
+                                     {"no-warmup", no_argument, 0, 'W'},
+                                     {"help", no_argument, 0, 'h'},
+                                     {0, 0, 0, 0}};
   int o;
   while ((o = getopt_long(argc, argv, "", lo, NULL)) != -1) {
     switch (o) {
@@ -840,10 +856,12 @@ int main(int argc, char **argv)
   int max_nb = (c.seq_max + c.s.block_tokens - 1) / (c.s.block_tokens > 0 ? c.s.block_tokens : 1);
   if (c.s.layers < 1 || c.s.layers > 255 || c.s.kv_heads < 1 || c.s.head_dim < 1 ||
       c.s.block_tokens < 1 || block_bytes(&c) % 8 || c.requests < 1 || c.seq_min < 1 ||
-      c.seq_max < c.seq_min || max_nb > MAX_REQ_BLOCKS || max_nb > c.blocks ||
-      c.concurrency < 1 || optind != argc) {
-    fprintf(stderr, "kv_transfer: bad shape or sizes (at most %d blocks per request, and no "
-                    "more than the pool; at most 255 layers)\n", MAX_REQ_BLOCKS);
+      c.seq_max < c.seq_min || max_nb > MAX_REQ_BLOCKS || max_nb > c.blocks || c.concurrency < 1 ||
+      optind != argc) {
+    fprintf(stderr,
+            "kv_transfer: bad shape or sizes (at most %d blocks per request, and no "
+            "more than the pool; at most 255 layers)\n",
+            MAX_REQ_BLOCKS);
     usage();
   }
   if (role && strcmp(role, "prefill") == 0)

@@ -50,14 +50,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#define CHECK(call)                                                                             \
-  do {                                                                                          \
-    hixl_status_t st_ = (call);                                                                 \
-    if (st_ != HIXL_OK) {                                                                       \
-      fprintf(stderr, "rank %d: %s failed: %s (%s)\n", g_rank, #call, hixl_strerror(st_),      \
-              hixl_last_error());                                                               \
-      exit(1);                                                                                  \
-    }                                                                                           \
+#define CHECK(call)                                                                                \
+  do {                                                                                             \
+    hixl_status_t st_ = (call);                                                                    \
+    if (st_ != HIXL_OK) {                                                                          \
+      fprintf(stderr, "rank %d: %s failed: %s (%s)\n", g_rank, #call, hixl_strerror(st_),          \
+              hixl_last_error());                                                                  \
+      exit(1);                                                                                     \
+    }                                                                                              \
   } while (0)
 
 static _Thread_local int g_rank = -1;
@@ -145,9 +145,9 @@ static void take(hixl_ctx_t *ctx, hixl_notif_t *n)
 }
 
 typedef struct opts {
-  size_t params;  /* P */
-  int steps;      /* S */
-  int batch;      /* samples per worker per step */
+  size_t params; /* P */
+  int steps;     /* S */
+  int batch;     /* samples per worker per step */
   float lr;
   bool onesided, twosided;
   int launch;     /* > 0: fork this many local ranks */
@@ -280,8 +280,8 @@ static void wait_notif(hixl_ctx_t *ctx, hixl_peer_t *from, uint32_t want)
 
 typedef struct run_stats {
   double seconds, bytes;
-  double comm; /* PS seconds spent moving gradients in and parameters out */
-  double update;  /* PS seconds spent averaging and applying gradients */
+  double comm;        /* PS seconds spent moving gradients in and parameters out */
+  double update;      /* PS seconds spent averaging and applying gradients */
   double compute;     /* the slowest worker's CPU seconds computing gradients (one-sided) */
   double compute_sum; /* every worker's, together */
   float last_loss;
@@ -354,8 +354,8 @@ static run_stats_t onesided(hixl_ctx_t *ctx, const opts_t *o, float *final_w)
       st.bytes += bytes;
       st.last_loss = loss;
       if (o->steps <= 40 || t < 5 || t == o->steps - 1 || t % (o->steps / 10 + 1) == 0)
-        printf("  step %4d  loss %-12.6g %8.3f ms  %7.3f GB/s (gradients in, parameters out)\n",
-               t, loss, dt * 1e3, bytes / dt / 1e9);
+        printf("  step %4d  loss %-12.6g %8.3f ms  %7.3f GB/s (gradients in, parameters out)\n", t,
+               loss, dt * 1e3, bytes / dt / 1e9);
     }
     /* Each worker's compute time per step (us, in the notification's
      * value with the REPORT bit): the step's waste is what is left after
@@ -630,14 +630,17 @@ static void usage(void)
 
 int main(int argc, char **argv)
 {
-  opts_t o = {.params = 65536, .steps = 20, .batch = 4, .lr = 0.0f, .onesided = true,
-              .twosided = true};
-  static const struct option lo[] = {
-      {"launch", required_argument, 0, 'L'}, {"params", required_argument, 0, 'P'},
-      {"steps", required_argument, 0, 'S'},  {"batch", required_argument, 0, 'B'},
-      {"lr", required_argument, 0, 'l'},     {"mode", required_argument, 0, 'm'},
-      {"self", required_argument, 0, 'T'},   {"help", no_argument, 0, 'h'},
-      {0, 0, 0, 0}};
+  opts_t o = {
+      .params = 65536, .steps = 20, .batch = 4, .lr = 0.0f, .onesided = true, .twosided = true};
+  static const struct option lo[] = {{"launch", required_argument, 0, 'L'},
+                                     {"params", required_argument, 0, 'P'},
+                                     {"steps", required_argument, 0, 'S'},
+                                     {"batch", required_argument, 0, 'B'},
+                                     {"lr", required_argument, 0, 'l'},
+                                     {"mode", required_argument, 0, 'm'},
+                                     {"self", required_argument, 0, 'T'},
+                                     {"help", no_argument, 0, 'h'},
+                                     {0, 0, 0, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
     switch (c) {
@@ -730,9 +733,8 @@ static int rank_main(hixl_ctx_t *ctx, const opts_t *op)
     o.lr = (float)(o.batch * workers) / (float)o.params;
   float *one = xalloc(sizeof(float) * o.params), *two = xalloc(sizeof(float) * o.params);
   if (g_rank == 0)
-    printf("ps_train: %d workers, %zu parameters, %d steps, batch %d, lr %g, over %s\n",
-           workers, o.params, o.steps, o.batch, o.lr,
-           hixl_peer_transport(peer_of(1)));
+    printf("ps_train: %d workers, %zu parameters, %d steps, batch %d, lr %g, over %s\n", workers,
+           o.params, o.steps, o.batch, o.lr, hixl_peer_transport(peer_of(1)));
   run_stats_t s1 = {0}, s2 = {0};
   if (o.onesided) {
     if (g_rank == 0)
@@ -745,14 +747,16 @@ static int rank_main(hixl_ctx_t *ctx, const opts_t *op)
   if (g_rank == 0) {
     if (o.onesided) {
       printf("one-sided: %.3f s, %.3f ms/step; moving data %.3f ms/step = %.3f GB/s; "
-             "final loss %g\n", s1.seconds, s1.seconds / o.steps * 1e3,
-             s1.comm / o.steps * 1e3, s1.bytes / s1.comm / 1e9, s1.last_loss);
+             "final loss %g\n",
+             s1.seconds, s1.seconds / o.steps * 1e3, s1.comm / o.steps * 1e3,
+             s1.bytes / s1.comm / 1e9, s1.last_loss);
       print_step("one-sided", &s1, o.steps);
     }
     if (o.twosided)
       printf("two-sided (TCP send/recv): %.3f s, %.3f ms/step; moving data %.3f ms/step = "
-             "%.3f GB/s; final loss %g\n", s2.seconds, s2.seconds / o.steps * 1e3,
-             s2.comm / o.steps * 1e3, s2.bytes / s2.comm / 1e9, s2.last_loss);
+             "%.3f GB/s; final loss %g\n",
+             s2.seconds, s2.seconds / o.steps * 1e3, s2.comm / o.steps * 1e3,
+             s2.bytes / s2.comm / 1e9, s2.last_loss);
     if (o.twosided)
       print_step("two-sided", &s2, o.steps);
     if (o.onesided && o.twosided)
@@ -765,8 +769,7 @@ static int rank_main(hixl_ctx_t *ctx, const opts_t *op)
     bool ok1 = !o.onesided || memcmp(one, ref, bytes) == 0;
     bool ok2 = !o.twosided || memcmp(two, ref, bytes) == 0;
     printf("check against the single-process reference: %s%s\n",
-           ok1 && ok2 ? "identical, bit for bit" : "DIFFERENT",
-           ok1 ? "" : " (one-sided)");
+           ok1 && ok2 ? "identical, bit for bit" : "DIFFERENT", ok1 ? "" : " (one-sided)");
     if (!ok2)
       printf("  (two-sided differs)\n");
     rc = ok1 && ok2 ? 0 : 1;

@@ -60,18 +60,18 @@ typedef struct hixl_world hixl_world_t; /* a fixed group of ranks (torchrun styl
 /* Status codes.  Values are part of the ABI and never renumbered. */
 typedef enum hixl_status {
   HIXL_OK = 0,
-  HIXL_INPROGRESS = 1,         /* not yet complete; test or wait again */
-  HIXL_ERR_INVALID = -1,       /* bad argument (NULL, zero length, bad flags, unaligned atomic) */
-  HIXL_ERR_NOMEM = -2,         /* out of memory or of a bounded resource */
+  HIXL_INPROGRESS = 1,          /* not yet complete; test or wait again */
+  HIXL_ERR_INVALID = -1,        /* bad argument (NULL, zero length, bad flags, unaligned atomic) */
+  HIXL_ERR_NOMEM = -2,          /* out of memory or of a bounded resource */
   HIXL_ERR_NOT_REGISTERED = -3, /* range not inside a registered region; unknown or stale rkey */
-  HIXL_ERR_ACCESS = -4,        /* the region does not grant the right the operation needs */
-  HIXL_ERR_UNSUPPORTED = -5,   /* the transport or build cannot do this */
-  HIXL_ERR_TIMEOUT = -6,       /* the timeout expired; the operation may still complete */
-  HIXL_ERR_PEER_LOST = -7,     /* the peer died, disconnected or stopped answering */
-  HIXL_ERR_TRANSPORT = -8,     /* the transport failed (details in hixl_last_error) */
-  HIXL_ERR_AUTH = -9,          /* the peer rejected our auth token, or we rejected theirs */
-  HIXL_ERR_AGAIN = -10,        /* a bounded queue is full for longer than the timeout; retry */
-  HIXL_ERR_NO_DEVICE = -11     /* no such device, or no device runtime on this machine */
+  HIXL_ERR_ACCESS = -4,         /* the region does not grant the right the operation needs */
+  HIXL_ERR_UNSUPPORTED = -5,    /* the transport or build cannot do this */
+  HIXL_ERR_TIMEOUT = -6,        /* the timeout expired; the operation may still complete */
+  HIXL_ERR_PEER_LOST = -7,      /* the peer died, disconnected or stopped answering */
+  HIXL_ERR_TRANSPORT = -8,      /* the transport failed (details in hixl_last_error) */
+  HIXL_ERR_AUTH = -9,           /* the peer rejected our auth token, or we rejected theirs */
+  HIXL_ERR_AGAIN = -10,         /* a bounded queue is full for longer than the timeout; retry */
+  HIXL_ERR_NO_DEVICE = -11      /* no such device, or no device runtime on this machine */
 } hixl_status_t;
 
 /* Name of a status ("HIXL_ERR_ACCESS: ..."); never NULL, static storage. */
@@ -83,18 +83,22 @@ const char *hixl_last_error(void);
 /* ---------------------------------------------------------------- config */
 
 typedef struct hixl_config {
-  const char *listen;      /* "host:port" to listen on; NULL: all addresses, any port   (HIXL_LISTEN) */
-  const char *transports;  /* allowed, in preference order, e.g. "shm,verbs"; NULL: all (HIXL_TRANSPORTS) */
-  const char *net_dev;     /* RDMA device or netdev; NULL: auto                          (HIXL_NET_DEV) */
-  const char *auth_token;  /* shared secret checked at connect, <= 255 bytes; NULL: none  (HIXL_AUTH_TOKEN) */
-  int progress_thread;     /* 1: progress in a background thread that, idle, waits as
-                              `wait` says; 2: one that sleeps at once when idle        (HIXL_PROGRESS_THREAD) */
-  int timeout_ms;          /* default for connects and blocking calls; peers are lost
-                              after max(timeout_ms, 1000) ms of silence                 (HIXL_TIMEOUT_MS) */
-  int wait;                /* how blocking calls wait: a hixl_wait_mode_t; 0 is
-                              HIXL_WAIT_ADAPTIVE                    (HIXL_WAIT=adaptive|spin|sleep) */
-  int reserved_int;        /* must be zero */
-  void *reserved[7];       /* must be zero (hixl_config_init does it) */
+  const char *listen; /* "host:port" to listen on; NULL: all addresses, any port   (HIXL_LISTEN) */
+  const char
+      *transports; /* allowed, in preference order, e.g. "shm,verbs"; NULL: all (HIXL_TRANSPORTS) */
+  const char
+      *net_dev; /* RDMA device or netdev; NULL: auto                          (HIXL_NET_DEV) */
+  const char *auth_token; /* shared secret checked at connect, <= 255 bytes; NULL: none
+                             (HIXL_AUTH_TOKEN) */
+  int progress_thread;    /* 1: progress in a background thread that, idle, waits as
+                             `wait` says; 2: one that sleeps at once when idle    (HIXL_PROGRESS_THREAD)
+                           */
+  int timeout_ms;         /* default for connects and blocking calls; peers are lost
+                             after max(timeout_ms, 1000) ms of silence                 (HIXL_TIMEOUT_MS) */
+  int wait;               /* how blocking calls wait: a hixl_wait_mode_t; 0 is
+                             HIXL_WAIT_ADAPTIVE                    (HIXL_WAIT=adaptive|spin|sleep) */
+  int reserved_int;       /* must be zero */
+  void *reserved[7];      /* must be zero (hixl_config_init does it) */
 } hixl_config_t;
 
 /* How a blocking call (hixl_notif_wait, hixl_req_wait, hixl_fence, ordered
@@ -151,8 +155,7 @@ const char *hixl_ctx_transports(const hixl_ctx_t *ctx);
  * AUTH (token mismatch, or the target could not prove it holds our token),
  * AGAIN (the target serves HIXL_MAX_PEERS peers already), UNSUPPORTED (no
  * common transport), NOMEM. */
-hixl_status_t hixl_connect(hixl_ctx_t *ctx, const char *addr, int timeout_ms,
-                           hixl_peer_t **peer_p);
+hixl_status_t hixl_connect(hixl_ctx_t *ctx, const char *addr, int timeout_ms, hixl_peer_t **peer_p);
 /* Close a peer we connected to: outstanding requests fail with PEER_LOST,
  * rmrs unpacked through it become unusable (release them still).  The handle
  * is freed.  Peers that connected to us are owned by the context; for those
@@ -196,8 +199,8 @@ hixl_status_t hixl_mr_reg_device(hixl_ctx_t *ctx, void *addr, size_t len, int de
  * current device (CUDA: the current context's; Ascend: aclrtGetDevice;
  * emulated: 0), from the device runtime.  Freed by hixl_mr_dereg.
  * Errors: INVALID, NOMEM, NO_DEVICE (HIXL_MEM_DEVICE without a backend). */
-hixl_status_t hixl_mem_alloc(hixl_ctx_t *ctx, size_t len, hixl_mem_kind_t kind,
-                             unsigned access, void **addr_p, hixl_mr_t **mr_p);
+hixl_status_t hixl_mem_alloc(hixl_ctx_t *ctx, size_t len, hixl_mem_kind_t kind, unsigned access,
+                             void **addr_p, hixl_mr_t **mr_p);
 /* Copy len bytes between any two buffers, host or device, in any
  * direction, through the device runtime where one side is device memory;
  * returns when the bytes are at dst.  The only way the CPU reaches emulated
@@ -229,8 +232,7 @@ hixl_status_t hixl_mr_pack(const hixl_mr_t *mr, void *buf, size_t *len_p);
  * The blob is parsed strictly and checked with the owner: a forged, altered
  * or stale blob gives NOT_REGISTERED (or INVALID when malformed).
  * Errors: INVALID, NOT_REGISTERED, PEER_LOST, NOMEM. */
-hixl_status_t hixl_rmr_unpack(hixl_peer_t *peer, const void *buf, size_t len,
-                              hixl_rmr_t **rmr_p);
+hixl_status_t hixl_rmr_unpack(hixl_peer_t *peer, const void *buf, size_t len, hixl_rmr_t **rmr_p);
 /* Publish the region under a name (1..63 bytes) so peers can find it with
  * hixl_rmr_lookup.  Republishing a name replaces it; dereg unpublishes.
  * Errors: INVALID (bad name), NOMEM. */
@@ -267,8 +269,8 @@ enum { HIXL_OP_ORDERED = 1 };
  * hixl_req_free. */
 hixl_status_t hixl_put(hixl_peer_t *peer, const void *src, size_t len, hixl_rmr_t *dst,
                        uint64_t off, unsigned flags, hixl_req_t **req_p);
-hixl_status_t hixl_get(hixl_peer_t *peer, void *dst, size_t len, hixl_rmr_t *src,
-                       uint64_t off, unsigned flags, hixl_req_t **req_p);
+hixl_status_t hixl_get(hixl_peer_t *peer, void *dst, size_t len, hixl_rmr_t *src, uint64_t off,
+                       unsigned flags, hixl_req_t **req_p);
 /* A put whose completion also yields, at the target, one notification
  * {peer, imm, len} after the data is visible, in issue order per peer. */
 hixl_status_t hixl_put_imm(hixl_peer_t *peer, const void *src, size_t len, hixl_rmr_t *dst,
@@ -278,11 +280,11 @@ hixl_status_t hixl_notify(hixl_peer_t *peer, uint32_t imm, unsigned flags, hixl_
 /* 64-bit atomics on an 8-byte-aligned offset (else INVALID), host byte order.
  * *old_p receives the previous value when the request completes (old_p may
  * be NULL).  CAS writes desired only if the value equals expected. */
-hixl_status_t hixl_atomic_cas(hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t off,
-                              uint64_t expected, uint64_t desired, uint64_t *old_p,
-                              unsigned flags, hixl_req_t **req_p);
-hixl_status_t hixl_atomic_faa(hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t off,
-                              uint64_t add, uint64_t *old_p, unsigned flags, hixl_req_t **req_p);
+hixl_status_t hixl_atomic_cas(hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t off, uint64_t expected,
+                              uint64_t desired, uint64_t *old_p, unsigned flags,
+                              hixl_req_t **req_p);
+hixl_status_t hixl_atomic_faa(hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t off, uint64_t add,
+                              uint64_t *old_p, unsigned flags, hixl_req_t **req_p);
 
 /* One element of a batch: local buffer, remote region and offset, length. */
 typedef struct hixl_xfer {
@@ -296,10 +298,10 @@ typedef struct hixl_xfer {
  * hixl_last_error).  With imm non-NULL, one notification {peer, *imm, total
  * bytes} is delivered after the whole batch is visible. */
 hixl_status_t hixl_put_batch(hixl_peer_t *peer, const hixl_xfer_t *xfers, size_t n,
-                             const uint32_t *imm /* NULL: no notification */,
-                             unsigned flags, hixl_req_t **req_p);
-hixl_status_t hixl_get_batch(hixl_peer_t *peer, const hixl_xfer_t *xfers, size_t n,
-                             unsigned flags, hixl_req_t **req_p);
+                             const uint32_t *imm /* NULL: no notification */, unsigned flags,
+                             hixl_req_t **req_p);
+hixl_status_t hixl_get_batch(hixl_peer_t *peer, const hixl_xfer_t *xfers, size_t n, unsigned flags,
+                             hixl_req_t **req_p);
 
 /* --------------------------------------------------------------- requests */
 

@@ -94,18 +94,18 @@ static void die(const char *what, hixl_status_t st)
     fprintf(stderr, "hixl-perf: (with --client: is the server's --region large enough?)\n");
   exit(1);
 }
-#define CK(call)                                                                                \
-  do {                                                                                          \
-    hixl_status_t s_ = (call);                                                                  \
-    if (s_ != HIXL_OK)                                                                          \
-      die(#call, s_);                                                                           \
+#define CK(call)                                                                                   \
+  do {                                                                                             \
+    hixl_status_t s_ = (call);                                                                     \
+    if (s_ != HIXL_OK)                                                                             \
+      die(#call, s_);                                                                              \
   } while (0)
 
 /* ----------------------------------------------------------------- options */
 
 enum { T_PUT, T_GET, T_PUT_IMM, T_PUT_BATCH, T_GET_BATCH, T_FAA, T_CAS, T_PINGPONG, T_PUTPOLL };
-static const char *const test_names[] = {"put", "get",  "put_imm",  "put_batch", "get_batch",
-                                         "faa", "cas",  "pingpong", "putpoll"};
+static const char *const test_names[] = {"put", "get", "put_imm",  "put_batch", "get_batch",
+                                         "faa", "cas", "pingpong", "putpoll"};
 #define NTESTS (int)(sizeof(test_names) / sizeof(test_names[0]))
 
 typedef struct cfg {
@@ -117,7 +117,7 @@ typedef struct cfg {
   int window;
   int batch;
   bool lat, bw;
-  const char *mem; /* host memory: alloc | reg */
+  const char *mem;            /* host memory: alloc | reg */
   bool dev_local, dev_remote; /* --mem: device memory on our side / the target's */
   const char *transport;
   bool server;
@@ -126,7 +126,7 @@ typedef struct cfg {
   const char *json;
   bool quick;
   int cpu_init, cpu_target; /* --cpus; -1: not pinned */
-  size_t sizes[40]; /* what will be measured */
+  size_t sizes[40];         /* what will be measured */
   int nsizes;
 } cfg_t;
 
@@ -180,7 +180,7 @@ static void serve_putpoll(hixl_ctx_t *ctx, hixl_peer_t *peer, hixl_rmr_t *back, 
   for (uint64_t want = 1;; want++) {
     uint64_t v;
     while ((v = *seq) != want && v != UINT64_MAX)
-      hixl_progress(ctx); /* retires our own puts' completions */
+      hixl_progress(ctx);                             /* retires our own puts' completions */
     CK(hixl_put(peer, addr, size, back, 0, 0, NULL)); /* the last one says "seen" */
     if (v == UINT64_MAX)
       break;
@@ -453,8 +453,8 @@ static void pingpong(bench_t *b, size_t size, long n, result_t *r)
     CK(hixl_notif_wait(b->ctx, &nt, -1));
     double dt = now_s() - t0;
     if (nt.imm != imm || nt.len != size) {
-      fprintf(stderr, "hixl-perf: pingpong: got {%u, %zu}, want {%u, %zu}\n", nt.imm, nt.len,
-              imm, size);
+      fprintf(stderr, "hixl-perf: pingpong: got {%u, %zu}, want {%u, %zu}\n", nt.imm, nt.len, imm,
+              size);
       exit(1);
     }
     if (i >= 0) {
@@ -556,8 +556,8 @@ static result_t measure(bench_t *b, size_t size, long iters)
     }
   }
   bool dev = b->c->dev_local || b->c->dev_remote;
-  r.memcpy_gbps = memcpy_gbps(bytes, iters < 100000 ? iters : 100000, dev ? b->ref : b->buf2,
-                              b->buf, dev);
+  r.memcpy_gbps =
+      memcpy_gbps(bytes, iters < 100000 ? iters : 100000, dev ? b->ref : b->buf2, b->buf, dev);
   if (has_cma_ref(b) && c->bw)
     r.cma_gbps = cma_gbps(b, c->test != T_GET, bytes, iters < 100000 ? iters : 100000);
   return r;
@@ -667,8 +667,7 @@ static int run_initiator(const cfg_t *c, hixl_ctx_t *ctx, const char *addr, pid_
   hixl_mr_t *lmr1, *lmr2, *lmr3 = NULL;
   if (c->dev_local) {
     CK(hixl_mem_alloc(ctx, b.buf_len, HIXL_MEM_DEVICE, 0, (void **)&b.buf, &lmr1));
-    CK(hixl_mem_alloc(ctx, b.buf_len, HIXL_MEM_DEVICE, back_acc, (void **)&b.buf2,
-                      &lmr2));
+    CK(hixl_mem_alloc(ctx, b.buf_len, HIXL_MEM_DEVICE, back_acc, (void **)&b.buf2, &lmr2));
   } else if (strcmp(c->mem, "alloc") == 0) {
     CK(hixl_mem_alloc(ctx, b.buf_len, HIXL_MEM_HOST, 0, (void **)&b.buf, &lmr1));
     CK(hixl_mem_alloc(ctx, b.buf_len, HIXL_MEM_HOST, back_acc, (void **)&b.buf2, &lmr2));
@@ -687,7 +686,7 @@ static int run_initiator(const cfg_t *c, hixl_ctx_t *ctx, const char *addr, pid_
   if (!c->dev_local) {
     memset(b.buf, 1, b.buf_len);
     memset(b.buf2, 2, b.buf_len);
-  } /* device memory comes zeroed */
+  }                                       /* device memory comes zeroed */
   CK(hixl_mr_publish(lmr2, "perf-back")); /* ping-pongs: the target answers here */
   b.win = calloc((size_t)c->window, sizeof(*b.win));
   b.olds = calloc((size_t)c->window, sizeof(*b.olds));
@@ -815,9 +814,21 @@ static size_t parse_size(const char *s)
   char *end;
   unsigned long long v = strtoull(s, &end, 0);
   switch (*end) {
-  case 'k': case 'K': v <<= 10; end++; break;
-  case 'm': case 'M': v <<= 20; end++; break;
-  case 'g': case 'G': v <<= 30; end++; break;
+  case 'k':
+  case 'K':
+    v <<= 10;
+    end++;
+    break;
+  case 'm':
+  case 'M':
+    v <<= 20;
+    end++;
+    break;
+  case 'g':
+  case 'G':
+    v <<= 30;
+    end++;
+    break;
   default: break;
   }
   if (*end || end == s) {
@@ -829,9 +840,17 @@ static size_t parse_size(const char *s)
 
 int main(int argc, char **argv)
 {
-  cfg_t c = {.test = T_PUT, .max_size = (size_t)64 << 20, .warmup = 16, .window = 64,
-             .batch = 1024, .lat = true, .bw = true, .mem = "alloc", .transport = NULL,
-             .cpu_init = -1, .cpu_target = -1};
+  cfg_t c = {.test = T_PUT,
+             .max_size = (size_t)64 << 20,
+             .warmup = 16,
+             .window = 64,
+             .batch = 1024,
+             .lat = true,
+             .bw = true,
+             .mem = "alloc",
+             .transport = NULL,
+             .cpu_init = -1,
+             .cpu_target = -1};
   static const struct option opts[] = {{"transport", required_argument, 0, 'T'},
                                        {"json", required_argument, 0, 'j'},
                                        {"quick", no_argument, 0, 'q'},
@@ -890,8 +909,7 @@ int main(int argc, char **argv)
       c.test = i;
   if (c.test < 0 || optind != argc || c.iters < 0 || c.warmup < 0 || c.window < 1 ||
       c.window > 65536 || c.batch < 1 || c.batch > (1 << 20) || (!c.lat && !c.bw) ||
-      (strcmp(c.mem, "alloc") && strcmp(c.mem, "reg")) || (c.server && c.client) ||
-      c.max_size < 8)
+      (strcmp(c.mem, "alloc") && strcmp(c.mem, "reg")) || (c.server && c.client) || c.max_size < 8)
     usage();
   bool self = c.transport && strcmp(c.transport, "self") == 0;
   if (is_pingpong(c.test) && self) {

@@ -44,7 +44,7 @@
 
 /* ------------------------------------------------------------ exceptions */
 
-static PyObject *Error; /* hixl.Error: .status */
+static PyObject *Error;          /* hixl.Error: .status */
 static PyObject *status_exc[16]; /* index -status */
 
 static const struct {
@@ -164,8 +164,8 @@ typedef struct pend {
   hixl_req_t *req;
   Py_buffer view; /* the local buffer, when has_view */
   int has_view;
-  PyObject *keep; /* a tensor or other owner of the local memory */
-  uint64_t old;   /* atomics: the library writes the old value here */
+  PyObject *keep;       /* a tensor or other owner of the local memory */
+  uint64_t old;         /* atomics: the library writes the old value here */
   struct local *locals; /* batches given as a sequence: every element's buffer */
   size_t nlocals;
   struct pend *next;
@@ -174,43 +174,40 @@ typedef struct pend {
 typedef struct RegionObject RegionObject;
 
 typedef struct {
-  PyObject_HEAD
-  hixl_ctx_t *ctx;       /* NULL once closed */
+  PyObject_HEAD hixl_ctx_t *ctx; /* NULL once closed */
   int closing;
-  int busy;              /* threads inside the library without the GIL */
-  int timeout_ms;        /* the context default (config) */
-  PyObject *peers;       /* dict id(hixl_peer_t*) -> Peer (inbound) or weakref (ours) */
-  pend_t *orphans;       /* dropped requests still in flight */
-  RegionObject *regions; /* live regions (intrusive list), for close() */
+  int busy;               /* threads inside the library without the GIL */
+  int timeout_ms;         /* the context default (config) */
+  PyObject *peers;        /* dict id(hixl_peer_t*) -> Peer (inbound) or weakref (ours) */
+  pend_t *orphans;        /* dropped requests still in flight */
+  RegionObject *regions;  /* live regions (intrusive list), for close() */
   struct ReqObject *live; /* unfinished requests (intrusive list), for close() */
-  hixl_xfer_t *scratch;  /* batch descriptors, reused under the GIL */
+  hixl_xfer_t *scratch;   /* batch descriptors, reused under the GIL */
   size_t scratch_cap;
   int scratch_busy;
   PyObject *weakreflist;
 } CtxObject;
 
 typedef struct {
-  PyObject_HEAD
-  CtxObject *ctx;
+  PyObject_HEAD CtxObject *ctx;
   hixl_peer_t *peer; /* NULL once closed */
   int owned;         /* 1: we connected it (close = hixl_disconnect + free) */
   int busy;
-  void *id;          /* the handle, kept after close: hash and equality */
-  int world;         /* 1: a World's peer (the World closes it; borrowed, no reference) */
+  void *id;  /* the handle, kept after close: hash and equality */
+  int world; /* 1: a World's peer (the World closes it; borrowed, no reference) */
   PyObject *weakreflist;
 } PeerObject;
 
 struct RegionObject {
-  PyObject_HEAD
-  CtxObject *ctx;
+  PyObject_HEAD CtxObject *ctx;
   hixl_mr_t *mr; /* NULL once closed */
   void *addr;
   size_t len;
   int allocated; /* memory from hixl_mem_alloc */
   int device;    /* -1 for host memory */
   Py_ssize_t exports;
-  PyObject *keep;   /* the registered object */
-  Py_buffer view;   /* its export, when has_view */
+  PyObject *keep; /* the registered object */
+  Py_buffer view; /* its export, when has_view */
   int has_view;
   RegionObject *prev, *next;
   PyObject *dict;
@@ -218,8 +215,7 @@ struct RegionObject {
 };
 
 typedef struct {
-  PyObject_HEAD
-  PeerObject *peer;
+  PyObject_HEAD PeerObject *peer;
   hixl_rmr_t *rmr; /* NULL once released */
   int busy;
 } RmrObject;
@@ -227,20 +223,18 @@ typedef struct {
 enum { REQ_PLAIN, REQ_ATOMIC };
 
 typedef struct ReqObject {
-  PyObject_HEAD
-  CtxObject *ctx;
-  pend_t *p;    /* NULL once finished */
+  PyObject_HEAD CtxObject *ctx;
+  pend_t *p; /* NULL once finished */
   int kind;
-  int status;   /* final status once finished */
-  uint64_t old; /* final old value (atomics) */
-  char *msg;    /* the error message, captured when the error was seen */
+  int status;                      /* final status once finished */
+  uint64_t old;                    /* final old value (atomics) */
+  char *msg;                       /* the error message, captured when the error was seen */
   struct ReqObject *lprev, *lnext; /* the context's unfinished requests */
-  int busy;     /* threads waiting on it without the GIL: the last one finishes it */
+  int busy; /* threads waiting on it without the GIL: the last one finishes it */
 } ReqObject;
 
 typedef struct {
-  PyObject_HEAD
-  CtxObject *ctx;
+  PyObject_HEAD CtxObject *ctx;
   hixl_world_t *w; /* NULL once closed */
   PyObject *peers; /* list of Peer, index = rank */
   int owns_ctx;    /* created by World(): closed with it */
@@ -288,8 +282,7 @@ static int rmr_ok(RmrObject *r)
 static void wait_idle(int *busy)
 {
   while (*busy > 0) {
-    Py_BEGIN_ALLOW_THREADS
-    usleep(1000);
+    Py_BEGIN_ALLOW_THREADS usleep(1000);
     Py_END_ALLOW_THREADS
   }
 }
@@ -551,10 +544,8 @@ static int wait_sliced(CtxObject *c, PeerObject *p, hixl_req_t *req, int timeout
     c->busy++;
     if (p)
       p->busy++;
-    Py_BEGIN_ALLOW_THREADS
-    st = hixl_req_wait(req, slice);
-    Py_END_ALLOW_THREADS
-    c->busy--;
+    Py_BEGIN_ALLOW_THREADS st = hixl_req_wait(req, slice);
+    Py_END_ALLOW_THREADS c->busy--;
     if (p)
       p->busy--;
     if (st != HIXL_ERR_TIMEOUT)
@@ -691,7 +682,8 @@ static PyObject *Req_result(ReqObject *r, PyObject *unused)
     return NULL;
   Py_DECREF(d);
   if (r->p)
-    return raise_status(HIXL_ERR_AGAIN, "Request.result: the operation has not completed (use wait())");
+    return raise_status(HIXL_ERR_AGAIN,
+                        "Request.result: the operation has not completed (use wait())");
   return req_result(r);
 }
 
@@ -752,8 +744,8 @@ static PyObject *peer_wrap(CtxObject *c, hixl_peer_t *hp, int owned, int world);
 
 static int Ctx_init(CtxObject *self, PyObject *args, PyObject *kw)
 {
-  static char *kwl[] = {"listen", "transports", "net_dev", "auth_token", "progress_thread",
-                        "timeout_ms", "wait", NULL};
+  static char *kwl[] = {"listen",          "transports", "net_dev", "auth_token",
+                        "progress_thread", "timeout_ms", "wait",    NULL};
   const char *listen = NULL, *transports = NULL, *net_dev = NULL, *token = NULL, *wait = NULL;
   PyObject *pt = Py_None, *to = Py_None;
   if (!PyArg_ParseTupleAndKeywords(args, kw, "|zzzzOOz:Context", kwl, &listen, &transports,
@@ -809,10 +801,9 @@ static int Ctx_init(CtxObject *self, PyObject *args, PyObject *kw)
   }
   hixl_ctx_t *ctx;
   hixl_status_t st;
-  Py_BEGIN_ALLOW_THREADS
-  st = hixl_ctx_create(&cfg, &ctx);
-  Py_END_ALLOW_THREADS
-  if (st != HIXL_OK) {
+  Py_BEGIN_ALLOW_THREADS st = hixl_ctx_create(&cfg, &ctx);
+  Py_END_ALLOW_THREADS if (st != HIXL_OK)
+  {
     raise_status(st, NULL);
     return -1;
   }
@@ -847,16 +838,13 @@ static int ctx_close(CtxObject *c, int force)
   wait_idle(&c->busy);
   hixl_ctx_t *ctx = c->ctx;
   c->ctx = NULL;
-  Py_BEGIN_ALLOW_THREADS
-  hixl_ctx_destroy(ctx);
-  Py_END_ALLOW_THREADS
-  for (RegionObject *r = c->regions; r; r = r->next)
-    r->mr = NULL;
+  Py_BEGIN_ALLOW_THREADS hixl_ctx_destroy(ctx);
+  Py_END_ALLOW_THREADS for (RegionObject *r = c->regions; r; r = r->next) r->mr = NULL;
   /* Requests still unfinished: the library is gone, so is their operation. */
   while (c->live)
     req_finish_msg(c->live, HIXL_ERR_INVALID,
                    "the context was closed before the operation completed");
-  reap_orphans(c); /* ctx NULL: frees every record, buffers released */
+  reap_orphans(c);        /* ctx NULL: frees every record, buffers released */
   if (!c->scratch_busy) { /* else a batch in conversion still holds it: dealloc frees it */
     PyMem_Free(c->scratch);
     c->scratch = NULL;
@@ -963,10 +951,8 @@ static PyObject *Ctx_connect(CtxObject *c, PyObject *args, PyObject *kw)
   hixl_status_t st;
   hixl_ctx_t *hc = c->ctx;
   c->busy++;
-  Py_BEGIN_ALLOW_THREADS
-  st = hixl_connect(hc, addr, ms, &p);
-  Py_END_ALLOW_THREADS
-  c->busy--;
+  Py_BEGIN_ALLOW_THREADS st = hixl_connect(hc, addr, ms, &p);
+  Py_END_ALLOW_THREADS c->busy--;
   if (st != HIXL_OK)
     return raise_status(st, NULL);
   return peer_wrap(c, p, 1, 0);
@@ -1031,11 +1017,10 @@ static PyObject *Ctx_register(CtxObject *c, PyObject *args, PyObject *kw)
   hixl_mr_t *mr;
   hixl_status_t st;
   c->busy++;
-  Py_BEGIN_ALLOW_THREADS
-  st = device >= 0 ? hixl_mr_reg_device(c->ctx, l.ptr, l.len, device, access, &mr)
-                   : hixl_mr_reg(c->ctx, l.ptr, l.len, access, &mr);
-  Py_END_ALLOW_THREADS
-  c->busy--;
+  Py_BEGIN_ALLOW_THREADS st = device >= 0
+                                  ? hixl_mr_reg_device(c->ctx, l.ptr, l.len, device, access, &mr)
+                                  : hixl_mr_reg(c->ctx, l.ptr, l.len, access, &mr);
+  Py_END_ALLOW_THREADS c->busy--;
   if (st != HIXL_OK) {
     local_release(&l);
     return raise_status(st, NULL);
@@ -1087,11 +1072,9 @@ static PyObject *Ctx_alloc(CtxObject *c, PyObject *args, PyObject *kw)
   hixl_mr_t *mr;
   hixl_status_t st;
   c->busy++;
-  Py_BEGIN_ALLOW_THREADS
-  st = hixl_mem_alloc(c->ctx, (size_t)n, device ? HIXL_MEM_DEVICE : HIXL_MEM_HOST, access, &addr,
-                      &mr);
-  Py_END_ALLOW_THREADS
-  c->busy--;
+  Py_BEGIN_ALLOW_THREADS st = hixl_mem_alloc(
+      c->ctx, (size_t)n, device ? HIXL_MEM_DEVICE : HIXL_MEM_HOST, access, &addr, &mr);
+  Py_END_ALLOW_THREADS c->busy--;
   if (st != HIXL_OK)
     return raise_status(st, NULL);
   RegionObject *r = region_new(c);
@@ -1139,10 +1122,8 @@ static PyObject *Ctx_fence(CtxObject *c, PyObject *args, PyObject *kw)
     c->busy++;
     if (p)
       p->busy++;
-    Py_BEGIN_ALLOW_THREADS
-    st = hixl_fence(hc, hp, slice);
-    Py_END_ALLOW_THREADS
-    c->busy--;
+    Py_BEGIN_ALLOW_THREADS st = hixl_fence(hc, hp, slice);
+    Py_END_ALLOW_THREADS c->busy--;
     if (p)
       p->busy--;
     if (st == HIXL_OK) {
@@ -1260,10 +1241,8 @@ static PyObject *Ctx_wait(CtxObject *c, PyObject *args, PyObject *kw)
       st = hixl_notif_wait(c->ctx, &n, 0); /* no GIL dance for a poll */
     } else {
       c->busy++;
-      Py_BEGIN_ALLOW_THREADS
-      st = hixl_notif_wait(c->ctx, &n, slice);
-      Py_END_ALLOW_THREADS
-      c->busy--;
+      Py_BEGIN_ALLOW_THREADS st = hixl_notif_wait(c->ctx, &n, slice);
+      Py_END_ALLOW_THREADS c->busy--;
     }
     if (st == HIXL_OK)
       return notif_new(c, &n);
@@ -1319,10 +1298,8 @@ static int region_close(RegionObject *r)
     hixl_status_t st;
     CtxObject *c = r->ctx;
     c->busy++;
-    Py_BEGIN_ALLOW_THREADS
-    st = hixl_mr_dereg(mr);
-    Py_END_ALLOW_THREADS
-    c->busy--;
+    Py_BEGIN_ALLOW_THREADS st = hixl_mr_dereg(mr);
+    Py_END_ALLOW_THREADS c->busy--;
     (void)st;
   }
   r->mr = NULL;
@@ -1602,10 +1579,8 @@ static void peer_close(PeerObject *p)
   CtxObject *c = p->ctx;
   if (c->ctx && !p->world) {
     c->busy++;
-    Py_BEGIN_ALLOW_THREADS
-    hixl_disconnect(hp);
-    Py_END_ALLOW_THREADS
-    c->busy--;
+    Py_BEGIN_ALLOW_THREADS hixl_disconnect(hp);
+    Py_END_ALLOW_THREADS c->busy--;
   }
   if (c->peers && p->owned) {
     PyObject *key = PyLong_FromVoidPtr(hp);
@@ -1694,10 +1669,8 @@ static PyObject *Peer_lookup(PeerObject *p, PyObject *args, PyObject *kw)
     hixl_peer_t *hp = p->peer;
     c->busy++;
     p->busy++;
-    Py_BEGIN_ALLOW_THREADS
-    st = hixl_rmr_lookup(hp, name, slice, &rmr);
-    Py_END_ALLOW_THREADS
-    c->busy--;
+    Py_BEGIN_ALLOW_THREADS st = hixl_rmr_lookup(hp, name, slice, &rmr);
+    Py_END_ALLOW_THREADS c->busy--;
     p->busy--;
     if (st == HIXL_OK)
       return rmr_wrap(p, rmr);
@@ -1723,10 +1696,8 @@ static PyObject *Peer_unpack(PeerObject *p, PyObject *args)
   hixl_peer_t *hp = p->peer;
   c->busy++;
   p->busy++;
-  Py_BEGIN_ALLOW_THREADS
-  st = hixl_rmr_unpack(hp, b.buf, (size_t)b.len, &rmr);
-  Py_END_ALLOW_THREADS
-  c->busy--;
+  Py_BEGIN_ALLOW_THREADS st = hixl_rmr_unpack(hp, b.buf, (size_t)b.len, &rmr);
+  Py_END_ALLOW_THREADS c->busy--;
   p->busy--;
   PyBuffer_Release(&b);
   if (st != HIXL_OK)
@@ -1751,10 +1722,8 @@ static PyObject *op_finish(PeerObject *p, hixl_req_t *req, local_t *l, int kind,
       if (w == WAIT_PYERR) {
         if (pend == NULL && (pend = PyMem_Calloc(1, sizeof(*pend))) == NULL) {
           /* No memory for the record: finish here, uninterruptibly. */
-          Py_BEGIN_ALLOW_THREADS
-          hixl_req_wait(req, -1);
-          Py_END_ALLOW_THREADS
-          hixl_req_free(req);
+          Py_BEGIN_ALLOW_THREADS hixl_req_wait(req, -1);
+          Py_END_ALLOW_THREADS hixl_req_free(req);
           if (l)
             local_release(l);
           return NULL;
@@ -1847,13 +1816,11 @@ static PyObject *peer_xfer(PeerObject *p, PyObject *args, PyObject *kw, int op)
   static char *kwl_imm[] = {"local", "rmr", "offset", "imm", "nbytes", "ordered", "wait", NULL};
   PyObject *lo, *ro, *offo = NULL, *immo = NULL, *nb = Py_None;
   int ordered = 0, wait = 1;
-  if (op == OP_PUT_IMM ? !PyArg_ParseTupleAndKeywords(args, kw, "OO|OO$Opp:put_imm", kwl_imm, &lo,
-                                                      &ro, &offo, &immo, &nb, &ordered, &wait)
-                       : !PyArg_ParseTupleAndKeywords(args, kw,
-                                                      op == OP_PUT ? "OO|O$Opp:put"
-                                                                   : "OO|O$Opp:get",
-                                                      kwl_rw, &lo, &ro, &offo, &nb, &ordered,
-                                                      &wait))
+  if (op == OP_PUT_IMM
+          ? !PyArg_ParseTupleAndKeywords(args, kw, "OO|OO$Opp:put_imm", kwl_imm, &lo, &ro, &offo,
+                                         &immo, &nb, &ordered, &wait)
+          : !PyArg_ParseTupleAndKeywords(args, kw, op == OP_PUT ? "OO|O$Opp:put" : "OO|O$Opp:get",
+                                         kwl_rw, &lo, &ro, &offo, &nb, &ordered, &wait))
     return NULL;
   CtxObject *c = p->ctx;
   if (c->orphans && c->ctx)
@@ -1882,18 +1849,16 @@ static PyObject *peer_xfer(PeerObject *p, PyObject *args, PyObject *kw, int op)
   unsigned flags = ordered ? HIXL_OP_ORDERED : 0;
   hixl_req_t *req;
   hixl_status_t st;
-#define XFER()                                                                                   \
-  (op == OP_PUT   ? hixl_put(hp, l.ptr, l.len, hr, off, flags, &req)                            \
-   : op == OP_GET ? hixl_get(hp, l.ptr, l.len, hr, off, flags, &req)                            \
+#define XFER()                                                                                     \
+  (op == OP_PUT   ? hixl_put(hp, l.ptr, l.len, hr, off, flags, &req)                               \
+   : op == OP_GET ? hixl_get(hp, l.ptr, l.len, hr, off, flags, &req)                               \
                   : hixl_put_imm(hp, l.ptr, l.len, hr, off, imm, flags, &req))
   if (l.len >= NOGIL_BYTES) {
     c->busy++;
     p->busy++;
     r->busy++;
-    Py_BEGIN_ALLOW_THREADS
-    st = XFER();
-    Py_END_ALLOW_THREADS
-    c->busy--;
+    Py_BEGIN_ALLOW_THREADS st = XFER();
+    Py_END_ALLOW_THREADS c->busy--;
     p->busy--;
     r->busy--;
   } else {
@@ -1908,8 +1873,14 @@ static PyObject *peer_xfer(PeerObject *p, PyObject *args, PyObject *kw, int op)
   return op_finish(p, req, &l, REQ_PLAIN, wait, pend);
 }
 
-static PyObject *Peer_put(PeerObject *p, PyObject *a, PyObject *k) { return peer_xfer(p, a, k, OP_PUT); }
-static PyObject *Peer_get(PeerObject *p, PyObject *a, PyObject *k) { return peer_xfer(p, a, k, OP_GET); }
+static PyObject *Peer_put(PeerObject *p, PyObject *a, PyObject *k)
+{
+  return peer_xfer(p, a, k, OP_PUT);
+}
+static PyObject *Peer_get(PeerObject *p, PyObject *a, PyObject *k)
+{
+  return peer_xfer(p, a, k, OP_GET);
+}
 static PyObject *Peer_put_imm(PeerObject *p, PyObject *a, PyObject *k)
 {
   return peer_xfer(p, a, k, OP_PUT_IMM);
@@ -1969,8 +1940,14 @@ static PyObject *peer_atomic(PeerObject *p, PyObject *args, PyObject *kw, int ca
   return op_finish(p, req, NULL, REQ_ATOMIC, wait, pend);
 }
 
-static PyObject *Peer_cas(PeerObject *p, PyObject *a, PyObject *k) { return peer_atomic(p, a, k, 1); }
-static PyObject *Peer_faa(PeerObject *p, PyObject *a, PyObject *k) { return peer_atomic(p, a, k, 0); }
+static PyObject *Peer_cas(PeerObject *p, PyObject *a, PyObject *k)
+{
+  return peer_atomic(p, a, k, 1);
+}
+static PyObject *Peer_faa(PeerObject *p, PyObject *a, PyObject *k)
+{
+  return peer_atomic(p, a, k, 0);
+}
 
 /* A batch's descriptors.  From an (n, 3) array: read in place into the
  * context's scratch array (no user code can run while it is filled).  From
@@ -2039,8 +2016,8 @@ static int batch_from_array(CtxObject *c, Py_buffer *v, RmrObject *r, batch_t *b
   if (v->ndim != 2 || v->shape[1] != 3 || v->itemsize != 8 || !is_u64_format(v->format)) {
     raise_fmt(HIXL_ERR_INVALID,
               "batch: the array must have shape (n, 3) of native 64-bit integers (local address, "
-              "remote offset, length); got ndim %d, format '%s'", v->ndim,
-              v->format ? v->format : "B");
+              "remote offset, length); got ndim %d, format '%s'",
+              v->ndim, v->format ? v->format : "B");
     return -1;
   }
   size_t n = (size_t)v->shape[0];
@@ -2074,8 +2051,8 @@ static int batch_from_seq(PyObject *items, int writable, batch_t *b)
     raise_status(HIXL_ERR_INVALID, "batch: empty batch");
     return -1;
   }
-  if ((b->x = n > SIZE_MAX / sizeof(hixl_xfer_t) ? NULL
-                                                  : PyMem_Malloc(n * sizeof(hixl_xfer_t) + 1)) ==
+  if ((b->x =
+           n > SIZE_MAX / sizeof(hixl_xfer_t) ? NULL : PyMem_Malloc(n * sizeof(hixl_xfer_t) + 1)) ==
           NULL ||
       (b->locals = PyMem_Calloc(n, sizeof(local_t))) == NULL ||
       (b->rmrs = PyMem_Calloc(n, sizeof(RmrObject *))) == NULL) {
@@ -2130,8 +2107,8 @@ static PyObject *peer_batch(PeerObject *p, PyObject *args, PyObject *kw, int put
   static char *kwl_get[] = {"descs", "rmr", "ordered", "wait", NULL};
   PyObject *descs, *ro = Py_None, *immo = Py_None;
   int ordered = 0, wait = 1;
-  if (put ? !PyArg_ParseTupleAndKeywords(args, kw, "O|O$Opp:put_batch", kwl_put, &descs, &ro,
-                                         &immo, &ordered, &wait)
+  if (put ? !PyArg_ParseTupleAndKeywords(args, kw, "O|O$Opp:put_batch", kwl_put, &descs, &ro, &immo,
+                                         &ordered, &wait)
           : !PyArg_ParseTupleAndKeywords(args, kw, "O|O$pp:get_batch", kwl_get, &descs, &ro,
                                          &ordered, &wait))
     return NULL;
@@ -2152,7 +2129,8 @@ static PyObject *peer_batch(PeerObject *p, PyObject *args, PyObject *kw, int put
       PyObject *t, *e, *tb;
       PyErr_Fetch(&t, &e, &tb);
       PyObject *es = e ? PyObject_Str(e) : NULL;
-      raise_fmt(HIXL_ERR_INVALID, "batch: cannot read the descriptor array (%s): it must be a "
+      raise_fmt(HIXL_ERR_INVALID,
+                "batch: cannot read the descriptor array (%s): it must be a "
                 "C-contiguous (n, 3) array of 64-bit integers (numpy.ascontiguousarray)",
                 es && PyUnicode_Check(es) ? PyUnicode_AsUTF8(es) : "?");
       Py_XDECREF(es);
@@ -2217,11 +2195,10 @@ static PyObject *peer_batch(PeerObject *p, PyObject *args, PyObject *kw, int put
     for (size_t i = 0; b.rmrs && i < b.n; i++)
       if (b.rmrs[i])
         b.rmrs[i]->busy++;
-    Py_BEGIN_ALLOW_THREADS
-    st = put ? hixl_put_batch(hp, b.x, b.n, immo != Py_None ? &imm : NULL, flags, &req)
-             : hixl_get_batch(hp, b.x, b.n, flags, &req);
-    Py_END_ALLOW_THREADS
-    c->busy--;
+    Py_BEGIN_ALLOW_THREADS st =
+        put ? hixl_put_batch(hp, b.x, b.n, immo != Py_None ? &imm : NULL, flags, &req)
+            : hixl_get_batch(hp, b.x, b.n, flags, &req);
+    Py_END_ALLOW_THREADS c->busy--;
     p->busy--;
     if (r)
       r->busy--;
@@ -2251,13 +2228,16 @@ static PyObject *peer_batch(PeerObject *p, PyObject *args, PyObject *kw, int put
   return op_finish(p, req, NULL, REQ_PLAIN, wait, pend);
 }
 
-static PyObject *Peer_put_batch(PeerObject *p, PyObject *a, PyObject *k) { return peer_batch(p, a, k, 1); }
-static PyObject *Peer_get_batch(PeerObject *p, PyObject *a, PyObject *k) { return peer_batch(p, a, k, 0); }
-
-static Py_hash_t Peer_hash(PeerObject *p)
+static PyObject *Peer_put_batch(PeerObject *p, PyObject *a, PyObject *k)
 {
-  return _Py_HashPointer(p->id);
+  return peer_batch(p, a, k, 1);
 }
+static PyObject *Peer_get_batch(PeerObject *p, PyObject *a, PyObject *k)
+{
+  return peer_batch(p, a, k, 0);
+}
+
+static Py_hash_t Peer_hash(PeerObject *p) { return _Py_HashPointer(p->id); }
 
 static PyObject *Peer_richcompare(PyObject *a, PyObject *b, int op)
 {
@@ -2409,10 +2389,8 @@ static int World_init(WorldObject *w, PyObject *args, PyObject *kw)
   hixl_world_t *hw;
   hixl_status_t st;
   c->busy++;
-  Py_BEGIN_ALLOW_THREADS
-  st = hixl_world_create(c->ctx, (int)rank, (int)size, rdv, &hw);
-  Py_END_ALLOW_THREADS
-  c->busy--;
+  Py_BEGIN_ALLOW_THREADS st = hixl_world_create(c->ctx, (int)rank, (int)size, rdv, &hw);
+  Py_END_ALLOW_THREADS c->busy--;
   if (st != HIXL_OK) {
     raise_status(st, NULL);
     if (owns) {
@@ -2482,10 +2460,8 @@ static void world_close(WorldObject *w)
   if (w->ctx->ctx) {
     CtxObject *c = w->ctx;
     c->busy++; /* a concurrent Context.close waits for this */
-    Py_BEGIN_ALLOW_THREADS
-    hixl_world_destroy(hw);
-    Py_END_ALLOW_THREADS
-    c->busy--;
+    Py_BEGIN_ALLOW_THREADS hixl_world_destroy(hw);
+    Py_END_ALLOW_THREADS c->busy--;
   }
   if (w->owns_ctx && ctx_close(w->ctx, 0) < 0)
     PyErr_Clear(); /* views of its memory live: it goes with the last of them */
@@ -2541,10 +2517,8 @@ static PyObject *World_barrier(WorldObject *w, PyObject *u)
   hixl_world_t *hw = w->w;
   w->ctx->busy++;
   w->busy++;
-  Py_BEGIN_ALLOW_THREADS
-  st = hixl_world_barrier(hw);
-  Py_END_ALLOW_THREADS
-  w->ctx->busy--;
+  Py_BEGIN_ALLOW_THREADS st = hixl_world_barrier(hw);
+  Py_END_ALLOW_THREADS w->ctx->busy--;
   w->busy--;
   if (st != HIXL_OK)
     return raise_status(st, NULL);
@@ -2570,10 +2544,8 @@ static PyObject *World_exchange(WorldObject *w, PyObject *args)
   hixl_mr_t *mr = reg->mr;
   w->ctx->busy++;
   w->busy++;
-  Py_BEGIN_ALLOW_THREADS
-  st = hixl_world_exchange(hw, mr, rmrs);
-  Py_END_ALLOW_THREADS
-  w->ctx->busy--;
+  Py_BEGIN_ALLOW_THREADS st = hixl_world_exchange(hw, mr, rmrs);
+  Py_END_ALLOW_THREADS w->ctx->busy--;
   w->busy--;
   if (st != HIXL_OK) {
     PyMem_Free(rmrs);
@@ -2665,17 +2637,15 @@ static PyObject *mod_xfer_addr(PyObject *m, PyObject *const *a, Py_ssize_t n)
   hixl_peer_t *hp = p->peer;
   hixl_rmr_t *hr = r->rmr;
   hixl_status_t st;
-#define XA()                                                                                     \
-  (is_get ? hixl_get(hp, (void *)(uintptr_t)addr, len, hr, off, 0, NULL)                        \
+#define XA()                                                                                       \
+  (is_get ? hixl_get(hp, (void *)(uintptr_t)addr, len, hr, off, 0, NULL)                           \
           : hixl_put(hp, (const void *)(uintptr_t)addr, len, hr, off, 0, NULL))
   if (len >= NOGIL_BYTES) {
     c->busy++;
     p->busy++;
     r->busy++;
-    Py_BEGIN_ALLOW_THREADS
-    st = XA();
-    Py_END_ALLOW_THREADS
-    c->busy--;
+    Py_BEGIN_ALLOW_THREADS st = XA();
+    Py_END_ALLOW_THREADS c->busy--;
     p->busy--;
     r->busy--;
   } else {
@@ -2730,10 +2700,8 @@ static PyObject *mod_mem_copy(PyObject *m, PyObject *args)
     return NULL;
   }
   hixl_status_t st;
-  Py_BEGIN_ALLOW_THREADS
-  st = hixl_mem_copy(ld.ptr, ls.ptr, (size_t)n);
-  Py_END_ALLOW_THREADS
-  local_release(&ld);
+  Py_BEGIN_ALLOW_THREADS st = hixl_mem_copy(ld.ptr, ls.ptr, (size_t)n);
+  Py_END_ALLOW_THREADS local_release(&ld);
   local_release(&ls);
   if (st != HIXL_OK)
     return raise_status(st, NULL);
@@ -2871,7 +2839,8 @@ static PyTypeObject CtxType = {
     .tp_dealloc = (destructor)Ctx_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Context(listen=None, transports=None, net_dev=None, auth_token=None,\n"
-              "        progress_thread=None, timeout_ms=None, wait=None): a hixl context (docs/python.md)",
+              "        progress_thread=None, timeout_ms=None, wait=None): a hixl context "
+              "(docs/python.md)",
     .tp_methods = Ctx_methods,
     .tp_getset = Ctx_getset,
     .tp_init = (initproc)Ctx_init,
@@ -2976,9 +2945,8 @@ PyMODINIT_FUNC PyInit__hixl(void)
   if (NotifType == NULL || PyModule_AddObject(m, "Notification", (PyObject *)NotifType) < 0)
     goto fail;
   Py_INCREF(NotifType);
-  Error = PyErr_NewExceptionWithDoc("hixl.Error",
-                                    "Base of every hixl error; .status is the hixl_status_t",
-                                    NULL, NULL);
+  Error = PyErr_NewExceptionWithDoc(
+      "hixl.Error", "Base of every hixl error; .status is the hixl_status_t", NULL, NULL);
   if (Error == NULL || PyModule_AddObject(m, "Error", Error) < 0)
     goto fail;
   Py_INCREF(Error);
@@ -2998,8 +2966,8 @@ PyMODINIT_FUNC PyInit__hixl(void)
   if (PyModule_AddIntConstant(m, "READ", HIXL_ACCESS_READ) < 0 ||
       PyModule_AddIntConstant(m, "WRITE", HIXL_ACCESS_WRITE) < 0 ||
       PyModule_AddIntConstant(m, "ATOMIC", HIXL_ACCESS_ATOMIC) < 0 ||
-      PyModule_AddIntConstant(m, "ALL",
-                              HIXL_ACCESS_READ | HIXL_ACCESS_WRITE | HIXL_ACCESS_ATOMIC) < 0 ||
+      PyModule_AddIntConstant(m, "ALL", HIXL_ACCESS_READ | HIXL_ACCESS_WRITE | HIXL_ACCESS_ATOMIC) <
+          0 ||
       PyModule_AddIntConstant(m, "RKEY_MAX", HIXL_RKEY_MAX) < 0 ||
       PyModule_AddIntConstant(m, "OK", HIXL_OK) < 0 ||
       PyModule_AddIntConstant(m, "INPROGRESS", HIXL_INPROGRESS) < 0)

@@ -18,7 +18,8 @@ void hixl__auth_nonce(uint8_t out[HIXL_AUTH_NONCE])
     if (n < 0 && errno == EINTR)
       continue;
     if (n <= 0)
-      abort(); /* 32 bytes from an initialised pool cannot fail; never go on with a guessable nonce */
+      abort(); /* 32 bytes from an initialised pool cannot fail; never go on with a guessable nonce
+                */
     got += (size_t)n;
   }
 }

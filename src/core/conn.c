@@ -116,7 +116,7 @@ void hixl__peer_lost_async(hixl_peer_t *p, const char *why)
   int up = HIXL_PEER_UP;
   if (atomic_compare_exchange_strong(&p->state, &up, HIXL_PEER_LOST)) {
     hixl_info("peer %s lost: %s", p->name, why);
-    hixl__wake(p->ctx); /* the control thread fails its pending calls */
+    hixl__wake(p->ctx);         /* the control thread fails its pending calls */
     hixl__wake_waiters(p->ctx); /* waits on this peer end */
   }
 }
@@ -161,8 +161,7 @@ void hixl__peer_fail_locked(hixl_peer_t *p, int state, const char *why)
 
 /* Put bytes (with fds on the first) on a socket.  Returns how many went
  * (0: the socket is full, non-blocking only) or -errno. */
-static ssize_t send_some(int fd, const uint8_t *b, size_t len, const int *fds, int nfds,
-                         bool block)
+static ssize_t send_some(int fd, const uint8_t *b, size_t len, const int *fds, int nfds, bool block)
 {
   union {
     char buf[CMSG_SPACE(sizeof(int) * 4)];
@@ -217,8 +216,7 @@ static ssize_t peer_send_some(hixl_peer_t *p, const uint8_t *b, size_t len, cons
 
 static void outq_arm(hixl_peer_t *p, bool out)
 {
-  struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | (out ? EPOLLOUT : 0u),
-                           .data.ptr = p};
+  struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | (out ? EPOLLOUT : 0u), .data.ptr = p};
   epoll_ctl(p->ctx->epoll_fd, EPOLL_CTL_MOD, p->fd, &ev);
 }
 
@@ -277,8 +275,7 @@ static hixl_status_t outq_add(hixl_peer_t *p, const uint8_t *b, size_t len, cons
       for (int j = 0; j < i; j++)
         close(q->fds[j]);
       free(q);
-      return hixl__err(HIXL_ERR_NOMEM, "peer %s: cannot queue %s: %s", p->name, type,
-                       strerror(e));
+      return hixl__err(HIXL_ERR_NOMEM, "peer %s: cannot queue %s: %s", p->name, type, strerror(e));
     }
     q->nfds++;
   }
@@ -486,8 +483,7 @@ static const char *tp_list(uint32_t bits)
   buf[0] = 0;
   for (int i = 0; i < HIXL_TP_COUNT; i++)
     if (bits & (1u << i))
-      snprintf(buf + strlen(buf), sizeof(buf) - strlen(buf), "%s%s", buf[0] ? "," : "",
-               names[i]);
+      snprintf(buf + strlen(buf), sizeof(buf) - strlen(buf), "%s%s", buf[0] ? "," : "", names[i]);
   return buf;
 }
 
@@ -503,9 +499,8 @@ static const hixl_transport_ops_t *pick_transport_locked(hixl_ctx_t *ctx, const 
       continue;
     for (size_t t = 0; t < hixl__n_transports; t++) {
       const hixl_transport_ops_t *ops = hixl__transports[t];
-      if (ops->id == order[i] && ops->id != HIXL_TP_SELF &&
-          (ctx->tp_ready & (1u << ops->id)) && (hello->u32[0] & (1u << ops->id)) &&
-          ops->usable(ctx, hello))
+      if (ops->id == order[i] && ops->id != HIXL_TP_SELF && (ctx->tp_ready & (1u << ops->id)) &&
+          (hello->u32[0] & (1u << ops->id)) && ops->usable(ctx, hello))
         return ops;
     }
   }
@@ -603,8 +598,8 @@ static void handle_auth_locked(hixl_peer_t *p, const hixl_msg_t *m, hixl_msg_t *
     snprintf(ack->str[1], sizeof(ack->str[1]),
              "no common transport (initiator allows \"%s\" and can use \"%s\"; %s host; here "
              "\"%s\" is usable)",
-             m->str[0][0] ? m->str[0] : "all", tp_list(m->u32[0]),
-             same_host ? "same" : "different", ctx->tp_names);
+             m->str[0][0] ? m->str[0] : "all", tp_list(m->u32[0]), same_host ? "same" : "different",
+             ctx->tp_names);
     return;
   }
   ack->u32[0] = (uint32_t)ops->id;
@@ -686,8 +681,8 @@ static void complete_pending_locked(hixl_peer_t *p, hixl_msg_t *m, int fd)
 
 /* Dispatch one message from p.  Called with ctx->lock held; may leave a
  * reply in *out (sent by the caller after unlocking). */
-static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t *out,
-                            int *out_fds, int *n_out, hixl_peer_t **reply_to)
+static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t *out, int *out_fds,
+                            int *n_out, hixl_peer_t **reply_to)
 {
   hixl_ctx_t *ctx = p->ctx;
   int fd = m->nfds ? fds[0] : -1;
@@ -753,9 +748,7 @@ static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t 
       hixl__send(p, &hb, NULL, 0);
     }
     return;
-  case HIXL_MSG_BYE:
-    hixl__peer_fail_locked(p, HIXL_PEER_CLOSED, "peer disconnected");
-    return;
+  case HIXL_MSG_BYE: hixl__peer_fail_locked(p, HIXL_PEER_CLOSED, "peer disconnected"); return;
   case HIXL_MSG_LOOKUP_REPLY:
   case HIXL_MSG_FD_REPLY:
   case HIXL_MSG_DEV_IPC_REPLY:
@@ -763,9 +756,7 @@ static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t 
   case HIXL_MSG_VERBS_MR_REPLY:
   case HIXL_MSG_FABRIC_MR_REPLY:
   case HIXL_MSG_REGION_GONE_ACK:
-  case HIXL_MSG_SHM_STAGE_REPLY:
-    complete_pending_locked(p, m, fd);
-    return;
+  case HIXL_MSG_SHM_STAGE_REPLY: complete_pending_locked(p, m, fd); return;
   case HIXL_MSG_SHM_STAGE_REQ:
     /* shm without CMA: the owner-side copies (src/shm/stage.c). */
     hixl__shm_stage_serve(p, m, out, out_fds, n_out);
@@ -778,9 +769,7 @@ static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t 
   case HIXL_MSG_DEV_IPC_REQ:
   case HIXL_MSG_ATOMIC:
   case HIXL_MSG_VERBS_MR:
-  case HIXL_MSG_FABRIC_MR:
-    hixl__serve(p, m, out, out_fds, n_out);
-    return;
+  case HIXL_MSG_FABRIC_MR: hixl__serve(p, m, out, out_fds, n_out); return;
   case HIXL_MSG_REGION_GONE:
     /* Peers without the owner's shared table (verbs) learn it this way. */
     for (hixl_rmr_t *r = p->rmrs; r; r = r->next)
@@ -807,9 +796,7 @@ static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t 
     p->xchg_epoch = m->u64[1];
     pthread_cond_broadcast(&ctx->cond);
     return;
-  default:
-    proto_error_locked(p, "unexpected message", m->type);
-    return;
+  default: proto_error_locked(p, "unexpected message", m->type); return;
   }
 }
 
@@ -840,8 +827,8 @@ static void peer_readable(hixl_ctx_t *ctx, hixl_peer_t *p)
       struct cmsghdr align;
     } cm;
     struct iovec iov = {p->rx + p->rx_len, RX_CAP - p->rx_len};
-    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
-                        .msg_controllen = sizeof(cm.buf)};
+    struct msghdr mh = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf, .msg_controllen = sizeof(cm.buf)};
     ssize_t n;
     if (tls) {
       mh.msg_controllen = 0; /* TCP: no fds */
@@ -925,8 +912,7 @@ static void peer_readable(hixl_ctx_t *ctx, hixl_peer_t *p)
                      (out.type == HIXL_MSG_HELLO_ACK && reply_to->ops &&
                       !reply_to->ops->needs_bind && !reply_to->unix_pending)) &&
                     out.status == HIXL_OK;
-        if (done && sst == HIXL_OK &&
-            atomic_load(&reply_to->state) == HIXL_PEER_CONNECTING) {
+        if (done && sst == HIXL_OK && atomic_load(&reply_to->state) == HIXL_PEER_CONNECTING) {
           atomic_store(&reply_to->state, HIXL_PEER_UP);
           pthread_cond_broadcast(&ctx->cond);
         }
@@ -1051,7 +1037,8 @@ static void accept_all(hixl_ctx_t *ctx, int lfd, bool is_unix)
     int n;
     hixl_peer_t *old = oldest_handshake_locked(ctx, &n);
     if (old && n >= ctx->max_handshakes) {
-      hixl__peer_fail_locked(old, HIXL_PEER_LOST, "shed: too many connections in their "
+      hixl__peer_fail_locked(old, HIXL_PEER_LOST,
+                             "shed: too many connections in their "
                              "handshake (HIXL_MAX_HANDSHAKES)");
       close_sock_locked(ctx, old);
     }
@@ -1111,8 +1098,10 @@ static void housekeeping_locked(hixl_ctx_t *ctx, int64_t now)
       pthread_mutex_unlock(&p->send_lock);
       if (stalled) {
         char why[96];
-        snprintf(why, sizeof(why), "it has not read its control connection for %d ms (%zu bytes "
-                 "wait)", liveness_ms(ctx), queued);
+        snprintf(why, sizeof(why),
+                 "it has not read its control connection for %d ms (%zu bytes "
+                 "wait)",
+                 liveness_ms(ctx), queued);
         hixl_warn("peer %s: %s; dropping it", p->name, why);
         hixl__peer_fail_locked(p, HIXL_PEER_LOST, why);
         st = HIXL_PEER_LOST;
@@ -1250,8 +1239,10 @@ static hixl_status_t listen_tcp(hixl_ctx_t *ctx)
   long mq = 4 << 20;
   const char *mqs = getenv("HIXL_MAX_PEER_QUEUE");
   if (mqs && hixl__parse_int(mqs, 4096, 1L << 30, &mq) != 0)
-    return hixl__err(HIXL_ERR_INVALID, "HIXL_MAX_PEER_QUEUE=\"%s\": expected 4096..1073741824 "
-                     "(bytes)", mqs);
+    return hixl__err(HIXL_ERR_INVALID,
+                     "HIXL_MAX_PEER_QUEUE=\"%s\": expected 4096..1073741824 "
+                     "(bytes)",
+                     mqs);
   ctx->max_outq = (size_t)mq;
   hixl_status_t tst = hixl__tls_init(ctx);
   if (tst != HIXL_OK)
@@ -1261,8 +1252,8 @@ static hixl_status_t listen_tcp(hixl_ctx_t *ctx)
   hixl_status_t st = hixl__parse_hostport(listen_addr, host, sizeof(host), port, sizeof(port));
   if (st != HIXL_OK)
     return st;
-  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                           .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+  struct addrinfo hints = {
+      .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
   struct addrinfo *res;
   int rc = getaddrinfo(host[0] ? host : NULL, port, &hints, &res);
   if (rc != 0)
@@ -1367,7 +1358,7 @@ void hixl__ctl_stop(hixl_ctx_t *ctx)
 
 /* Blocking exchange on a socket not yet owned by the control thread. */
 hixl_status_t hixl__recv_sync(int fd, hixl_msg_t *m, int *fds, int max_fds, int64_t deadline,
-                                   const char *who)
+                              const char *who)
 {
   uint8_t buf[RX_CAP];
   size_t have = 0, need = HIXL_WIRE_HDR;
@@ -1392,8 +1383,8 @@ hixl_status_t hixl__recv_sync(int fd, hixl_msg_t *m, int *fds, int max_fds, int6
       struct cmsghdr align;
     } cm;
     struct iovec iov = {buf + have, need - have};
-    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b,
-                        .msg_controllen = sizeof(cm.b)};
+    struct msghdr mh = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b, .msg_controllen = sizeof(cm.b)};
     ssize_t n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EINTR))
       continue;
@@ -1479,8 +1470,10 @@ static hixl_status_t tls_client(hixl_peer_t *p, int64_t deadline, const char *ad
     /* The direction GnuTLS is waiting for (a full socket: output). */
     struct pollfd pfd = {p->fd, hixl__tls_wants_write(p->tls) ? POLLOUT : POLLIN, 0};
     if (ms <= 0 || poll(&pfd, 1, ms) == 0)
-      return hixl__err(HIXL_ERR_TIMEOUT, "%s: TLS handshake timed out (does it run with "
-                       "HIXL_TLS=1?)", addr);
+      return hixl__err(HIXL_ERR_TIMEOUT,
+                       "%s: TLS handshake timed out (does it run with "
+                       "HIXL_TLS=1?)",
+                       addr);
   }
 }
 
@@ -1518,8 +1511,8 @@ static hixl_status_t tcp_connect(const char *addr, int64_t deadline, int *fd_p)
     return st;
   if (host[0] == 0 || strcmp(port, "0") == 0)
     return hixl__err(HIXL_ERR_INVALID, "cannot connect to \"%s\": need a host and a port", addr);
-  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                           .ai_flags = AI_NUMERICSERV};
+  struct addrinfo hints = {
+      .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
   struct addrinfo *res;
   int rc = getaddrinfo(host, port, &hints, &res);
   if (rc != 0)
@@ -1546,7 +1539,9 @@ hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeou
 {
   if (ctx == NULL || addr == NULL || peer_p == NULL)
     return hixl__err(HIXL_ERR_INVALID, "hixl_connect: NULL %s",
-                     ctx == NULL ? "ctx" : addr == NULL ? "addr" : "peer_p");
+                     ctx == NULL    ? "ctx"
+                     : addr == NULL ? "addr"
+                                    : "peer_p");
   int64_t deadline = hixl__deadline(timeout_ms);
   int fd = -1;
   hixl_status_t st = tcp_connect(addr, deadline, &fd);
@@ -1572,21 +1567,22 @@ hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeou
   if ((st = hixl__send(p, &hello, NULL, 0)) != HIXL_OK ||
       (st = hixl__peer_recv_sync(p, &chal, deadline)) != HIXL_OK) {
     if (st == HIXL_ERR_PEER_LOST && !ctx->tls)
-      st = hixl__err(st, "%s closed the connection at HELLO (does it require TLS? HIXL_TLS must "
-                     "be the same on both sides)", addr);
+      st = hixl__err(st,
+                     "%s closed the connection at HELLO (does it require TLS? HIXL_TLS must "
+                     "be the same on both sides)",
+                     addr);
     goto fail;
   }
   /* Nothing but a challenge: an unproven answer does not get to choose our
    * error or our message. */
-  if (chal.type != HIXL_MSG_AUTH_CHALLENGE ||
-      chal.blob_len != HIXL_AUTH_NONCE + HIXL_AUTH_PROOF) {
+  if (chal.type != HIXL_MSG_AUTH_CHALLENGE || chal.blob_len != HIXL_AUTH_NONCE + HIXL_AUTH_PROOF) {
     st = hixl__err(HIXL_ERR_TRANSPORT, "%s answered the handshake with %s", addr,
                    hixl_wire_type_name(chal.type));
     goto fail;
   }
   memcpy(nonces + HIXL_AUTH_NONCE, chal.blob, HIXL_AUTH_NONCE);
-  hixl__auth_proof(ctx->cfg.auth_token, HIXL_AUTH_LABEL_TARGET, nonces,
-                   nonces + HIXL_AUTH_NONCE, NULL, 0, proof);
+  hixl__auth_proof(ctx->cfg.auth_token, HIXL_AUTH_LABEL_TARGET, nonces, nonces + HIXL_AUTH_NONCE,
+                   NULL, 0, proof);
   if (!hixl__auth_equal(proof, chal.blob + HIXL_AUTH_NONCE)) {
     st = hixl__err(HIXL_ERR_AUTH,
                    "%s did not prove it knows our auth token (it has another one, or it is "
@@ -1604,12 +1600,12 @@ hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeou
   static const char *const names[HIXL_TP_COUNT] = {"self", "shm", "verbs", "fabric"};
   size_t pos = 0;
   for (int i = 0; i < ctx->n_tp_order; i++)
-    pos += (size_t)snprintf(auth.str[0] + pos, sizeof(auth.str[0]) - pos, "%s%s",
-                            pos ? "," : "", names[ctx->tp_order[i]]);
+    pos += (size_t)snprintf(auth.str[0] + pos, sizeof(auth.str[0]) - pos, "%s%s", pos ? "," : "",
+                            names[ctx->tp_order[i]]);
   uint8_t id[AUTH_IDENTITY_MAX];
   size_t idn = auth_identity(&auth, id);
-  hixl__auth_proof(ctx->cfg.auth_token, HIXL_AUTH_LABEL_INITIATOR, nonces,
-                   nonces + HIXL_AUTH_NONCE, id, idn, auth.blob);
+  hixl__auth_proof(ctx->cfg.auth_token, HIXL_AUTH_LABEL_INITIATOR, nonces, nonces + HIXL_AUTH_NONCE,
+                   id, idn, auth.blob);
   auth.blob_len = HIXL_AUTH_PROOF;
   if ((st = hixl__send(p, &auth, NULL, 0)) != HIXL_OK ||
       (st = hixl__peer_recv_sync(p, &ack, deadline)) != HIXL_OK)
@@ -1621,7 +1617,7 @@ hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeou
   }
   if (ack.status != HIXL_OK) {
     st = hixl__err(ack.status < 0 && ack.status >= HIXL_ERR_NO_DEVICE ? ack.status
-                                                                       : HIXL_ERR_TRANSPORT,
+                                                                      : HIXL_ERR_TRANSPORT,
                    "%s refused the connection: %s", addr,
                    ack.str[1][0] ? ack.str[1] : hixl_strerror(ack.status));
     goto fail;
@@ -1673,8 +1669,7 @@ fail:
   return st;
 }
 
-hixl_status_t hixl_connect(hixl_ctx_t *ctx, const char *addr, int timeout_ms,
-                           hixl_peer_t **peer_p)
+hixl_status_t hixl_connect(hixl_ctx_t *ctx, const char *addr, int timeout_ms, hixl_peer_t **peer_p)
 {
   return hixl__connect_tagged(ctx, addr, timeout_ms, 0, peer_p);
 }

@@ -19,8 +19,6 @@
 static pthread_once_t copy_once = PTHREAD_ONCE_INIT;
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
 
-
-
 void hixl__primary_ip(char *buf, size_t cap)
 {
   /* The first IPv4 address of an up, non-loopback interface: what a peer on
@@ -78,17 +76,21 @@ hixl_status_t hixl_ctx_create(const hixl_config_t *cfg_in, hixl_ctx_t **ctx_p)
     return hixl__err(HIXL_ERR_INVALID, "hixl_ctx_create: timeout_ms must be >= 1 (got %d)",
                      cfg_in->timeout_ms);
   if (cfg_in->auth_token && strlen(cfg_in->auth_token) > HIXL_AUTH_TOKEN_MAX)
-    return hixl__err(HIXL_ERR_INVALID, "hixl_ctx_create: the auth token has %zu bytes; at most "
-                     "%d (HIXL_AUTH_TOKEN)", strlen(cfg_in->auth_token), HIXL_AUTH_TOKEN_MAX);
+    return hixl__err(HIXL_ERR_INVALID,
+                     "hixl_ctx_create: the auth token has %zu bytes; at most "
+                     "%d (HIXL_AUTH_TOKEN)",
+                     strlen(cfg_in->auth_token), HIXL_AUTH_TOKEN_MAX);
   if (cfg_in->auth_token && cfg_in->auth_token[0] && strlen(cfg_in->auth_token) < 16)
     /* Anyone may ask a target for its proof over a nonce of their choosing,
      * and a fake target sees the initiator's: a short token falls to an
      * offline dictionary. */
     hixl_warn("the auth token has %zu bytes: it can be guessed offline from one handshake; use "
-              "16 or more random bytes (docs/security.md)", strlen(cfg_in->auth_token));
+              "16 or more random bytes (docs/security.md)",
+              strlen(cfg_in->auth_token));
   if (cfg_in->timeout_ms < HIXL_LIVENESS_FLOOR_MS)
     hixl_info("timeout_ms %d: calls time out after it, but a peer is declared lost only "
-              "after %d ms of silence", cfg_in->timeout_ms, HIXL_LIVENESS_FLOOR_MS);
+              "after %d ms of silence",
+              cfg_in->timeout_ms, HIXL_LIVENESS_FLOOR_MS);
   if (cfg_in->wait < HIXL_WAIT_ADAPTIVE || cfg_in->wait > HIXL_WAIT_SLEEP)
     return hixl__err(HIXL_ERR_INVALID,
                      "hixl_ctx_create: wait %d (want 0 adaptive, 1 spin, 2 sleep)", cfg_in->wait);

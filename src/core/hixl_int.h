@@ -66,11 +66,11 @@ void hixl__wake_all(hixl_ctx_t *ctx);
  * notification, a peer's loss): wake the sleepers, if any.  The fence pairs
  * with the waiter's after it announced itself; without sleepers this is
  * all it costs. */
-#define hixl__wake_waiters(ctx)                                                                 \
-  do {                                                                                          \
-    atomic_thread_fence(memory_order_seq_cst);                                                  \
-    if (hixl_unlikely(atomic_load_explicit((ctx)->sleepers, memory_order_relaxed) != 0))       \
-      hixl__wake_all(ctx);                                                                      \
+#define hixl__wake_waiters(ctx)                                                                    \
+  do {                                                                                             \
+    atomic_thread_fence(memory_order_seq_cst);                                                     \
+    if (hixl_unlikely(atomic_load_explicit((ctx)->sleepers, memory_order_relaxed) != 0))           \
+      hixl__wake_all(ctx);                                                                         \
   } while (0)
 /* A measured wake-up latency (waker's timestamp to the waiter running):
  * what the adaptive polling budget follows. */
@@ -121,11 +121,11 @@ struct hixl_mr {
   unsigned access;
   uint32_t slot;
   uint64_t rkey;
-  int memfd;      /* >= 0: backing memfd (hixl_mem_alloc or inside one) */
-  uint64_t fd_off; /* offset of addr inside memfd */
-  bool owns_mem;  /* hixl_mem_alloc: unmap and close (device: free) on dereg */
-  int device;     /* device memory: its device id; host memory: -1 */
-  void *tp[4];    /* per-transport registration (verbs: its ibv_mr) */
+  int memfd;            /* >= 0: backing memfd (hixl_mem_alloc or inside one) */
+  uint64_t fd_off;      /* offset of addr inside memfd */
+  bool owns_mem;        /* hixl_mem_alloc: unmap and close (device: free) on dereg */
+  int device;           /* device memory: its device id; host memory: -1 */
+  void *tp[4];          /* per-transport registration (verbs: its ibv_mr) */
   struct hixl_mr *next; /* ctx->mrs */
 };
 
@@ -139,14 +139,14 @@ struct hixl_rmr {
   uint32_t slot;
   uint32_t access;
   uint32_t flags;
-  uint32_t tp_rkey;       /* verbs: the owner's ibv rkey */
-  uint64_t tp_key;        /* fabric: the owner's key, and the remote address of byte 0;
-                           * shm: the first word of the region's tag (shm_int.h) */
+  uint32_t tp_rkey; /* verbs: the owner's ibv rkey */
+  uint64_t tp_key;  /* fabric: the owner's key, and the remote address of byte 0;
+                     * shm: the first word of the region's tag (shm_int.h) */
   uint64_t tp_base;
-  _Atomic bool gone;      /* the owner told us it deregistered the region */
-  uint8_t *map;   /* shm: byte 0 of the region in our mapping, or NULL (CMA) */
-  void *map_base; /* what mmap returned (page-aligned) */
-  size_t map_len; /* bytes mapped (page-rounded) */
+  _Atomic bool gone;     /* the owner told us it deregistered the region */
+  uint8_t *map;          /* shm: byte 0 of the region in our mapping, or NULL (CMA) */
+  void *map_base;        /* what mmap returned (page-aligned) */
+  size_t map_len;        /* bytes mapped (page-rounded) */
   struct hixl_rmr *next; /* peer->rmrs */
 };
 
@@ -154,15 +154,15 @@ struct hixl_rmr {
 
 enum { HIXL_REQF_DONE = 1, HIXL_REQF_FREED = 2 };
 struct hixl_req {
-  _Atomic int status;   /* INPROGRESS until complete; then the result */
+  _Atomic int status;     /* INPROGRESS until complete; then the result */
   _Atomic unsigned flags; /* DONE / FREED: whoever sets the second recycles */
   hixl_ctx_t *ctx;
   hixl_peer_t *peer;
-  uint64_t *old_p;      /* atomics: where the old value goes */
-  bool counted;         /* counted in peer->issued: count its completion */
-  _Atomic int parts;    /* async transports: pieces in flight (+1 while issuing) */
-  _Atomic int part_err; /* the first error of a piece */
-  uint32_t index;       /* position in the pool */
+  uint64_t *old_p;            /* atomics: where the old value goes */
+  bool counted;               /* counted in peer->issued: count its completion */
+  _Atomic int parts;          /* async transports: pieces in flight (+1 while issuing) */
+  _Atomic int part_err;       /* the first error of a piece */
+  uint32_t index;             /* position in the pool */
   _Atomic uint32_t next_free; /* pool free list link (read racily by poppers: the
                                * head's ABA tag makes a stale read harmless) */
 };
@@ -186,8 +186,7 @@ void hixl__pool_destroy(hixl_ctx_t *ctx);
 /* Wait (hixl__wait) until peer p has completed target operations or is no
  * longer up; *state_p: its state when the wait ended.  Fences and
  * HIXL_OP_ORDERED. */
-hixl_status_t hixl__wait_completed(hixl_peer_t *p, uint64_t target, int64_t deadline,
-                                   int *state_p);
+hixl_status_t hixl__wait_completed(hixl_peer_t *p, uint64_t target, int64_t deadline, int *state_p);
 
 /* ------------------------------------------------------------ transports */
 
@@ -291,8 +290,8 @@ hixl_status_t hixl__tp_mr_reg_none(hixl_mr_t *mr);
 void hixl__tp_mr_dereg_none(hixl_mr_t *mr);
 void hixl__tp_accept_none(hixl_peer_t *peer, const struct hixl_msg *m, struct hixl_msg *out);
 /* put_imm of a synchronous transport: its put, then its notify. */
-hixl_status_t hixl__tp_put_imm_sync(hixl_peer_t *peer, const void *src, size_t len,
-                                    hixl_rmr_t *rmr, uint64_t off, uint32_t imm, hixl_req_t *req);
+hixl_status_t hixl__tp_put_imm_sync(hixl_peer_t *peer, const void *src, size_t len, hixl_rmr_t *rmr,
+                                    uint64_t off, uint32_t imm, hixl_req_t *req);
 #ifdef HIXL_HAVE_VERBS
 extern const hixl_transport_ops_t hixl__verbs_ops;
 #endif
@@ -355,10 +354,10 @@ struct hixl_peer {
   _Atomic int state;
   bool inbound; /* they connected to us; owned by the context */
   bool self;
-  bool unix_pending; /* an accepted unix connection not yet bound to its peer */
-  _Atomic bool used; /* an operation was issued (fence reports loss only then) */
-  uint64_t fence_acked; /* fence(NULL) reported this peer's loss */
-  int fd;       /* control socket (TCP, or unix once shm is bound); -1 when none */
+  bool unix_pending;         /* an accepted unix connection not yet bound to its peer */
+  _Atomic bool used;         /* an operation was issued (fence reports loss only then) */
+  uint64_t fence_acked;      /* fence(NULL) reported this peer's loss */
+  int fd;                    /* control socket (TCP, or unix once shm is bound); -1 when none */
   pthread_mutex_t send_lock; /* serializes writes on fd, guards the output queue */
   /* Control messages the socket did not take at once (conn.c): sent by the
    * control thread when the socket drains (EPOLLOUT), so no sender ever
@@ -381,7 +380,7 @@ struct hixl_peer {
    * waiting for AUTH, 2 answered.  Nonces: theirs then ours. */
   uint8_t hs_stage;
   uint8_t auth_nonce[64];
-  char name[96];   /* for messages: "host:port" or "inbound #n" */
+  char name[96]; /* for messages: "host:port" or "inbound #n" */
 
   /* Operations issued / completed, for hixl_fence.  Completions of one peer
    * arrive in issue order (control channel FIFO), so completed >= n means the
@@ -394,20 +393,20 @@ struct hixl_peer {
   /* Everything below is protected by ctx->lock. */
   hixl_pending_t *pending;
   uint64_t next_seq;
-  uint8_t *rx;      /* control receive buffer (control thread only) */
+  uint8_t *rx; /* control receive buffer (control thread only) */
   size_t rx_len, rx_cap;
-  int rx_fds[8];    /* fds received, in order, not yet claimed */
+  int rx_fds[8]; /* fds received, in order, not yet claimed */
   int n_rx_fds;
   int64_t last_rx_ns;
-  int64_t born_ns; /* created / accepted: a handshake's deadline runs from here, not from
-                      its last byte (a peer trickling bytes is not kept forever) */
+  int64_t born_ns;            /* created / accepted: a handshake's deadline runs from here, not from
+                                 its last byte (a peer trickling bytes is not kept forever) */
   _Atomic int64_t last_tx_ns; /* written under send_lock, read by heartbeats */
-  int64_t lost_ns; /* when it was lost or closed (0: not) */
-  uint64_t barrier_epoch; /* world: highest barrier epoch received from them */
-  uint64_t xchg_epoch;    /* world: epoch of the blob in xchg_blob */
+  int64_t lost_ns;            /* when it was lost or closed (0: not) */
+  uint64_t barrier_epoch;     /* world: highest barrier epoch received from them */
+  uint64_t xchg_epoch;        /* world: epoch of the blob in xchg_blob */
   uint8_t xchg_blob[HIXL_RKEY_MAX];
   uint32_t xchg_len;
-  hixl_rmr_t *rmrs; /* rmrs unpacked through this peer */
+  hixl_rmr_t *rmrs;       /* rmrs unpacked through this peer */
   struct hixl_peer *next; /* ctx->peers */
 };
 
@@ -420,33 +419,33 @@ typedef struct hixl_published {
 } hixl_published_t;
 
 struct hixl_ctx {
-  uint64_t id;            /* random; identifies us in handshakes and blobs */
-  uint8_t host_id[32];    /* boot id + network namespace: "same host" */
-  hixl_config_t cfg;      /* strings below are owned copies */
+  uint64_t id;         /* random; identifies us in handshakes and blobs */
+  uint8_t host_id[32]; /* boot id + network namespace: "same host" */
+  hixl_config_t cfg;   /* strings below are owned copies */
   char *cfg_strs[4];
-  uint32_t tp_allowed;    /* bit per HIXL_TP_*: what the configuration allows */
-  uint32_t tp_ready;      /* bit per HIXL_TP_*: allowed and set up on this machine */
+  uint32_t tp_allowed; /* bit per HIXL_TP_*: what the configuration allows */
+  uint32_t tp_ready;   /* bit per HIXL_TP_*: allowed and set up on this machine */
   /* Operations a transport queued in software because its hardware queue
    * was full: while any wait, the control thread ticks every millisecond
    * (on_event), so they go out even if the caller never calls hixl again. */
   _Atomic long tp_backlog;
-  void *tp[HIXL_TP_COUNT]; /* per-transport context state (verbs: device, PD, CQs) */
-  int tp_fd[HIXL_TP_COUNT]; /* a transport's event fd for the control thread, or -1 */
+  void *tp[HIXL_TP_COUNT];         /* per-transport context state (verbs: device, PD, CQs) */
+  int tp_fd[HIXL_TP_COUNT];        /* a transport's event fd for the control thread, or -1 */
   uint8_t tp_order[HIXL_TP_COUNT]; /* preference order */
   int n_tp_order;
   char address[128];
-  char tp_names[64];      /* hixl_ctx_transports() */
-  char unix_name[108];    /* abstract unix socket for same-host peers */
+  char tp_names[64];   /* hixl_ctx_transports() */
+  char unix_name[108]; /* abstract unix socket for same-host peers */
   int listen_fd, unix_fd, wake_fd, epoll_fd;
   /* Out of file descriptors (EMFILE at accept): listeners out of epoll
    * until this time (control thread only); the handshake cap. */
   int64_t accept_paused_until;
   unsigned accept_paused; /* bit 0: listen_fd, bit 1: unix_fd */
   int64_t emfile_warned_ns;
-  int max_handshakes;     /* HIXL_MAX_HANDSHAKES */
-  int max_peers;          /* HIXL_MAX_PEERS: authenticated inbound peers at once */
-  size_t max_outq;        /* HIXL_MAX_PEER_QUEUE: bytes queued for one peer at most */
-  void *tls;              /* HIXL_TLS=1: credentials (tls.c); NULL: plain TCP */
+  int max_handshakes; /* HIXL_MAX_HANDSHAKES */
+  int max_peers;      /* HIXL_MAX_PEERS: authenticated inbound peers at once */
+  size_t max_outq;    /* HIXL_MAX_PEER_QUEUE: bytes queued for one peer at most */
+  void *tls;          /* HIXL_TLS=1: credentials (tls.c); NULL: plain TCP */
   pthread_t ctl_thread;
   bool ctl_started;
   _Atomic bool stopping;
@@ -501,8 +500,8 @@ struct hixl_ctx {
 /* conn.c: the control plane. */
 hixl_status_t hixl__ctl_start(hixl_ctx_t *ctx);
 void hixl__ctl_stop(hixl_ctx_t *ctx);
-hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeout_ms,
-                                   uint64_t tag, hixl_peer_t **peer_p);
+hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeout_ms, uint64_t tag,
+                                   hixl_peer_t **peer_p);
 hixl_peer_t *hixl__self_peer(hixl_ctx_t *ctx);
 /* Send a message on peer's control socket (with fds); thread-safe. */
 hixl_status_t hixl__send(hixl_peer_t *peer, struct hixl_msg *m, const int *fds, int nfds);
@@ -556,9 +555,8 @@ hixl_status_t hixl__reg_check(const hixl_reg_slot_t *table, uint32_t slot, uint6
  * is our address of byte off.  NOT_REGISTERED (no such live region, or the
  * range is outside it), UNSUPPORTED (device memory), ACCESS.  reg_lock held
  * (and kept for the copy: a deregistration waits for it). */
-hixl_status_t hixl__serve_range_locked(hixl_ctx_t *ctx, uint32_t slot, uint64_t rkey,
-                                       uint64_t off, uint64_t len, unsigned need,
-                                       uint8_t **addr_p);
+hixl_status_t hixl__serve_range_locked(hixl_ctx_t *ctx, uint32_t slot, uint64_t rkey, uint64_t off,
+                                       uint64_t len, unsigned need, uint8_t **addr_p);
 /* The ATOMIC control message for an owner-executed atomic on r+off. */
 void hixl__atomic_msg(const hixl_rmr_t *r, uint64_t off, int op, uint64_t a, uint64_t b,
                       struct hixl_msg *m);
@@ -567,14 +565,13 @@ void hixl__atomic_msg(const hixl_rmr_t *r, uint64_t off, int op, uint64_t a, uin
  * which checks the whole blob.  unreachable ends the message of an
  * UNSUPPORTED reply ("device memory <unreachable>"). */
 hixl_status_t hixl__rmr_key_call(hixl_rmr_t *r, uint16_t type, uint16_t reply_type,
-                                 const char *unreachable, struct hixl_msg *reply,
-                                 int64_t deadline);
+                                 const char *unreachable, struct hixl_msg *reply, int64_t deadline);
 /* Run an atomic on our own memory (self, or a peer's ATOMIC request). */
 uint64_t hixl__amo_local(uint64_t *p, int op, uint64_t a, uint64_t b);
 /* The rkey blob a peer publishes under name: asked once (no waiting for
  * it to appear); NOT_REGISTERED if it has none. */
-hixl_status_t hixl__lookup_blob(hixl_peer_t *peer, const char *name, uint8_t *blob,
-                                uint32_t *len_p, int64_t deadline);
+hixl_status_t hixl__lookup_blob(hixl_peer_t *peer, const char *name, uint8_t *blob, uint32_t *len_p,
+                                int64_t deadline);
 
 /* Retire a handle (its magic already set dead); ctx->lock held. */
 void hixl__quarantine_locked(hixl_ctx_t *ctx, void *obj);

@@ -27,9 +27,8 @@ void hixl__quarantine_locked(hixl_ctx_t *ctx, void *obj)
   free(old);
 }
 
-static hixl_status_t reg_common(hixl_ctx_t *ctx, void *addr, size_t len, unsigned access,
-                                int memfd, uint64_t fd_off, bool owns, int device,
-                                hixl_mr_t **mr_p)
+static hixl_status_t reg_common(hixl_ctx_t *ctx, void *addr, size_t len, unsigned access, int memfd,
+                                uint64_t fd_off, bool owns, int device, hixl_mr_t **mr_p)
 {
   hixl_mr_t *mr = calloc(1, sizeof(*mr));
   if (mr == NULL)
@@ -49,9 +48,17 @@ static hixl_status_t reg_common(hixl_ctx_t *ctx, void *addr, size_t len, unsigne
     return hixl__err(HIXL_ERR_NOMEM, "too many registered regions (%u)", HIXL_REG_SLOTS);
   }
   ctx->reg_hint = slot + 1;
-  *mr = (hixl_mr_t){.magic = HIXL_MAGIC_MR, .ctx = ctx, .addr = addr, .len = len,
-                    .access = access, .slot = slot, .rkey = hixl__random64(), .memfd = memfd,
-                    .fd_off = fd_off, .owns_mem = owns, .device = device};
+  *mr = (hixl_mr_t){.magic = HIXL_MAGIC_MR,
+                    .ctx = ctx,
+                    .addr = addr,
+                    .len = len,
+                    .access = access,
+                    .slot = slot,
+                    .rkey = hixl__random64(),
+                    .memfd = memfd,
+                    .fd_off = fd_off,
+                    .owns_mem = owns,
+                    .device = device};
   hixl_reg_slot_t *s = &ctx->reg_table[slot];
   s->base = (uint64_t)(uintptr_t)addr;
   s->len = len;
@@ -81,7 +88,9 @@ static hixl_status_t reg_common(hixl_ctx_t *ctx, void *addr, size_t len, unsigne
     }
   }
   hixl_debug("registered %p+%zu access %u slot %u%s", addr, len, access, slot,
-             device >= 0 ? " (device)" : memfd >= 0 ? " (memfd)" : "");
+             device >= 0  ? " (device)"
+             : memfd >= 0 ? " (memfd)"
+                          : "");
   *mr_p = mr;
   return HIXL_OK;
 }
@@ -91,7 +100,9 @@ static hixl_status_t check_reg_args(const char *fn, hixl_ctx_t *ctx, const void 
 {
   if (ctx == NULL || addr == NULL || out == NULL)
     return hixl__err(HIXL_ERR_INVALID, "%s: NULL %s", fn,
-                     ctx == NULL ? "ctx" : addr == NULL ? "addr" : "output pointer");
+                     ctx == NULL    ? "ctx"
+                     : addr == NULL ? "addr"
+                                    : "output pointer");
   if (len == 0)
     return hixl__err(HIXL_ERR_INVALID, "%s: zero length", fn);
   if ((uintptr_t)addr + len < (uintptr_t)addr)
@@ -176,8 +187,7 @@ hixl_status_t hixl_mem_alloc(hixl_ctx_t *ctx, size_t len, hixl_mem_kind_t kind, 
   if (p == MAP_FAILED) {
     int e = errno;
     close(fd);
-    return hixl__err(HIXL_ERR_NOMEM, "hixl_mem_alloc: mmap of %zu bytes: %s", map_len,
-                     strerror(e));
+    return hixl__err(HIXL_ERR_NOMEM, "hixl_mem_alloc: mmap of %zu bytes: %s", map_len, strerror(e));
   }
   st = reg_common(ctx, p, len, access, fd, 0, true, -1, mr_p);
   if (st != HIXL_OK) {
@@ -274,9 +284,12 @@ void hixl__mrs_destroy(hixl_ctx_t *ctx)
 
 static void mr_to_info(const hixl_mr_t *mr, hixl_rkey_info_t *k)
 {
-  *k = (hixl_rkey_info_t){.ctx_id = mr->ctx->id, .rkey = mr->rkey,
-                          .base = (uint64_t)(uintptr_t)mr->addr, .len = mr->len,
-                          .slot = mr->slot, .access = mr->access,
+  *k = (hixl_rkey_info_t){.ctx_id = mr->ctx->id,
+                          .rkey = mr->rkey,
+                          .base = (uint64_t)(uintptr_t)mr->addr,
+                          .len = mr->len,
+                          .slot = mr->slot,
+                          .access = mr->access,
                           .flags = mr->ctx->reg_table[mr->slot].flags};
 }
 
@@ -320,7 +333,9 @@ hixl_status_t hixl_rmr_unpack(hixl_peer_t *peer, const void *buf, size_t len, hi
 {
   if (!peer_valid(peer) || buf == NULL || rmr_p == NULL)
     return hixl__err(HIXL_ERR_INVALID, "hixl_rmr_unpack: NULL or invalid %s",
-                     !peer_valid(peer) ? "peer" : buf == NULL ? "buf" : "rmr_p");
+                     !peer_valid(peer) ? "peer"
+                     : buf == NULL     ? "buf"
+                                       : "rmr_p");
   if (!hixl__peer_await_up(peer, hixl__deadline(hixl__ctx_timeout(peer->ctx))))
     return hixl__err(HIXL_ERR_PEER_LOST, "hixl_rmr_unpack: peer %s is not connected", peer->name);
   hixl_rkey_info_t k;
@@ -333,8 +348,14 @@ hixl_status_t hixl_rmr_unpack(hixl_peer_t *peer, const void *buf, size_t len, hi
   hixl_rmr_t *r = calloc(1, sizeof(*r));
   if (r == NULL)
     return hixl__err(HIXL_ERR_NOMEM, "no memory for an rmr");
-  *r = (hixl_rmr_t){.magic = HIXL_MAGIC_RMR, .peer = peer, .base = k.base, .len = k.len,
-                    .rkey = k.rkey, .slot = k.slot, .access = k.access, .flags = k.flags};
+  *r = (hixl_rmr_t){.magic = HIXL_MAGIC_RMR,
+                    .peer = peer,
+                    .base = k.base,
+                    .len = k.len,
+                    .rkey = k.rkey,
+                    .slot = k.slot,
+                    .access = k.access,
+                    .flags = k.flags};
   hixl_status_t st = peer->ops->rmr_attach(r, hixl__deadline(hixl__ctx_timeout(peer->ctx)));
   if (st != HIXL_OK) {
     free(r);
@@ -382,8 +403,7 @@ hixl_status_t hixl_mr_publish(hixl_mr_t *mr, const char *name)
   if (!mr_valid(mr))
     return hixl__err(HIXL_ERR_INVALID, "hixl_mr_publish: NULL, invalid or deregistered region");
   if (!name_ok(name))
-    return hixl__err(HIXL_ERR_INVALID,
-                     "hixl_mr_publish: name must be 1..63 printable bytes");
+    return hixl__err(HIXL_ERR_INVALID, "hixl_mr_publish: name must be 1..63 printable bytes");
   hixl_ctx_t *ctx = mr->ctx;
   pthread_mutex_lock(&ctx->lock);
   int free_i = -1;
@@ -421,8 +441,8 @@ static hixl_status_t lookup_locked(hixl_ctx_t *ctx, const char *name, uint8_t *b
   return HIXL_ERR_NOT_REGISTERED;
 }
 
-hixl_status_t hixl__lookup_blob(hixl_peer_t *peer, const char *name, uint8_t *blob,
-                                uint32_t *len_p, int64_t deadline)
+hixl_status_t hixl__lookup_blob(hixl_peer_t *peer, const char *name, uint8_t *blob, uint32_t *len_p,
+                                int64_t deadline)
 {
   if (peer->self) {
     pthread_mutex_lock(&peer->ctx->lock);
@@ -454,8 +474,7 @@ hixl_status_t hixl_rmr_lookup(hixl_peer_t *peer, const char *name, int timeout_m
   int call_ms = hixl__ctx_timeout(peer->ctx);
   for (;;) {
     if (!hixl__peer_await_up(peer, hixl__deadline(call_ms)))
-      return hixl__err(HIXL_ERR_PEER_LOST, "hixl_rmr_lookup: peer %s is not connected",
-                       peer->name);
+      return hixl__err(HIXL_ERR_PEER_LOST, "hixl_rmr_lookup: peer %s is not connected", peer->name);
     uint8_t blob[HIXL_WIRE_BLOB];
     uint32_t blen = 0;
     hixl_status_t st = hixl__lookup_blob(peer, name, blob, &blen, hixl__deadline(call_ms));
@@ -503,8 +522,10 @@ hixl_status_t hixl__rmr_key_call(hixl_rmr_t *r, uint16_t type, uint16_t reply_ty
   m.u64[2] = r->len;
   hixl_status_t st = hixl__call(r->peer, &m, reply_type, reply, NULL, deadline);
   if (st == HIXL_ERR_NOT_REGISTERED)
-    return hixl__err(st, "hixl_rmr_unpack: peer %s has no live region matching the blob "
-                     "(forged or stale key)", r->peer->name);
+    return hixl__err(st,
+                     "hixl_rmr_unpack: peer %s has no live region matching the blob "
+                     "(forged or stale key)",
+                     r->peer->name);
   if (st == HIXL_ERR_UNSUPPORTED)
     return hixl__err(st, "hixl_rmr_unpack: the region of peer %s is device memory %s",
                      r->peer->name, unreachable);
@@ -520,9 +541,8 @@ static hixl_mr_t *live_mr(hixl_ctx_t *ctx, uint32_t slot, uint64_t rkey)
   return mr && mr->rkey == rkey ? mr : NULL;
 }
 
-hixl_status_t hixl__serve_range_locked(hixl_ctx_t *ctx, uint32_t slot, uint64_t rkey,
-                                       uint64_t off, uint64_t len, unsigned need,
-                                       uint8_t **addr_p)
+hixl_status_t hixl__serve_range_locked(hixl_ctx_t *ctx, uint32_t slot, uint64_t rkey, uint64_t off,
+                                       uint64_t len, unsigned need, uint8_t **addr_p)
 {
   /* The initiator checked all of this too; that is not trusted. */
   hixl_mr_t *mr = live_mr(ctx, slot, rkey);
@@ -536,8 +556,7 @@ hixl_status_t hixl__serve_range_locked(hixl_ctx_t *ctx, uint32_t slot, uint64_t 
   return HIXL_OK;
 }
 
-void hixl__serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out, int *out_fds,
-                 int *n_out)
+void hixl__serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out, int *out_fds, int *n_out)
 {
   hixl_ctx_t *ctx = peer->ctx;
   memset(out, 0, sizeof(*out));
@@ -620,8 +639,8 @@ void hixl__serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out, int *o
     else if (((uintptr_t)mr->addr + off) % 8 != 0 || (op != HIXL_AMO_FAA && op != HIXL_AMO_CAS))
       out->status = HIXL_ERR_INVALID;
     else
-      out->u64[0] = hixl__amo_local((uint64_t *)((uint8_t *)mr->addr + off), op, m->u64[2],
-                                    m->u64[3]);
+      out->u64[0] =
+          hixl__amo_local((uint64_t *)((uint8_t *)mr->addr + off), op, m->u64[2], m->u64[3]);
     pthread_mutex_unlock(&ctx->reg_lock);
     return;
   }
@@ -649,7 +668,6 @@ void hixl__serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out, int *o
     pthread_mutex_unlock(&ctx->reg_lock);
     return;
   }
-  default:
-    return;
+  default: return;
   }
 }

@@ -56,7 +56,9 @@ int hixl_notif_poll(hixl_ctx_t *ctx, hixl_notif_t *out, int max)
 {
   if (ctx == NULL || out == NULL || max < 0)
     return hixl__err(HIXL_ERR_INVALID, "hixl_notif_poll: %s",
-                     ctx == NULL ? "NULL ctx" : out == NULL ? "NULL out" : "max < 0");
+                     ctx == NULL   ? "NULL ctx"
+                     : out == NULL ? "NULL out"
+                                   : "max < 0");
   int n = 0;
   for (size_t t = 0; t < hixl__n_transports; t++) {
     const hixl_transport_ops_t *o = hixl__transports[t];
@@ -120,8 +122,7 @@ hixl_status_t hixl_notif_wait(hixl_ctx_t *ctx, hixl_notif_t *out, int timeout_ms
   notif_wait_t w = {ctx, out, 0, 1};
   if (notif_ready(&w))
     return w.n > 0 ? HIXL_OK : w.n;
-  if (timeout_ms == 0 ||
-      hixl__wait(ctx, hixl__deadline(timeout_ms), 0, notif_ready, &w) != HIXL_OK)
+  if (timeout_ms == 0 || hixl__wait(ctx, hixl__deadline(timeout_ms), 0, notif_ready, &w) != HIXL_OK)
     return hixl__err(HIXL_ERR_TIMEOUT, "hixl_notif_wait: no notification in %d ms", timeout_ms);
   return w.n > 0 ? HIXL_OK : w.n;
 }

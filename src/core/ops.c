@@ -38,8 +38,7 @@ static inline hixl_status_t check_remote(const char *fn, hixl_peer_t *peer, hixl
                      (unsigned long long)off, (unsigned long long)off, len,
                      (unsigned long long)rmr->len, peer->name);
   if (hixl_unlikely((rmr->access & need) != need))
-    return hixl__err(HIXL_ERR_ACCESS, "%s: the region of peer %s does not grant %s", fn,
-                     peer->name,
+    return hixl__err(HIXL_ERR_ACCESS, "%s: the region of peer %s does not grant %s", fn, peer->name,
                      need == HIXL_ACCESS_READ    ? "READ"
                      : need == HIXL_ACCESS_WRITE ? "WRITE"
                                                  : "ATOMIC");
@@ -91,16 +90,16 @@ static inline hixl_status_t done_sync(hixl_peer_t *peer, hixl_status_t st, hixl_
   return HIXL_OK;
 }
 
-#define PRE(fn, peer, flags)                                                                    \
-  hixl_status_t st_ = check_peer(fn, peer);                                                     \
-  if (hixl_likely(st_ == HIXL_OK))                                                              \
-    st_ = check_flags(fn, flags);                                                               \
-  if (hixl_unlikely(st_ != HIXL_OK))                                                            \
-    return st_;                                                                                 \
-  if (hixl_unlikely((flags) & HIXL_OP_ORDERED) && (st_ = order_after_earlier(fn, peer)))        \
-    return st_;                                                                                 \
-  if (hixl_unlikely(!atomic_load_explicit(&(peer)->used, memory_order_relaxed)))              \
-    atomic_store_explicit(&(peer)->used, true, memory_order_relaxed)
+#define PRE(fn, peer, flags)                                                                       \
+  hixl_status_t st_ = check_peer(fn, peer);                                                        \
+  if (hixl_likely(st_ == HIXL_OK))                                                                 \
+    st_ = check_flags(fn, flags);                                                                  \
+  if (hixl_unlikely(st_ != HIXL_OK))                                                               \
+    return st_;                                                                                    \
+  if (hixl_unlikely((flags)&HIXL_OP_ORDERED) && (st_ = order_after_earlier(fn, peer)))             \
+    return st_;                                                                                    \
+  if (hixl_unlikely(!atomic_load_explicit(&(peer)->used, memory_order_relaxed)))                   \
+  atomic_store_explicit(&(peer)->used, true, memory_order_relaxed)
 
 /* An asynchronous transport's request: counted for fence, one part held
  * while the caller issues (so it cannot complete half-issued). */
@@ -129,16 +128,16 @@ static hixl_status_t async_end(hixl_req_t *req, hixl_status_t st, hixl_req_t **r
   return HIXL_OK;
 }
 
-#define ASYNC_OR_SYNC(peer, req_p, call)                                                        \
-  do {                                                                                          \
-    if (hixl_likely(!(peer)->ops->async)) {                                                     \
-      hixl_req_t *req = NULL;                                                                   \
-      return done_sync(peer, (call), req_p);                                                    \
-    }                                                                                           \
-    hixl_req_t *req = async_begin(peer);                                                        \
-    if (hixl_unlikely(req == NULL))                                                             \
-      return hixl__err(HIXL_ERR_NOMEM, "no memory for a request");                              \
-    return async_end(req, (call), req_p);                                                       \
+#define ASYNC_OR_SYNC(peer, req_p, call)                                                           \
+  do {                                                                                             \
+    if (hixl_likely(!(peer)->ops->async)) {                                                        \
+      hixl_req_t *req = NULL;                                                                      \
+      return done_sync(peer, (call), req_p);                                                       \
+    }                                                                                              \
+    hixl_req_t *req = async_begin(peer);                                                           \
+    if (hixl_unlikely(req == NULL))                                                                \
+      return hixl__err(HIXL_ERR_NOMEM, "no memory for a request");                                 \
+    return async_end(req, (call), req_p);                                                          \
   } while (0)
 
 HIXL_HOT hixl_status_t hixl_put(hixl_peer_t *peer, const void *src, size_t len, hixl_rmr_t *dst,
@@ -195,9 +194,9 @@ hixl_status_t hixl_notify(hixl_peer_t *peer, uint32_t imm, unsigned flags, hixl_
   ASYNC_OR_SYNC(peer, req_p, peer->ops->notify(peer, imm, 0, req));
 }
 
-static hixl_status_t atomic_common(const char *fn, hixl_peer_t *peer, hixl_rmr_t *rmr,
-                                   uint64_t off, int op, uint64_t a, uint64_t b, uint64_t *old_p,
-                                   unsigned flags, hixl_req_t **req_p)
+static hixl_status_t atomic_common(const char *fn, hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t off,
+                                   int op, uint64_t a, uint64_t b, uint64_t *old_p, unsigned flags,
+                                   hixl_req_t **req_p)
 {
   hixl_status_t st = check_peer(fn, peer);
   if (hixl_likely(st == HIXL_OK))
@@ -252,8 +251,7 @@ static hixl_status_t atomic_common(const char *fn, hixl_peer_t *peer, hixl_rmr_t
 }
 
 hixl_status_t hixl_atomic_cas(hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t off, uint64_t expected,
-                              uint64_t desired, uint64_t *old_p, unsigned flags,
-                              hixl_req_t **req_p)
+                              uint64_t desired, uint64_t *old_p, unsigned flags, hixl_req_t **req_p)
 {
   return atomic_common("hixl_atomic_cas", peer, rmr, off, HIXL_AMO_CAS, expected, desired, old_p,
                        flags, req_p);
@@ -291,18 +289,16 @@ static hixl_status_t check_batch(const char *fn, hixl_peer_t *peer, const hixl_x
 }
 
 /* The elements of a batch, then its notification, under one request. */
-static hixl_status_t batch_issue(hixl_peer_t *peer, const hixl_xfer_t *xfers, size_t n,
-                                 bool is_put, const uint32_t *imm, uint64_t total,
-                                 hixl_req_t *req)
+static hixl_status_t batch_issue(hixl_peer_t *peer, const hixl_xfer_t *xfers, size_t n, bool is_put,
+                                 const uint32_t *imm, uint64_t total, hixl_req_t *req)
 {
   if (peer->ops->batch)
     return peer->ops->batch(peer, xfers, n, is_put, imm, total, req);
   hixl_status_t st = HIXL_OK;
   for (size_t i = 0; i < n && st >= 0; i++)
-    st = is_put ? peer->ops->put(peer, xfers[i].local, xfers[i].len, xfers[i].rmr, xfers[i].off,
-                                 req)
-                : peer->ops->get(peer, xfers[i].local, xfers[i].len, xfers[i].rmr, xfers[i].off,
-                                 req);
+    st = is_put
+             ? peer->ops->put(peer, xfers[i].local, xfers[i].len, xfers[i].rmr, xfers[i].off, req)
+             : peer->ops->get(peer, xfers[i].local, xfers[i].len, xfers[i].rmr, xfers[i].off, req);
   if (st >= 0 && imm)
     st = peer->ops->notify(peer, *imm, total, req);
   return st;
@@ -321,8 +317,8 @@ hixl_status_t hixl_put_batch(hixl_peer_t *peer, const hixl_xfer_t *xfers, size_t
   ASYNC_OR_SYNC(peer, req_p, batch_issue(peer, xfers, n, true, imm, total, req));
 }
 
-hixl_status_t hixl_get_batch(hixl_peer_t *peer, const hixl_xfer_t *xfers, size_t n,
-                             unsigned flags, hixl_req_t **req_p)
+hixl_status_t hixl_get_batch(hixl_peer_t *peer, const hixl_xfer_t *xfers, size_t n, unsigned flags,
+                             hixl_req_t **req_p)
 {
   uint64_t total;
   hixl_status_t st = check_peer("hixl_get_batch", peer);

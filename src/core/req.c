@@ -203,8 +203,7 @@ static bool completed_or_down(void *arg)
   return false;
 }
 
-hixl_status_t hixl__wait_completed(hixl_peer_t *p, uint64_t target, int64_t deadline,
-                                   int *state_p)
+hixl_status_t hixl__wait_completed(hixl_peer_t *p, uint64_t target, int64_t deadline, int *state_p)
 {
   completed_wait_t w = {p, target, HIXL_PEER_UP};
   hixl_status_t st = hixl__wait(p->ctx, deadline, 0, completed_or_down, &w);
@@ -249,8 +248,7 @@ hixl_status_t hixl_fence(hixl_ctx_t *ctx, hixl_peer_t *peer, int timeout_ms)
       return hixl__err(HIXL_ERR_INVALID, "hixl_fence: peer is invalid or not of this context");
     /* Nothing in flight (always so on shm and self): no clock read. */
     if (atomic_load(&peer->state) == HIXL_PEER_UP &&
-        atomic_load_explicit(&peer->completed, memory_order_acquire) >=
-            atomic_load(&peer->issued))
+        atomic_load_explicit(&peer->completed, memory_order_acquire) >= atomic_load(&peer->issued))
       return HIXL_OK;
     return fence_peer(peer, hixl__deadline(timeout_ms), false);
   }

@@ -75,8 +75,9 @@ int hixl__store_dialect_parse(const char *s)
 
 const char *hixl__store_dialect_name(int dialect)
 {
-  return dialect == HIXL_STORE_LEGACY ? "legacy" : dialect == HIXL_STORE_VALIDATE ? "validate"
-                                                                                  : "auto";
+  return dialect == HIXL_STORE_LEGACY     ? "legacy"
+         : dialect == HIXL_STORE_VALIDATE ? "validate"
+                                          : "auto";
 }
 
 const char *hixl__store_name(const hixl_store_t *s) { return s ? s->name : "?"; }
@@ -238,7 +239,8 @@ static hixl_status_t check_quiet(hixl_store_t *s)
   if (k > 0)
     return fail(s, HIXL_ERR_TRANSPORT,
                 "sent %zd%s byte(s) nobody asked for (first 0x%02x): not a TCPStore, or out of "
-                "step", k, k == (ssize_t)sizeof(b) ? "+" : "", b[0]);
+                "step",
+                k, k == (ssize_t)sizeof(b) ? "+" : "", b[0]);
   if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
     drop(s); /* closed while idle: connect again */
   return HIXL_OK;
@@ -248,8 +250,8 @@ static hixl_status_t check_quiet(hixl_store_t *s)
  * deadline (the store may not be listening yet). */
 static int dial(hixl_store_t *s, int64_t deadline, hixl_status_t *st)
 {
-  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                           .ai_flags = AI_NUMERICSERV};
+  struct addrinfo hints = {
+      .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
   int last = ECONNREFUSED;
   for (;;) {
     struct addrinfo *res;
@@ -320,8 +322,9 @@ static hixl_status_t ensure(hixl_store_t *s, int64_t deadline)
         (st = recv_all(s, le, 8, deadline, "the VALIDATE hello")) != HIXL_OK)
       return st;
     if (get_u64(le) > (1ull << 40))
-      return fail(s, HIXL_ERR_TRANSPORT, "answered the VALIDATE hello with 0x%016" PRIx64
-                  ", not a key count", get_u64(le));
+      return fail(s, HIXL_ERR_TRANSPORT,
+                  "answered the VALIDATE hello with 0x%016" PRIx64 ", not a key count",
+                  get_u64(le));
   }
   return HIXL_OK;
 }
@@ -423,8 +426,8 @@ static hixl_status_t settle(hixl_store_t *s, int64_t deadline)
                      s->name,
                      won == -2 ? "no answer to a protocol probe in either dialect within the "
                                  "timeout"
-                     : any ? "closed the connection in the middle of its answer to a probe"
-                           : "closed the connection on a protocol probe in either dialect");
+                     : any     ? "closed the connection in the middle of its answer to a probe"
+                               : "closed the connection on a protocol probe in either dialect");
   }
   s->fd = p[won].fd;
   s->dialect = won == 0 ? HIXL_STORE_LEGACY : HIXL_STORE_VALIDATE;
@@ -432,14 +435,15 @@ static hixl_status_t settle(hixl_store_t *s, int64_t deadline)
   if (keys > (1ull << 40))
     return fail(s, HIXL_ERR_TRANSPORT,
                 "answered the protocol probe with 0x%016" PRIx64 ", not a key count: not a "
-                "TCPStore", keys);
+                "TCPStore",
+                keys);
   hixl_debug("torch store at %s speaks the %s dialect (%" PRIu64 " keys)", s->name,
              hixl__store_dialect_name(s->dialect), keys);
   return check_quiet(s);
 }
 
-hixl_status_t hixl__store_connect(const char *host, const char *port, int dialect,
-                                  int64_t deadline, hixl_store_t **store_p)
+hixl_status_t hixl__store_connect(const char *host, const char *port, int dialect, int64_t deadline,
+                                  hixl_store_t **store_p)
 {
   if (host == NULL || port == NULL || store_p == NULL || dialect < HIXL_STORE_AUTO ||
       dialect > HIXL_STORE_VALIDATE)
@@ -555,29 +559,26 @@ static hixl_status_t keys_query(hixl_store_t *s, int op, const char *const *keys
   return HIXL_OK;
 }
 
-hixl_status_t hixl__store_wait(hixl_store_t *s, const char *const *keys, size_t n,
-                               int64_t deadline)
+hixl_status_t hixl__store_wait(hixl_store_t *s, const char *const *keys, size_t n, int64_t deadline)
 {
   for (size_t i = 0; i < n; i += KEYS_PER_QUERY) {
     uint8_t a;
-    hixl_status_t st =
-        keys_query(s, OP_WAIT, keys + i, n - i < KEYS_PER_QUERY ? n - i : KEYS_PER_QUERY, &a,
-                   deadline);
+    hixl_status_t st = keys_query(s, OP_WAIT, keys + i,
+                                  n - i < KEYS_PER_QUERY ? n - i : KEYS_PER_QUERY, &a, deadline);
     if (st != HIXL_OK)
       return st;
   }
   return HIXL_OK;
 }
 
-hixl_status_t hixl__store_check(hixl_store_t *s, const char *const *keys, size_t n,
-                                bool *ready_p, int64_t deadline)
+hixl_status_t hixl__store_check(hixl_store_t *s, const char *const *keys, size_t n, bool *ready_p,
+                                int64_t deadline)
 {
   bool ready = true;
   for (size_t i = 0; i < n && ready; i += KEYS_PER_QUERY) {
     uint8_t a;
-    hixl_status_t st =
-        keys_query(s, OP_CHECK, keys + i, n - i < KEYS_PER_QUERY ? n - i : KEYS_PER_QUERY, &a,
-                   deadline);
+    hixl_status_t st = keys_query(s, OP_CHECK, keys + i,
+                                  n - i < KEYS_PER_QUERY ? n - i : KEYS_PER_QUERY, &a, deadline);
     if (st != HIXL_OK)
       return st;
     ready = a == 0;
@@ -603,8 +604,9 @@ hixl_status_t hixl__store_get(hixl_store_t *s, const char *key, void *buf, size_
     return st;
   uint64_t len = get_u64(le);
   if (len > cap)
-    return fail(s, HIXL_ERR_TRANSPORT, "the value of \"%.40s\" is %" PRIu64
-                " bytes, more than the %zu expected", key, len, cap);
+    return fail(s, HIXL_ERR_TRANSPORT,
+                "the value of \"%.40s\" is %" PRIu64 " bytes, more than the %zu expected", key, len,
+                cap);
   if (len && (st = recv_all(s, buf, (size_t)len, deadline, what)) != HIXL_OK)
     return st;
   *len_p = (size_t)len;

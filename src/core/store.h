@@ -49,8 +49,8 @@ const char *hixl__store_dialect_name(int dialect);
  * deadline: the server may not be up yet) and settle the dialect.
  * Errors: INVALID (unresolvable host, bad dialect), TIMEOUT, PEER_LOST,
  * TRANSPORT (not a TCPStore), NOMEM. */
-hixl_status_t hixl__store_connect(const char *host, const char *port, int dialect,
-                                  int64_t deadline, hixl_store_t **store_p);
+hixl_status_t hixl__store_connect(const char *host, const char *port, int dialect, int64_t deadline,
+                                  hixl_store_t **store_p);
 void hixl__store_close(hixl_store_t *s);
 /* "host:port", for messages. */
 const char *hixl__store_name(const hixl_store_t *s);
@@ -65,8 +65,8 @@ hixl_status_t hixl__store_add(hixl_store_t *s, const char *key, int64_t delta, i
 hixl_status_t hixl__store_wait(hixl_store_t *s, const char *const *keys, size_t n,
                                int64_t deadline);
 /* *ready_p: whether every key exists now. */
-hixl_status_t hixl__store_check(hixl_store_t *s, const char *const *keys, size_t n,
-                                bool *ready_p, int64_t deadline);
+hixl_status_t hixl__store_check(hixl_store_t *s, const char *const *keys, size_t n, bool *ready_p,
+                                int64_t deadline);
 /* Wait for key, then read its value into buf (at most cap bytes: a longer
  * value is a TRANSPORT error, and nothing of it is kept); *len_p its length. */
 hixl_status_t hixl__store_get(hixl_store_t *s, const char *key, void *buf, size_t cap,

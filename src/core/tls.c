@@ -15,7 +15,7 @@
 /* TLS 1.3 only, key exchange with the PSK plus (EC)DHE for forward secrecy. */
 /* Two cheap groups only: a peer holding the token must not be able to make
  * the control thread compute an FFDHE-8192 exchange (~200 ms each). */
-#define PRIORITY                                                                                 \
+#define PRIORITY                                                                                   \
   "NORMAL:-VERS-ALL:+VERS-TLS1.3:-KX-ALL:+ECDHE-PSK:-GROUP-ALL:+GROUP-X25519:+GROUP-SECP256R1"
 #define PSK_USER "hixl"
 
@@ -50,7 +50,7 @@ hixl_status_t hixl__tls_init(hixl_ctx_t *ctx)
   const char *tok = ctx->cfg.auth_token;
   if (tok == NULL || tok[0] == 0)
     return hixl__err(HIXL_ERR_INVALID, "HIXL_TLS=1 needs an auth token: it is TLS's pre-shared "
-                     "key (HIXL_AUTH_TOKEN)");
+                                       "key (HIXL_AUTH_TOKEN)");
   tls_ctx_t *t = calloc(1, sizeof(*t));
   if (t == NULL || (t->key = strdup(tok)) == NULL) {
     free(t);
@@ -158,7 +158,7 @@ ssize_t hixl__tls_recv(void *s, void *buf, size_t len)
       return -EAGAIN;
     if (n == GNUTLS_E_PREMATURE_TERMINATION)
       return 0; /* closed without close_notify: hixl peers just close */
-    return n; /* a GnuTLS code, for hixl__tls_strerror */
+    return n;   /* a GnuTLS code, for hixl__tls_strerror */
   }
 }
 
@@ -175,8 +175,10 @@ hixl_status_t hixl__tls_init(hixl_ctx_t *ctx)
 {
   const char *e = getenv("HIXL_TLS");
   if (e && strcmp(e, "0") != 0)
-    return hixl__err(HIXL_ERR_UNSUPPORTED, "HIXL_TLS=%s: this build has no TLS (GnuTLS was not "
-                     "found at build time: libgnutls28-dev)", e);
+    return hixl__err(HIXL_ERR_UNSUPPORTED,
+                     "HIXL_TLS=%s: this build has no TLS (GnuTLS was not "
+                     "found at build time: libgnutls28-dev)",
+                     e);
   ctx->tls = NULL;
   return HIXL_OK;
 }

@@ -51,8 +51,8 @@ void hixl__tp_accept_none(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *ou
   out->type = 0; /* no reply: the caller drops the connection */
 }
 
-hixl_status_t hixl__tp_put_imm_sync(hixl_peer_t *peer, const void *src, size_t len,
-                                    hixl_rmr_t *rmr, uint64_t off, uint32_t imm, hixl_req_t *req)
+hixl_status_t hixl__tp_put_imm_sync(hixl_peer_t *peer, const void *src, size_t len, hixl_rmr_t *rmr,
+                                    uint64_t off, uint32_t imm, hixl_req_t *req)
 {
   hixl_status_t st = peer->ops->put(peer, src, len, rmr, off, req);
   return st == HIXL_OK ? peer->ops->notify(peer, imm, len, req) : st;
@@ -83,8 +83,8 @@ static bool closed_rmr_live(const hixl_rmr_t *r)
   (void)r;
   return false;
 }
-static hixl_status_t closed_put(hixl_peer_t *p, const void *s, size_t l, hixl_rmr_t *r,
-                                uint64_t o, hixl_req_t *req)
+static hixl_status_t closed_put(hixl_peer_t *p, const void *s, size_t l, hixl_rmr_t *r, uint64_t o,
+                                hixl_req_t *req)
 {
   (void)s, (void)l, (void)r, (void)o, (void)req;
   return hixl__err(HIXL_ERR_PEER_LOST, "peer %s is disconnected", p->name);

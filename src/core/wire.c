@@ -5,13 +5,26 @@
 #include <string.h>
 
 /* Field kinds of the schema. */
-enum { F_END = 0, F_STATUS, F_U32_0, F_U32_1, F_U32_2, F_U64_0, F_U64_1, F_U64_2, F_U64_3,
-       F_U64_4, F_HOST, F_STR0, F_STR1, F_BLOB };
+enum {
+  F_END = 0,
+  F_STATUS,
+  F_U32_0,
+  F_U32_1,
+  F_U32_2,
+  F_U64_0,
+  F_U64_1,
+  F_U64_2,
+  F_U64_3,
+  F_U64_4,
+  F_HOST,
+  F_STR0,
+  F_STR1,
+  F_BLOB
+};
 
 static const uint8_t schema[HIXL_MSG_TYPE_MAX][12] = {
     [HIXL_MSG_HELLO] = {F_BLOB},
-    [HIXL_MSG_HELLO_ACK] = {F_STATUS, F_U32_0, F_U64_0, F_HOST, F_U32_1, F_U64_1, F_STR0,
-                            F_STR1},
+    [HIXL_MSG_HELLO_ACK] = {F_STATUS, F_U32_0, F_U64_0, F_HOST, F_U32_1, F_U64_1, F_STR0, F_STR1},
     [HIXL_MSG_SHM_BIND] = {F_U64_0, F_U64_1},
     [HIXL_MSG_SHM_BIND_ACK] = {F_STATUS},
     [HIXL_MSG_LOOKUP] = {F_STR0},
@@ -24,8 +37,7 @@ static const uint8_t schema[HIXL_MSG_TYPE_MAX][12] = {
     [HIXL_MSG_BYE] = {F_END},
     [HIXL_MSG_WORLD_BARRIER] = {F_U64_0, F_U64_1},
     [HIXL_MSG_WORLD_XCHG] = {F_U64_0, F_U64_1, F_BLOB},
-    [HIXL_MSG_VERBS_QP] = {F_U32_0, F_U32_1, F_U32_2, F_U64_0, F_U64_1, F_U64_2, F_U64_3,
-                           F_BLOB},
+    [HIXL_MSG_VERBS_QP] = {F_U32_0, F_U32_1, F_U32_2, F_U64_0, F_U64_1, F_U64_2, F_U64_3, F_BLOB},
     [HIXL_MSG_VERBS_QP_REPLY] = {F_STATUS, F_U32_0, F_U32_1, F_U32_2, F_U64_0, F_U64_1, F_U64_2,
                                  F_U64_3, F_BLOB},
     [HIXL_MSG_VERBS_MR] = {F_U32_0, F_U32_1, F_U32_2, F_U64_0, F_U64_1, F_U64_2},
@@ -46,22 +58,37 @@ static const uint8_t schema[HIXL_MSG_TYPE_MAX][12] = {
 };
 
 static const char *const type_names[HIXL_MSG_TYPE_MAX] = {
-    [HIXL_MSG_HELLO] = "HELLO",         [HIXL_MSG_HELLO_ACK] = "HELLO_ACK",
-    [HIXL_MSG_SHM_BIND] = "SHM_BIND",   [HIXL_MSG_SHM_BIND_ACK] = "SHM_BIND_ACK",
-    [HIXL_MSG_LOOKUP] = "LOOKUP",       [HIXL_MSG_LOOKUP_REPLY] = "LOOKUP_REPLY",
-    [HIXL_MSG_FD_REQ] = "FD_REQ",       [HIXL_MSG_FD_REPLY] = "FD_REPLY",
-    [HIXL_MSG_ATOMIC] = "ATOMIC",       [HIXL_MSG_ATOMIC_REPLY] = "ATOMIC_REPLY",
-    [HIXL_MSG_HEARTBEAT] = "HEARTBEAT", [HIXL_MSG_BYE] = "BYE",
-    [HIXL_MSG_WORLD_BARRIER] = "WORLD_BARRIER", [HIXL_MSG_WORLD_XCHG] = "WORLD_XCHG",
-    [HIXL_MSG_VERBS_QP] = "VERBS_QP", [HIXL_MSG_VERBS_QP_REPLY] = "VERBS_QP_REPLY",
-    [HIXL_MSG_VERBS_MR] = "VERBS_MR", [HIXL_MSG_VERBS_MR_REPLY] = "VERBS_MR_REPLY",
-    [HIXL_MSG_REGION_GONE] = "REGION_GONE", [HIXL_MSG_REGION_GONE_ACK] = "REGION_GONE_ACK",
-    [HIXL_MSG_DEV_IPC_REQ] = "DEV_IPC_REQ", [HIXL_MSG_DEV_IPC_REPLY] = "DEV_IPC_REPLY",
-    [HIXL_MSG_FABRIC_BIND] = "FABRIC_BIND", [HIXL_MSG_FABRIC_BIND_REPLY] = "FABRIC_BIND_REPLY",
-    [HIXL_MSG_FABRIC_MR] = "FABRIC_MR", [HIXL_MSG_FABRIC_MR_REPLY] = "FABRIC_MR_REPLY",
-    [HIXL_MSG_SHM_STAGE_REQ] = "SHM_STAGE_REQ", [HIXL_MSG_SHM_STAGE_REPLY] = "SHM_STAGE_REPLY",
+    [HIXL_MSG_HELLO] = "HELLO",
+    [HIXL_MSG_HELLO_ACK] = "HELLO_ACK",
+    [HIXL_MSG_SHM_BIND] = "SHM_BIND",
+    [HIXL_MSG_SHM_BIND_ACK] = "SHM_BIND_ACK",
+    [HIXL_MSG_LOOKUP] = "LOOKUP",
+    [HIXL_MSG_LOOKUP_REPLY] = "LOOKUP_REPLY",
+    [HIXL_MSG_FD_REQ] = "FD_REQ",
+    [HIXL_MSG_FD_REPLY] = "FD_REPLY",
+    [HIXL_MSG_ATOMIC] = "ATOMIC",
+    [HIXL_MSG_ATOMIC_REPLY] = "ATOMIC_REPLY",
+    [HIXL_MSG_HEARTBEAT] = "HEARTBEAT",
+    [HIXL_MSG_BYE] = "BYE",
+    [HIXL_MSG_WORLD_BARRIER] = "WORLD_BARRIER",
+    [HIXL_MSG_WORLD_XCHG] = "WORLD_XCHG",
+    [HIXL_MSG_VERBS_QP] = "VERBS_QP",
+    [HIXL_MSG_VERBS_QP_REPLY] = "VERBS_QP_REPLY",
+    [HIXL_MSG_VERBS_MR] = "VERBS_MR",
+    [HIXL_MSG_VERBS_MR_REPLY] = "VERBS_MR_REPLY",
+    [HIXL_MSG_REGION_GONE] = "REGION_GONE",
+    [HIXL_MSG_REGION_GONE_ACK] = "REGION_GONE_ACK",
+    [HIXL_MSG_DEV_IPC_REQ] = "DEV_IPC_REQ",
+    [HIXL_MSG_DEV_IPC_REPLY] = "DEV_IPC_REPLY",
+    [HIXL_MSG_FABRIC_BIND] = "FABRIC_BIND",
+    [HIXL_MSG_FABRIC_BIND_REPLY] = "FABRIC_BIND_REPLY",
+    [HIXL_MSG_FABRIC_MR] = "FABRIC_MR",
+    [HIXL_MSG_FABRIC_MR_REPLY] = "FABRIC_MR_REPLY",
+    [HIXL_MSG_SHM_STAGE_REQ] = "SHM_STAGE_REQ",
+    [HIXL_MSG_SHM_STAGE_REPLY] = "SHM_STAGE_REPLY",
     [HIXL_MSG_SHM_COPY] = "SHM_COPY",
-    [HIXL_MSG_AUTH_CHALLENGE] = "AUTH_CHALLENGE", [HIXL_MSG_AUTH] = "AUTH",
+    [HIXL_MSG_AUTH_CHALLENGE] = "AUTH_CHALLENGE",
+    [HIXL_MSG_AUTH] = "AUTH",
 };
 
 const char *hixl_wire_type_name(unsigned type)
@@ -71,7 +98,11 @@ const char *hixl_wire_type_name(unsigned type)
   return type_names[type];
 }
 
-static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static void put16(uint8_t *p, uint16_t v)
+{
+  p[0] = (uint8_t)v;
+  p[1] = (uint8_t)(v >> 8);
+}
 static void put32(uint8_t *p, uint32_t v)
 {
   for (int i = 0; i < 4; i++)
@@ -103,8 +134,15 @@ static uint64_t get64(const uint8_t *p)
 static size_t fixed_width(uint8_t f)
 {
   switch (f) {
-  case F_STATUS: case F_U32_0: case F_U32_1: case F_U32_2: return 4;
-  case F_U64_0: case F_U64_1: case F_U64_2: case F_U64_3: case F_U64_4: return 8;
+  case F_STATUS:
+  case F_U32_0:
+  case F_U32_1:
+  case F_U32_2: return 4;
+  case F_U64_0:
+  case F_U64_1:
+  case F_U64_2:
+  case F_U64_3:
+  case F_U64_4: return 8;
   case F_HOST: return 32;
   default: return 0;
   }
@@ -137,10 +175,14 @@ size_t hixl_wire_encode(const hixl_msg_t *m, uint8_t *buf, size_t cap)
     uint8_t *p = buf + pos;
     switch (*f) {
     case F_STATUS: put32(p, (uint32_t)m->status); break;
-    case F_U32_0: case F_U32_1: case F_U32_2: put32(p, m->u32[*f - F_U32_0]); break;
-    case F_U64_0: case F_U64_1: case F_U64_2: case F_U64_3: case F_U64_4:
-      put64(p, m->u64[*f - F_U64_0]);
-      break;
+    case F_U32_0:
+    case F_U32_1:
+    case F_U32_2: put32(p, m->u32[*f - F_U32_0]); break;
+    case F_U64_0:
+    case F_U64_1:
+    case F_U64_2:
+    case F_U64_3:
+    case F_U64_4: put64(p, m->u64[*f - F_U64_0]); break;
     case F_HOST: memcpy(p, m->host_id, 32); break;
     default:
       put16(p, (uint16_t)blen);
@@ -199,7 +241,9 @@ int hixl_wire_decode(const uint8_t *buf, size_t n, hixl_msg_t *m)
       const uint8_t *p = buf + pos;
       switch (*f) {
       case F_STATUS: m->status = (int32_t)get32(p); break;
-      case F_U32_0: case F_U32_1: case F_U32_2: m->u32[*f - F_U32_0] = get32(p); break;
+      case F_U32_0:
+      case F_U32_1:
+      case F_U32_2: m->u32[*f - F_U32_0] = get32(p); break;
       case F_HOST: memcpy(m->host_id, p, 32); break;
       default: m->u64[*f - F_U64_0] = get64(p); break;
       }

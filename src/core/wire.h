@@ -18,48 +18,49 @@
 #include <stdint.h>
 
 #define HIXL_WIRE_MAGIC 0x4c584948u /* "HIXL" */
-#define HIXL_WIRE_VERSION 6 /* 2: VERBS_QP carries the QP count; REGION_GONE_ACK; 3: DEV_IPC,
-                             * FABRIC_*; 4: SHM_STAGE_*, SHM_COPY, HEARTBEAT probe flag;
-                             * 5: HELLO / AUTH_CHALLENGE / AUTH (the token never travels);
-                             * 6: SHM_BIND / SHM_BIND_ACK pass a third fd (the doorbell);
-                             * the shm table ends with the doorbell page */
+#define HIXL_WIRE_VERSION                                                                          \
+  6 /* 2: VERBS_QP carries the QP count; REGION_GONE_ACK; 3: DEV_IPC,                              \
+     * FABRIC_*; 4: SHM_STAGE_*, SHM_COPY, HEARTBEAT probe flag;                                   \
+     * 5: HELLO / AUTH_CHALLENGE / AUTH (the token never travels);                                 \
+     * 6: SHM_BIND / SHM_BIND_ACK pass a third fd (the doorbell);                                  \
+     * the shm table ends with the doorbell page */
 #define HIXL_WIRE_HDR 24
 #define HIXL_WIRE_MAX 4096 /* payload bytes; every message is far smaller */
 #define HIXL_WIRE_STR 256  /* string field capacity, NUL included */
 #define HIXL_WIRE_BLOB 128 /* byte field capacity */
 
 enum hixl_msg_type {
-  HIXL_MSG_HELLO = 1,      /* initiator -> target over TCP: its nonce (auth.h) */
-  HIXL_MSG_HELLO_ACK,      /* status, chosen transport, target identity */
-  HIXL_MSG_SHM_BIND,       /* initiator -> target over unix: cookie + 3 fds */
-  HIXL_MSG_SHM_BIND_ACK,   /* status + 3 fds */
-  HIXL_MSG_LOOKUP,         /* name */
-  HIXL_MSG_LOOKUP_REPLY,   /* status, rkey blob */
-  HIXL_MSG_FD_REQ,         /* slot, rkey: give me the memfd of a region */
-  HIXL_MSG_FD_REPLY,       /* status (+ 1 fd) */
-  HIXL_MSG_ATOMIC,         /* slot, rkey, off, op, a, b */
-  HIXL_MSG_ATOMIC_REPLY,   /* status, old */
-  HIXL_MSG_HEARTBEAT,      /* u32[0] bit 0: a probe, answer with a heartbeat at once */
-  HIXL_MSG_BYE,            /* empty: orderly disconnect */
-  HIXL_MSG_WORLD_BARRIER,  /* world id, epoch */
-  HIXL_MSG_WORLD_XCHG,     /* world id, epoch, blob */
-  HIXL_MSG_VERBS_QP,       /* initiator -> target: its QP (bind for verbs) */
-  HIXL_MSG_VERBS_QP_REPLY, /* status + the target's QP */
-  HIXL_MSG_VERBS_MR,       /* slot, rkey: the region's verbs rkey please */
-  HIXL_MSG_VERBS_MR_REPLY, /* status, u32[0] verbs rkey */
-  HIXL_MSG_REGION_GONE,    /* u32[0] slot, u64[0] rkey: the owner deregistered it */
-  HIXL_MSG_REGION_GONE_ACK, /* status: the peer has marked it gone */
-  HIXL_MSG_DEV_IPC_REQ,    /* slot, rkey: the device IPC handle of a region please */
-  HIXL_MSG_DEV_IPC_REPLY,  /* status, handle (+ 1 fd for backends whose handle is one) */
-  HIXL_MSG_FABRIC_BIND,    /* initiator -> target: its provider and endpoint name */
+  HIXL_MSG_HELLO = 1,         /* initiator -> target over TCP: its nonce (auth.h) */
+  HIXL_MSG_HELLO_ACK,         /* status, chosen transport, target identity */
+  HIXL_MSG_SHM_BIND,          /* initiator -> target over unix: cookie + 3 fds */
+  HIXL_MSG_SHM_BIND_ACK,      /* status + 3 fds */
+  HIXL_MSG_LOOKUP,            /* name */
+  HIXL_MSG_LOOKUP_REPLY,      /* status, rkey blob */
+  HIXL_MSG_FD_REQ,            /* slot, rkey: give me the memfd of a region */
+  HIXL_MSG_FD_REPLY,          /* status (+ 1 fd) */
+  HIXL_MSG_ATOMIC,            /* slot, rkey, off, op, a, b */
+  HIXL_MSG_ATOMIC_REPLY,      /* status, old */
+  HIXL_MSG_HEARTBEAT,         /* u32[0] bit 0: a probe, answer with a heartbeat at once */
+  HIXL_MSG_BYE,               /* empty: orderly disconnect */
+  HIXL_MSG_WORLD_BARRIER,     /* world id, epoch */
+  HIXL_MSG_WORLD_XCHG,        /* world id, epoch, blob */
+  HIXL_MSG_VERBS_QP,          /* initiator -> target: its QP (bind for verbs) */
+  HIXL_MSG_VERBS_QP_REPLY,    /* status + the target's QP */
+  HIXL_MSG_VERBS_MR,          /* slot, rkey: the region's verbs rkey please */
+  HIXL_MSG_VERBS_MR_REPLY,    /* status, u32[0] verbs rkey */
+  HIXL_MSG_REGION_GONE,       /* u32[0] slot, u64[0] rkey: the owner deregistered it */
+  HIXL_MSG_REGION_GONE_ACK,   /* status: the peer has marked it gone */
+  HIXL_MSG_DEV_IPC_REQ,       /* slot, rkey: the device IPC handle of a region please */
+  HIXL_MSG_DEV_IPC_REPLY,     /* status, handle (+ 1 fd for backends whose handle is one) */
+  HIXL_MSG_FABRIC_BIND,       /* initiator -> target: its provider and endpoint name */
   HIXL_MSG_FABRIC_BIND_REPLY, /* status, the target's provider and endpoint name */
-  HIXL_MSG_FABRIC_MR,      /* as VERBS_MR: the region's fabric key please */
-  HIXL_MSG_FABRIC_MR_REPLY, /* status, key, remote address of byte 0 */
-  HIXL_MSG_SHM_STAGE_REQ,  /* shm without CMA: lend me a staging area for your copies */
-  HIXL_MSG_SHM_STAGE_REPLY, /* status, its size (+1 fd: the sealed memfd) */
-  HIXL_MSG_SHM_COPY,       /* copy between a staging piece and a region (no reply message) */
-  HIXL_MSG_AUTH_CHALLENGE, /* target -> initiator: its nonce and proof (auth.h) */
-  HIXL_MSG_AUTH,           /* initiator -> target: its identity and proof */
+  HIXL_MSG_FABRIC_MR,         /* as VERBS_MR: the region's fabric key please */
+  HIXL_MSG_FABRIC_MR_REPLY,   /* status, key, remote address of byte 0 */
+  HIXL_MSG_SHM_STAGE_REQ,     /* shm without CMA: lend me a staging area for your copies */
+  HIXL_MSG_SHM_STAGE_REPLY,   /* status, its size (+1 fd: the sealed memfd) */
+  HIXL_MSG_SHM_COPY,          /* copy between a staging piece and a region (no reply message) */
+  HIXL_MSG_AUTH_CHALLENGE,    /* target -> initiator: its nonce and proof (auth.h) */
+  HIXL_MSG_AUTH,              /* initiator -> target: its identity and proof */
   HIXL_MSG_TYPE_MAX
 };
 

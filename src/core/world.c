@@ -112,8 +112,8 @@ static bool addr_ok(const char *a)
 static hixl_status_t rendezvous_server(hixl_world_t *w, const char *host, const char *port,
                                        char (*addrs)[128], int64_t deadline)
 {
-  struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM,
-                           .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+  struct addrinfo hints = {
+      .ai_family = AF_INET, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
   struct addrinfo *res;
   (void)host; /* rank 0 listens on every address: MASTER_ADDR is one of ours */
   if (getaddrinfo(NULL, port, &hints, &res) != 0)
@@ -126,8 +126,10 @@ static hixl_status_t rendezvous_server(hixl_world_t *w, const char *host, const 
     freeaddrinfo(res);
     if (lfd >= 0)
       close(lfd);
-    return hixl__err(HIXL_ERR_TRANSPORT, "hixl_world_create: cannot listen on rendezvous port "
-                     "%s: %s", port, strerror(e));
+    return hixl__err(HIXL_ERR_TRANSPORT,
+                     "hixl_world_create: cannot listen on rendezvous port "
+                     "%s: %s",
+                     port, strerror(e));
   }
   freeaddrinfo(res);
   int *fds = calloc((size_t)w->size, sizeof(int));
@@ -150,8 +152,8 @@ static hixl_status_t rendezvous_server(hixl_world_t *w, const char *host, const 
     char line[LINE_MAX_], addr[LINE_MAX_];
     int r, s, ver;
     if (read_line(fd, line, sizeof(line), deadline) != HIXL_OK ||
-        sscanf(line, "HIXLW %d %d %d %255s", &ver, &r, &s, addr) != 4 || ver != 1 ||
-        s != w->size || r <= 0 || r >= w->size || fds[r] || !addr_ok(addr)) {
+        sscanf(line, "HIXLW %d %d %d %255s", &ver, &r, &s, addr) != 4 || ver != 1 || s != w->size ||
+        r <= 0 || r >= w->size || fds[r] || !addr_ok(addr)) {
       hixl_warn("world rendezvous: rejected a join (\"%.60s\")", line);
       close(fd);
       continue;
@@ -183,8 +185,8 @@ static hixl_status_t rendezvous_server(hixl_world_t *w, const char *host, const 
 static hixl_status_t rendezvous_client(hixl_world_t *w, const char *host, const char *port,
                                        char (*addrs)[128], int64_t deadline)
 {
-  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                           .ai_flags = AI_NUMERICSERV};
+  struct addrinfo hints = {
+      .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
   int fd = -1;
   /* Rank 0 may not be listening yet: retry until the deadline. */
   while (fd < 0) {
@@ -201,8 +203,8 @@ static hixl_status_t rendezvous_client(hixl_world_t *w, const char *host, const 
     freeaddrinfo(res);
     if (fd < 0) {
       if (hixl__expired(deadline))
-        return hixl__err(HIXL_ERR_TIMEOUT, "hixl_world_create: rank 0 not reachable at %s:%s",
-                         host, port);
+        return hixl__err(HIXL_ERR_TIMEOUT, "hixl_world_create: rank 0 not reachable at %s:%s", host,
+                         port);
       usleep(20000);
     }
   }
@@ -303,12 +305,13 @@ static hixl_status_t table_parse(hixl_world_t *w, const char *t, size_t len, cha
     goto bad;
   memcpy(line, p, (size_t)(nl - p));
   line[nl - p] = 0;
-  if (sscanf(line, "HIXLW %d %8x %d%n", &ver, &id, &size, &used) != 3 || ver != 1 ||
-      used != nl - p)
+  if (sscanf(line, "HIXLW %d %8x %d%n", &ver, &id, &size, &used) != 3 || ver != 1 || used != nl - p)
     goto bad;
   if (size != w->size)
-    return hixl__err(HIXL_ERR_INVALID, "hixl_world_create: rank 0 formed a world of %d ranks, "
-                     "this rank was started with %d (torch store at %s)", size, w->size, store);
+    return hixl__err(HIXL_ERR_INVALID,
+                     "hixl_world_create: rank 0 formed a world of %d ranks, "
+                     "this rank was started with %d (torch store at %s)",
+                     size, w->size, store);
   p = nl + 1;
   for (int r = 0; r < w->size; r++) {
     nl = memchr(p, '\n', (size_t)(end - p));
@@ -325,8 +328,10 @@ static hixl_status_t table_parse(hixl_world_t *w, const char *t, size_t len, cha
   w->id = id;
   return HIXL_OK;
 bad:
-  return hixl__err(HIXL_ERR_TRANSPORT, "hixl_world_create: malformed world table from the "
-                   "torch store at %s", store);
+  return hixl__err(HIXL_ERR_TRANSPORT,
+                   "hixl_world_create: malformed world table from the "
+                   "torch store at %s",
+                   store);
 }
 
 static hixl_status_t rendezvous_store(hixl_world_t *w, const char *host, const char *port,
@@ -335,8 +340,10 @@ static hixl_status_t rendezvous_store(hixl_world_t *w, const char *host, const c
   const char *proto = getenv("HIXL_STORE_PROTOCOL");
   int dialect = hixl__store_dialect_parse(proto);
   if (dialect < 0)
-    return hixl__err(HIXL_ERR_INVALID, "hixl_world_create: HIXL_STORE_PROTOCOL=%.32s (want "
-                     "auto, legacy or validate)", proto);
+    return hixl__err(HIXL_ERR_INVALID,
+                     "hixl_world_create: HIXL_STORE_PROTOCOL=%.32s (want "
+                     "auto, legacy or validate)",
+                     proto);
   hixl_store_t *s;
   hixl_status_t st = hixl__store_connect(host, port, dialect, deadline, &s);
   if (st != HIXL_OK) {
@@ -350,20 +357,22 @@ static hixl_status_t rendezvous_store(hixl_world_t *w, const char *host, const c
   key_part(restart, sizeof(restart), getenv("TORCHELASTIC_RESTART_COUNT"), "0");
   snprintf(key, sizeof(key), "hixl/world/%s/%s/gen/%d", run, restart, w->rank);
   int64_t gen = 0;
-  char (*keys)[STORE_KEY_CAP + 32] = NULL;
+  char(*keys)[STORE_KEY_CAP + 32] = NULL;
   const char **kp = NULL;
   char *table = NULL;
   if ((st = hixl__store_add(s, key, 1, &gen, deadline)) != HIXL_OK)
     goto out;
   if (gen < 1 || gen > (1 << 30)) {
-    st = hixl__err(HIXL_ERR_TRANSPORT, "hixl_world_create: torch store at %s: counter \"%s\" "
-                   "is %" PRId64 ", not a world generation", store, key, gen);
+    st = hixl__err(HIXL_ERR_TRANSPORT,
+                   "hixl_world_create: torch store at %s: counter \"%s\" "
+                   "is %" PRId64 ", not a world generation",
+                   store, key, gen);
     goto out;
   }
   snprintf(base, sizeof(base), "hixl/world/%s/%s/%" PRId64, run, restart, gen);
   char val[STORE_VAL_MAX];
-  int vn = snprintf(val, sizeof(val), "HIXLW 1 %d %d %s", w->rank, w->size,
-                    hixl_ctx_address(w->ctx));
+  int vn =
+      snprintf(val, sizeof(val), "HIXLW 1 %d %d %s", w->rank, w->size, hixl_ctx_address(w->ctx));
   snprintf(key, sizeof(key), "%s/addr/%d", base, w->rank);
   if ((st = hixl__store_set(s, key, val, (size_t)vn, deadline)) != HIXL_OK)
     goto out;
@@ -387,15 +396,20 @@ static hixl_status_t rendezvous_store(hixl_world_t *w, const char *host, const c
       if ((st = hixl__store_get(s, kp[r], val, sizeof(val) - 1, &len, deadline)) != HIXL_OK)
         break;
       val[len] = 0;
-      if (strlen(val) != len || sscanf(val, "HIXLW %d %d %d %127s%n", &ver, &rr, &sz, a, &used) != 4 ||
-          ver != 1 || rr != r || (size_t)used != len || !addr_ok(a)) {
-        st = hixl__err(HIXL_ERR_TRANSPORT, "hixl_world_create: malformed address of rank %d in "
-                       "the torch store at %s (\"%.60s\")", r, store, val);
+      if (strlen(val) != len ||
+          sscanf(val, "HIXLW %d %d %d %127s%n", &ver, &rr, &sz, a, &used) != 4 || ver != 1 ||
+          rr != r || (size_t)used != len || !addr_ok(a)) {
+        st = hixl__err(HIXL_ERR_TRANSPORT,
+                       "hixl_world_create: malformed address of rank %d in "
+                       "the torch store at %s (\"%.60s\")",
+                       r, store, val);
         break;
       }
       if (sz != w->size) {
-        st = hixl__err(HIXL_ERR_INVALID, "hixl_world_create: rank %d was started with a world "
-                       "of %d ranks, rank 0 with %d (torch store at %s)", r, sz, w->size, store);
+        st = hixl__err(HIXL_ERR_INVALID,
+                       "hixl_world_create: rank %d was started with a world "
+                       "of %d ranks, rank 0 with %d (torch store at %s)",
+                       r, sz, w->size, store);
         break;
       }
       snprintf(addrs[r], 128, "%s", a);
@@ -421,17 +435,22 @@ static hixl_status_t rendezvous_store(hixl_world_t *w, const char *host, const c
   if (st == HIXL_ERR_TIMEOUT) {
     char miss[160];
     if (!missing_ranks(s, base, w->size, w->rank, miss, sizeof(miss)))
-      st = hixl__err(HIXL_ERR_TIMEOUT, "hixl_world_create: the world did not form within %d ms, "
+      st = hixl__err(HIXL_ERR_TIMEOUT,
+                     "hixl_world_create: the world did not form within %d ms, "
                      "and the torch store at %s did not say which ranks are missing (world "
-                     "generation %" PRId64 ")", hixl__ctx_timeout(w->ctx), store, gen);
-    else if (miss[0])
-      st = hixl__err(HIXL_ERR_TIMEOUT, "hixl_world_create: rank(s) %s of %d did not join within "
-                     "%d ms (torch store at %s, world generation %" PRId64 ")", miss, w->size,
+                     "generation %" PRId64 ")",
                      hixl__ctx_timeout(w->ctx), store, gen);
+    else if (miss[0])
+      st = hixl__err(HIXL_ERR_TIMEOUT,
+                     "hixl_world_create: rank(s) %s of %d did not join within "
+                     "%d ms (torch store at %s, world generation %" PRId64 ")",
+                     miss, w->size, hixl__ctx_timeout(w->ctx), store, gen);
     else if (w->rank != 0)
-      st = hixl__err(HIXL_ERR_TIMEOUT, "hixl_world_create: every rank joined, but rank 0 did not "
-                     "publish the world within %d ms (torch store at %s, world generation %"
-                     PRId64 ")", hixl__ctx_timeout(w->ctx), store, gen);
+      st = hixl__err(HIXL_ERR_TIMEOUT,
+                     "hixl_world_create: every rank joined, but rank 0 did not "
+                     "publish the world within %d ms (torch store at %s, world generation %" PRId64
+                     ")",
+                     hixl__ctx_timeout(w->ctx), store, gen);
   }
 out:
   if (st != HIXL_OK && strncmp(hixl_last_error(), "hixl_world_create", 17) != 0) {
@@ -472,16 +491,18 @@ hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char 
   bool use_store;
   if (mode == NULL || *mode == 0 || strcmp(mode, "auto") == 0) {
     const char *agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
-    use_store = rendezvous == NULL && agent != NULL &&
-                (strcmp(agent, "True") == 0 || strcmp(agent, "true") == 0 ||
-                 strcmp(agent, "1") == 0);
+    use_store =
+        rendezvous == NULL && agent != NULL &&
+        (strcmp(agent, "True") == 0 || strcmp(agent, "true") == 0 || strcmp(agent, "1") == 0);
   } else if (strcmp(mode, "store") == 0) {
     use_store = true;
   } else if (strcmp(mode, "listen") == 0) {
     use_store = false;
   } else {
-    return hixl__err(HIXL_ERR_INVALID, "hixl_world_create: HIXL_RENDEZVOUS=%.32s (want auto, "
-                     "store or listen)", mode);
+    return hixl__err(HIXL_ERR_INVALID,
+                     "hixl_world_create: HIXL_RENDEZVOUS=%.32s (want auto, "
+                     "store or listen)",
+                     mode);
   }
   char rdv[256];
   if (rendezvous == NULL) {
@@ -630,7 +651,9 @@ hixl_status_t hixl_world_exchange(hixl_world_t *w, hixl_mr_t *mr, hixl_rmr_t **r
 {
   if (w == NULL || mr == NULL || rmrs == NULL)
     return hixl__err(HIXL_ERR_INVALID, "hixl_world_exchange: NULL %s",
-                     w == NULL ? "world" : mr == NULL ? "mr" : "rmrs");
+                     w == NULL    ? "world"
+                     : mr == NULL ? "mr"
+                                  : "rmrs");
   uint8_t blob[HIXL_RKEY_MAX];
   size_t len = sizeof(blob);
   hixl_status_t st = hixl_mr_pack(mr, blob, &len);

@@ -105,8 +105,8 @@ static hixl_status_t asc_init(void)
   };
   for (size_t i = 0; i < sizeof(syms) / sizeof(syms[0]); i++)
     if ((*syms[i].p = dlsym(acl.lib, syms[i].name)) == NULL) {
-      hixl_status_t st = hixl__err(HIXL_ERR_NO_DEVICE, "ascend: libascendcl.so lacks %s",
-                                   syms[i].name);
+      hixl_status_t st =
+          hixl__err(HIXL_ERR_NO_DEVICE, "ascend: libascendcl.so lacks %s", syms[i].name);
       dlclose(acl.lib);
       memset(&acl, 0, sizeof(acl));
       return st;

@@ -88,11 +88,11 @@ static void *sym(const char *name, const char *v2)
   return p ? p : dlsym(cu.lib, name);
 }
 
-#define LOAD(field, name, v2)                                                                   \
-  do {                                                                                          \
-    *(void **)&cu.field = sym(name, v2);                                                        \
-    if (cu.field == NULL && required)                                                           \
-      return hixl__err(HIXL_ERR_NO_DEVICE, "cuda: libcuda.so.1 lacks %s", name);               \
+#define LOAD(field, name, v2)                                                                      \
+  do {                                                                                             \
+    *(void **)&cu.field = sym(name, v2);                                                           \
+    if (cu.field == NULL && required)                                                              \
+      return hixl__err(HIXL_ERR_NO_DEVICE, "cuda: libcuda.so.1 lacks %s", name);                   \
   } while (0)
 
 static hixl_status_t load(void)

@@ -16,9 +16,9 @@
 
 _Atomic bool hixl__dev_any;
 
-static const hixl_dev_ops_t *g_dev;      /* the backend, or NULL */
+static const hixl_dev_ops_t *g_dev;         /* the backend, or NULL */
 static char g_why[256] = "not initialised"; /* why there is none */
-static bool g_rdma = true;                /* HIXL_DEVICE_RDMA */
+static bool g_rdma = true;                  /* HIXL_DEVICE_RDMA */
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 static bool try_backend(const hixl_dev_ops_t *ops, char *why, size_t cap, size_t *used)
@@ -29,8 +29,8 @@ static bool try_backend(const hixl_dev_ops_t *ops, char *why, size_t cap, size_t
     return true;
   }
   /* The backends' messages start with their names. */
-  *used += (size_t)snprintf(why + *used, *used < cap ? cap - *used : 0, "%s%s%s",
-                            *used ? "; " : "", st == HIXL_OK ? ops->name : "",
+  *used += (size_t)snprintf(why + *used, *used < cap ? cap - *used : 0, "%s%s%s", *used ? "; " : "",
+                            st == HIXL_OK ? ops->name : "",
                             st == HIXL_OK ? ": no devices" : hixl_last_error());
   return false;
 }
@@ -158,9 +158,8 @@ hixl_status_t hixl__dev_check_reg(const char *fn, const void *p, size_t len, int
     return hixl__err(HIXL_ERR_INVALID, "%s: %p is memory of device %d, not of device %d", fn, p,
                      r.device, device);
   if (len > r.base + r.len - (uintptr_t)p)
-    return hixl__err(HIXL_ERR_INVALID,
-                     "%s: %p + %zu runs past its device allocation (%#lx + %zu)", fn, p, len,
-                     (unsigned long)r.base, r.len);
+    return hixl__err(HIXL_ERR_INVALID, "%s: %p + %zu runs past its device allocation (%#lx + %zu)",
+                     fn, p, len, (unsigned long)r.base, r.len);
   return HIXL_OK;
 }
 
@@ -169,8 +168,7 @@ hixl_status_t hixl__dev_ipc_export(const void *p, size_t len, pid_t importer, hi
 {
   hixl_dev_range_t r;
   if (g_dev == NULL || !g_dev->lookup(p, &r) || len > r.base + r.len - (uintptr_t)p)
-    return hixl__err(HIXL_ERR_NOT_REGISTERED, "device IPC: %p + %zu is not device memory", p,
-                     len);
+    return hixl__err(HIXL_ERR_NOT_REGISTERED, "device IPC: %p + %zu is not device memory", p, len);
   memset(h, 0, sizeof(*h));
   h->fd = -1;
   hixl_status_t st = g_dev->ipc_export(&r, p, len, importer, h);
@@ -239,8 +237,7 @@ hixl_status_t hixl_mem_copy(void *dst, const void *src, size_t len)
 hixl_status_t hixl_mem_query(const void *addr, hixl_mem_kind_t *kind_p, int *device_p)
 {
   if (addr == NULL || kind_p == NULL)
-    return hixl__err(HIXL_ERR_INVALID, "hixl_mem_query: NULL %s",
-                     addr == NULL ? "addr" : "kind_p");
+    return hixl__err(HIXL_ERR_INVALID, "hixl_mem_query: NULL %s", addr == NULL ? "addr" : "kind_p");
   hixl__dev_init();
   hixl_dev_range_t r;
   bool dev = hixl__dev_lookup(addr, &r);

@@ -59,8 +59,8 @@ typedef struct hixl_dev_ops {
   /* Export [p, p+len), inside allocation r, for a same-host process (pid:
    * the importer): fills bytes/len/fd, alloc_len and offset (the backend
    * may export the whole allocation or just the range). */
-  hixl_status_t (*ipc_export)(const hixl_dev_range_t *r, const void *p, size_t len,
-                              pid_t importer, hixl_dev_ipc_t *h);
+  hixl_status_t (*ipc_export)(const hixl_dev_range_t *r, const void *p, size_t len, pid_t importer,
+                              hixl_dev_ipc_t *h);
   /* Import it: *base_p is its byte 0 in our address space (device memory
    * that lookup and copy know from then on).  Takes ownership of h->fd. */
   hixl_status_t (*ipc_import)(const hixl_dev_ipc_t *h, void **base_p);

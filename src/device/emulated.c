@@ -215,8 +215,10 @@ static hixl_status_t emu_copy(void *dst, const void *src, size_t len)
 {
   uint8_t *d = cpu_addr(dst, len), *s = cpu_addr(src, len);
   if (d == NULL || s == NULL)
-    return hixl__err(HIXL_ERR_INVALID, "emulated device: copy of %zu bytes runs past the "
-                     "device allocation of its %s", len, d == NULL ? "destination" : "source");
+    return hixl__err(HIXL_ERR_INVALID,
+                     "emulated device: copy of %zu bytes runs past the "
+                     "device allocation of its %s",
+                     len, d == NULL ? "destination" : "source");
   /* Both views of one allocation may overlap even when the addresses do
    * not look alike: memmove is always right. */
   uintptr_t x = (uintptr_t)d, y = (uintptr_t)s;
@@ -258,7 +260,8 @@ static hixl_status_t emu_ipc_import(const hixl_dev_ipc_t *h, void **base_p)
       h->device >= g_count) {
     rc = hixl__err(HIXL_ERR_TRANSPORT, "emulated device: a malformed IPC handle");
   } else if (!hixl__fd_sealed(h->fd, h->alloc_len)) {
-    rc = hixl__err(HIXL_ERR_TRANSPORT, "emulated device: the exporter's memfd is not sealed "
+    rc = hixl__err(HIXL_ERR_TRANSPORT,
+                   "emulated device: the exporter's memfd is not sealed "
                    "against shrinking, or shorter than the %llu bytes it claims",
                    (unsigned long long)h->alloc_len);
   } else if ((rc = map2(h->fd, (size_t)h->alloc_len, h->device, false, &a)) == HIXL_OK &&
@@ -274,10 +277,7 @@ static hixl_status_t emu_ipc_import(const hixl_dev_ipc_t *h, void **base_p)
 
 static void emu_ipc_close(void *base) { emu_free(base); }
 
-static void *emu_nic_addr(const void *p)
-{
-  return cpu_addr(p, 1);
-}
+static void *emu_nic_addr(const void *p) { return cpu_addr(p, 1); }
 
 const hixl_dev_ops_t hixl__dev_emulated_ops = {
     .size = sizeof(hixl_dev_ops_t),

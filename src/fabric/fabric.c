@@ -52,8 +52,7 @@ hixl_status_t hixl__fab_err(hixl_status_t st, const char *what, ssize_t rc)
 /* Not sockets (deprecated upstream): it claims send-after-write order it
  * does not keep, and a 1000-write batch once never completed under load in
  * CI; it still runs when named in HIXL_FABRIC_PROVIDER. */
-static const char *const prefer[] = {"efa", "cxi", "verbs;ofi_rxm", "tcp;ofi_rxm", "tcp",
-                                     "shm"};
+static const char *const prefer[] = {"efa", "cxi", "verbs;ofi_rxm", "tcp;ofi_rxm", "tcp", "shm"};
 
 static struct fi_info *hints_for(const char *prov, bool atomics, bool dc, bool source)
 {
@@ -65,8 +64,8 @@ static struct fi_info *hints_for(const char *prov, bool atomics, bool dc, bool s
   h->ep_attr->type = FI_EP_RDM;
   h->mode = FI_CONTEXT | FI_CONTEXT2;
   h->domain_attr->threading = FI_THREAD_SAFE;
-  h->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY |
-                            FI_MR_ENDPOINT;
+  h->domain_attr->mr_mode =
+      FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
   h->tx_attr->msg_order = FI_ORDER_SAW | FI_ORDER_SAS | FI_ORDER_RAW;
   if (dc)
     h->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
@@ -77,8 +76,8 @@ static struct fi_info *hints_for(const char *prov, bool atomics, bool dc, bool s
 /* A library must not take the application's signals, and some of
  * libfabric's providers do when they are loaded (fabric_int.h): save every
  * handler before, put them back after. */
-static const int kept_sigs[] = {SIGINT, SIGTERM, SIGQUIT, SIGHUP, SIGUSR1, SIGUSR2,
-                                SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGPIPE};
+static const int kept_sigs[] = {SIGINT,  SIGTERM, SIGQUIT, SIGHUP, SIGUSR1, SIGUSR2,
+                                SIGSEGV, SIGBUS,  SIGILL,  SIGFPE, SIGABRT, SIGPIPE};
 #define N_KEPT (sizeof(kept_sigs) / sizeof(kept_sigs[0]))
 
 static void sigs_save(struct sigaction *old)
@@ -112,11 +111,13 @@ static void fab_lib_load_once(void)
                           struct fi_info **))dlsym(h, "fi_getinfo"),
       .freeinfo = (void (*)(struct fi_info *))dlsym(h, "fi_freeinfo"),
       .dupinfo = (struct fi_info * (*)(const struct fi_info *)) dlsym(h, "fi_dupinfo"),
-      .fabric = (int (*)(struct fi_fabric_attr *, struct fid_fabric **, void *))dlsym(h, "fi_fabric"),
+      .fabric =
+          (int (*)(struct fi_fabric_attr *, struct fid_fabric **, void *))dlsym(h, "fi_fabric"),
       .strerror = (const char *(*)(int))dlsym(h, "fi_strerror"),
   };
   if (!l.getinfo || !l.freeinfo || !l.dupinfo || !l.fabric || !l.strerror) {
-    snprintf(fab_lib_error, sizeof(fab_lib_error), "libfabric.so.1 lacks fi_getinfo, "
+    snprintf(fab_lib_error, sizeof(fab_lib_error),
+             "libfabric.so.1 lacks fi_getinfo, "
              "fi_freeinfo, fi_dupinfo, fi_fabric or fi_strerror");
     dlclose(h);
     return;
@@ -219,8 +220,8 @@ static hixl_status_t open_all(fab_ctx_t *fc)
     return hixl__fab_err(HIXL_ERR_TRANSPORT, "fi_fabric", rc);
   if ((rc = fi_domain(fc->fabric, in, &fc->domain, NULL)))
     return hixl__fab_err(HIXL_ERR_TRANSPORT, "fi_domain", rc);
-  struct fi_cq_attr cqa = {.size = FAB_CQ_SIZE, .format = FI_CQ_FORMAT_DATA,
-                           .wait_obj = FI_WAIT_FD};
+  struct fi_cq_attr cqa = {
+      .size = FAB_CQ_SIZE, .format = FI_CQ_FORMAT_DATA, .wait_obj = FI_WAIT_FD};
   if (fi_cq_open(fc->domain, &cqa, &fc->cq, NULL) != 0) {
     cqa.wait_obj = FI_WAIT_NONE; /* the progress thread naps instead */
     if ((rc = fi_cq_open(fc->domain, &cqa, &fc->cq, NULL)))
@@ -245,8 +246,7 @@ static hixl_status_t open_all(fab_ctx_t *fc)
   if (fc->rbufs == NULL)
     return hixl__err(HIXL_ERR_NOMEM, "fabric: no memory for receive buffers");
   if (fc->mr_local &&
-      (rc = hixl__fab_mr_reg(fc, fc->rbufs, FAB_RECV_COUNT * FAB_MSG_SIZE, FI_RECV,
-                             &fc->rbufs_mr)))
+      (rc = hixl__fab_mr_reg(fc, fc->rbufs, FAB_RECV_COUNT * FAB_MSG_SIZE, FI_RECV, &fc->rbufs_mr)))
     return hixl__fab_err(HIXL_ERR_TRANSPORT, "fi_mr_reg (receive buffers)", rc);
   return hixl__fab_post_recvs(fc);
 }
@@ -297,14 +297,16 @@ static hixl_status_t fab_ctx_init(hixl_ctx_t *ctx)
   if (want && *want) {
     info = probe(want, &dc, &source);
     if (info == NULL)
-      return hixl__err(HIXL_ERR_NO_DEVICE, "fabric: provider \"%s\" (HIXL_FABRIC_PROVIDER) "
-                       "offers no reliable endpoint with RMA and messages here", want);
+      return hixl__err(HIXL_ERR_NO_DEVICE,
+                       "fabric: provider \"%s\" (HIXL_FABRIC_PROVIDER) "
+                       "offers no reliable endpoint with RMA and messages here",
+                       want);
   } else {
     for (size_t i = 0; i < sizeof(prefer) / sizeof(prefer[0]) && info == NULL; i++)
       info = probe(prefer[i], &dc, &source);
     if (info == NULL)
       return hixl__err(HIXL_ERR_NO_DEVICE, "fabric: no libfabric provider with reliable "
-                       "endpoints, RMA and messages");
+                                           "endpoints, RMA and messages");
   }
   fab_ctx_t *fc = calloc(1, sizeof(*fc));
   if (fc == NULL) {
@@ -333,9 +335,11 @@ static hixl_status_t fab_ctx_init(hixl_ctx_t *ctx)
   fc->source = source;
   fc->tx_flags = FI_COMPLETION | (dc ? FI_DELIVERY_COMPLETE : 0);
   if (!dc && !(order & FI_ORDER_RAW)) {
-    hixl_status_t e = hixl__err(HIXL_ERR_NO_DEVICE, "fabric: %s has neither delivery "
+    hixl_status_t e = hixl__err(HIXL_ERR_NO_DEVICE,
+                                "fabric: %s has neither delivery "
                                 "completion nor read-after-write order: a put's completion "
-                                "could not mean visible", fc->prov);
+                                "could not mean visible",
+                                fc->prov);
     fi_freeinfo(info);
     pthread_mutex_destroy(&fc->poll_lock);
     pthread_mutex_destroy(&fc->op_lock);
@@ -350,8 +354,8 @@ static hixl_status_t fab_ctx_init(hixl_ctx_t *ctx)
      * messages): with tcp it is the sockets' readiness, so yes; libfabric's
      * shm provider queues them in shared memory without a signal, so its
      * target must keep polling (the progress thread naps, docs/waiting.md). */
-    fc->wait_covers = fc->wait_fd >= 0 && (strncmp(fc->prov, "tcp", 3) == 0 ||
-                                           strncmp(fc->prov, "sockets", 7) == 0);
+    fc->wait_covers = fc->wait_fd >= 0 &&
+                      (strncmp(fc->prov, "tcp", 3) == 0 || strncmp(fc->prov, "sockets", 7) == 0);
 
     fc->atomics = native_atomics(fc);
     ctx->tp[HIXL_TP_FABRIC] = fc;
@@ -366,9 +370,10 @@ static hixl_status_t fab_ctx_init(hixl_ctx_t *ctx)
     return st;
   }
   hixl_info("fabric: provider %s (%s progress), %s atomics, %s notifications, %s, mr_mode "
-            "%#llx, %s", fc->prov, fc->manual ? "manual" : "auto",
-            fc->atomics ? "native" : "owner-executed", fc->ordered ? "ordered" : "waiting",
-            fc->dc ? "delivery complete" : "read after write", (unsigned long long)fc->mr_mode,
+            "%#llx, %s",
+            fc->prov, fc->manual ? "manual" : "auto", fc->atomics ? "native" : "owner-executed",
+            fc->ordered ? "ordered" : "waiting", fc->dc ? "delivery complete" : "read after write",
+            (unsigned long long)fc->mr_mode,
             fc->source ? "senders by address (FI_SOURCE) and cookie" : "senders by cookie");
   return HIXL_OK;
 }
@@ -403,8 +408,7 @@ uint64_t hixl__fab_rand64(void)
  * valid key and address reads (and, with FI_REMOTE_WRITE, writes) the
  * region.  Never sequential: the provider's keys, else 64 random bits
  * (within the provider's key size), a new draw when one is taken. */
-int hixl__fab_mr_reg(fab_ctx_t *fc, void *buf, size_t len, uint64_t access,
-                     struct fid_mr **mr_p)
+int hixl__fab_mr_reg(fab_ctx_t *fc, void *buf, size_t len, uint64_t access, struct fid_mr **mr_p)
 {
   size_t ksz = fc->info->domain_attr->mr_key_size;
   uint64_t mask = ksz == 0 || ksz >= 8 ? ~0ull : (1ull << (8 * ksz)) - 1;
@@ -436,8 +440,7 @@ static hixl_status_t fab_mr_reg(hixl_mr_t *mr)
      * region then serves other transports; fabric peers are refused). */
     buf = hixl__dev_nic_addr(mr->addr);
     if (buf == NULL) {
-      hixl_info("fabric: device region %p+%zu is not reachable by %s", mr->addr, mr->len,
-                fc->prov);
+      hixl_info("fabric: device region %p+%zu is not reachable by %s", mr->addr, mr->len, fc->prov);
       return HIXL_OK;
     }
   }
@@ -597,8 +600,7 @@ static hixl_status_t attach_peer(hixl_peer_t *peer, const uint8_t *blob, size_t 
 {
   fab_ctx_t *fc = FC(peer->ctx);
   if (len <= sizeof(uint64_t))
-    return hixl__err(HIXL_ERR_TRANSPORT, "fabric: %s sent a malformed endpoint name",
-                     peer->name);
+    return hixl__err(HIXL_ERR_TRANSPORT, "fabric: %s sent a malformed endpoint name", peer->name);
   fab_peer_t *fp = calloc(1, sizeof(*fp));
   if (fp == NULL)
     return hixl__err(HIXL_ERR_NOMEM, "fabric: no memory for a peer");
@@ -662,8 +664,7 @@ static void fab_accept(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out)
   out->type = HIXL_MSG_FABRIC_BIND_REPLY;
   if (strcmp(m->str[0], fc->prov) != 0) {
     out->status = HIXL_ERR_UNSUPPORTED;
-    snprintf(out->str[0], sizeof(out->str[0]), "provider %s here, %s there", fc->prov,
-             m->str[0]);
+    snprintf(out->str[0], sizeof(out->str[0]), "provider %s here, %s there", fc->prov, m->str[0]);
     return;
   }
   uint64_t rx_cookie = hixl__fab_rand64();

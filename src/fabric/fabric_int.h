@@ -91,12 +91,12 @@ typedef struct fab_ctx {
   size_t addrlen;
   uint64_t mr_mode;
   bool virt_addr, prov_key, mr_local, mr_endpoint;
-  bool ordered;       /* msg_order has SAW and SAS: notifications need no waiting */
-  bool atomics;       /* native 64-bit FAA and CAS */
-  bool manual;        /* data progress is manual (the progress thread drives it) */
-  bool dc;            /* FI_DELIVERY_COMPLETE (else a read follows each put) */
-  bool source;        /* FI_SOURCE: completions name the sender's fi_addr */
-  uint64_t tx_flags;  /* FI_COMPLETION, + FI_DELIVERY_COMPLETE */
+  bool ordered;      /* msg_order has SAW and SAS: notifications need no waiting */
+  bool atomics;      /* native 64-bit FAA and CAS */
+  bool manual;       /* data progress is manual (the progress thread drives it) */
+  bool dc;           /* FI_DELIVERY_COMPLETE (else a read follows each put) */
+  bool source;       /* FI_SOURCE: completions name the sender's fi_addr */
+  uint64_t tx_flags; /* FI_COMPLETION, + FI_DELIVERY_COMPLETE */
   size_t max_msg;
   /* Notification receives. */
   uint8_t *rbufs;
@@ -105,7 +105,7 @@ typedef struct fab_ctx {
   /* Completions are read and handled under poll_lock, so notifications of a
    * peer enter its ring in the order they arrived. */
   pthread_mutex_t poll_lock;
-  int wait_fd; /* the CQ's wait fd, or -1 (then the progress thread naps) */
+  int wait_fd;      /* the CQ's wait fd, or -1 (then the progress thread naps) */
   bool wait_covers; /* it signals all work, a peer's too (else the thread naps) */
   pthread_t thread;
   bool thread_started;
@@ -131,14 +131,21 @@ typedef struct fab_ctx {
   /* Bound peers, for incoming notifications (poll_lock): a message is taken
    * only from a peer's fi_addr (FI_SOURCE) and with the cookie we gave it
    * at FABRIC_BIND; anything else is dropped and counted (n_dropped). */
-  struct fab_smap { fi_addr_t fa; uint64_t cookie; hixl_peer_t *peer; } *smap;
+  struct fab_smap {
+    fi_addr_t fa;
+    uint64_t cookie;
+    hixl_peer_t *peer;
+  } * smap;
   size_t n_smap, cap_smap;
   uint64_t n_dropped;
   /* Notifications that found their ring full: kept in arrival order and
    * retried; past FAB_PEND_MAX their receive buffers stay parked (not
    * reposted), so the provider holds back what comes next. */
 #define FAB_PEND_MAX (FAB_RECV_COUNT * 16)
-  struct fab_pend { fab_msg_t m; fi_addr_t src; } pend[FAB_PEND_MAX];
+  struct fab_pend {
+    fab_msg_t m;
+    fi_addr_t src;
+  } pend[FAB_PEND_MAX];
   int n_pend;
   int parked[FAB_RECV_COUNT];
   fi_addr_t parked_src[FAB_RECV_COUNT]; /* by receive buffer */
@@ -148,8 +155,8 @@ typedef struct fab_ctx {
 typedef struct fab_peer {
   hixl_peer_t *peer;
   fi_addr_t fa;
-  uint64_t tx_cookie; /* the peer's secret for us: in every notification we send */
-  uint64_t rx_cookie; /* ours for it: its notifications must carry it */
+  uint64_t tx_cookie;      /* the peer's secret for us: in every notification we send */
+  uint64_t rx_cookie;      /* ours for it: its notifications must carry it */
   _Atomic int outstanding; /* posted, not completed */
 } fab_peer_t;
 
@@ -184,19 +191,18 @@ hixl_peer_t *hixl__fab_sender(fab_ctx_t *fc, fi_addr_t src, uint64_t cookie);
 uint64_t hixl__fab_rand64(void);
 /* fi_mr_reg with an unguessable key: the provider's (FI_MR_PROV_KEY) or a
  * random one (retried on a collision); bound and enabled for FI_MR_ENDPOINT. */
-int hixl__fab_mr_reg(fab_ctx_t *fc, void *buf, size_t len, uint64_t access,
-                     struct fid_mr **mr_p);
+int hixl__fab_mr_reg(fab_ctx_t *fc, void *buf, size_t len, uint64_t access, struct fid_mr **mr_p);
 
 /* post.c */
 hixl_status_t hixl__fab_put(hixl_peer_t *peer, const void *src, size_t len, hixl_rmr_t *rmr,
                             uint64_t off, hixl_req_t *req);
-hixl_status_t hixl__fab_get(hixl_peer_t *peer, void *dst, size_t len, hixl_rmr_t *rmr,
-                            uint64_t off, hixl_req_t *req);
-hixl_status_t hixl__fab_put_imm(hixl_peer_t *peer, const void *src, size_t len,
-                                hixl_rmr_t *rmr, uint64_t off, uint32_t imm, hixl_req_t *req);
+hixl_status_t hixl__fab_get(hixl_peer_t *peer, void *dst, size_t len, hixl_rmr_t *rmr, uint64_t off,
+                            hixl_req_t *req);
+hixl_status_t hixl__fab_put_imm(hixl_peer_t *peer, const void *src, size_t len, hixl_rmr_t *rmr,
+                                uint64_t off, uint32_t imm, hixl_req_t *req);
 hixl_status_t hixl__fab_notify(hixl_peer_t *peer, uint32_t imm, uint64_t len, hixl_req_t *req);
-hixl_status_t hixl__fab_atomic(hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t off, int op,
-                               uint64_t a, uint64_t b, uint64_t *old_p, hixl_req_t *req);
+hixl_status_t hixl__fab_atomic(hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t off, int op, uint64_t a,
+                               uint64_t b, uint64_t *old_p, hixl_req_t *req);
 int hixl__fab_progress(hixl_ctx_t *ctx);
 hixl_status_t hixl__fab_post_recvs(fab_ctx_t *fc);
 void *hixl__fab_thread(void *arg);

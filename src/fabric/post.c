@@ -80,8 +80,7 @@ void hixl__fab_ops_free(fab_ctx_t *fc)
 
 /* The descriptor a local buffer needs (FI_MR_LOCAL only): a hixl region's,
  * else a registration for this operation alone. */
-static hixl_status_t local_desc(fab_ctx_t *fc, fab_op_t *op, void *buf, size_t len,
-                                void **desc_p)
+static hixl_status_t local_desc(fab_ctx_t *fc, fab_op_t *op, void *buf, size_t len, void **desc_p)
 {
   *desc_p = NULL;
   if (!fc->mr_local)
@@ -151,24 +150,24 @@ static void wait_finished(fab_ctx_t *fc, hixl_peer_t *peer, uint64_t seen, int64
 
 /* Post with fn until it is not -FI_EAGAIN (completions are driven between
  * tries), bounded by the context timeout. */
-#define POST(fc, peer, what, call)                                                              \
-  ({                                                                                            \
-    ssize_t rc_;                                                                                \
-    int64_t dl_ = 0;                                                                            \
-    uint64_t seen_;                                                                             \
-    while ((seen_ = atomic_load(&(fc)->finished)), (rc_ = (call)) == -FI_EAGAIN) {              \
-      if (dl_ == 0)                                                                             \
-        dl_ = hixl__deadline(hixl__ctx_timeout((peer)->ctx));                                   \
-      if (atomic_load(&(peer)->state) != HIXL_PEER_UP || hixl__expired(dl_))                    \
-        break;                                                                                  \
-      wait_finished(fc, peer, seen_, dl_);                                                      \
-    }                                                                                           \
-    rc_ == 0 ? HIXL_OK                                                                          \
-    : atomic_load(&(peer)->state) != HIXL_PEER_UP                                               \
-        ? hixl__err(HIXL_ERR_PEER_LOST, "fabric: peer %s lost", (peer)->name)                   \
-    : rc_ == -FI_EAGAIN ? hixl__err(HIXL_ERR_AGAIN, "fabric: %s: queues full for %d ms", what,  \
-                                    hixl__ctx_timeout((peer)->ctx))                             \
-                        : hixl__fab_err(HIXL_ERR_TRANSPORT, what, rc_);                         \
+#define POST(fc, peer, what, call)                                                                 \
+  ({                                                                                               \
+    ssize_t rc_;                                                                                   \
+    int64_t dl_ = 0;                                                                               \
+    uint64_t seen_;                                                                                \
+    while ((seen_ = atomic_load(&(fc)->finished)), (rc_ = (call)) == -FI_EAGAIN) {                 \
+      if (dl_ == 0)                                                                                \
+        dl_ = hixl__deadline(hixl__ctx_timeout((peer)->ctx));                                      \
+      if (atomic_load(&(peer)->state) != HIXL_PEER_UP || hixl__expired(dl_))                       \
+        break;                                                                                     \
+      wait_finished(fc, peer, seen_, dl_);                                                         \
+    }                                                                                              \
+    rc_ == 0 ? HIXL_OK                                                                             \
+    : atomic_load(&(peer)->state) != HIXL_PEER_UP                                                  \
+        ? hixl__err(HIXL_ERR_PEER_LOST, "fabric: peer %s lost", (peer)->name)                      \
+    : rc_ == -FI_EAGAIN ? hixl__err(HIXL_ERR_AGAIN, "fabric: %s: queues full for %d ms", what,     \
+                                    hixl__ctx_timeout((peer)->ctx))                                \
+                        : hixl__fab_err(HIXL_ERR_TRANSPORT, what, rc_);                            \
   })
 
 /* One RMA transfer of at most max_msg bytes. */
@@ -203,8 +202,13 @@ static hixl_status_t post_rma(hixl_peer_t *peer, bool write, uint8_t *local, siz
   op_begin(op, write ? FAB_OP_WRITE : FAB_OP_READ, fp, req, len);
   struct iovec iov = {buf, len};
   struct fi_rma_iov rma = {raddr, len, key};
-  struct fi_msg_rma msg = {.msg_iov = &iov, .desc = &desc, .iov_count = 1, .addr = fp->fa,
-                           .rma_iov = &rma, .rma_iov_count = 1, .context = &op->fctx};
+  struct fi_msg_rma msg = {.msg_iov = &iov,
+                           .desc = &desc,
+                           .iov_count = 1,
+                           .addr = fp->fa,
+                           .rma_iov = &rma,
+                           .rma_iov_count = 1,
+                           .context = &op->fctx};
   st = write ? POST(fc, peer, "fi_writemsg", fi_writemsg(fc->ep, &msg, fc->tx_flags))
              : POST(fc, peer, "fi_readmsg", fi_readmsg(fc->ep, &msg, FI_COMPLETION));
   if (st != HIXL_OK)
@@ -235,8 +239,9 @@ static hixl_status_t transfer(hixl_peer_t *peer, bool write, uint8_t *local, siz
       return st;
     }
     op_begin(op, FAB_OP_READ, peer->tp, req, 1);
-    st = POST(fc, peer, "fi_read", fi_read(fc->ep, &op->result, 1, desc, ((fab_peer_t *)peer->tp)->fa,
-                                           raddr + len - 1, rmr->tp_key, &op->fctx));
+    st = POST(fc, peer, "fi_read",
+              fi_read(fc->ep, &op->result, 1, desc, ((fab_peer_t *)peer->tp)->fa, raddr + len - 1,
+                      rmr->tp_key, &op->fctx));
     if (st != HIXL_OK)
       op_finish(fc, op, st);
   }
@@ -249,8 +254,8 @@ hixl_status_t hixl__fab_put(hixl_peer_t *peer, const void *src, size_t len, hixl
   return transfer(peer, true, (uint8_t *)(uintptr_t)src, len, rmr, off, req);
 }
 
-hixl_status_t hixl__fab_get(hixl_peer_t *peer, void *dst, size_t len, hixl_rmr_t *rmr,
-                            uint64_t off, hixl_req_t *req)
+hixl_status_t hixl__fab_get(hixl_peer_t *peer, void *dst, size_t len, hixl_rmr_t *rmr, uint64_t off,
+                            hixl_req_t *req)
 {
   return transfer(peer, false, dst, len, rmr, off, req);
 }
@@ -294,8 +299,10 @@ hixl_status_t hixl__fab_notify(hixl_peer_t *peer, uint32_t imm, uint64_t len, hi
   fab_op_t *op = op_get(fc);
   if (op == NULL)
     return hixl__err(HIXL_ERR_NOMEM, "fabric: no memory for an operation");
-  op->msg = (fab_msg_t){.magic = htole32(FAB_MSG_MAGIC), .imm = htole32(imm),
-                        .len = htole64(len), .sender = htole64(peer->ctx->id),
+  op->msg = (fab_msg_t){.magic = htole32(FAB_MSG_MAGIC),
+                        .imm = htole32(imm),
+                        .len = htole64(len),
+                        .sender = htole64(peer->ctx->id),
                         .cookie = htole64(fp->tx_cookie)};
   void *desc = NULL;
   bool inject = fc->info->tx_attr->inject_size >= FAB_MSG_SIZE;
@@ -305,8 +312,8 @@ hixl_status_t hixl__fab_notify(hixl_peer_t *peer, uint32_t imm, uint64_t len, hi
   }
   op_begin(op, FAB_OP_SEND, fp, req, FAB_MSG_SIZE);
   struct iovec iov = {&op->msg, FAB_MSG_SIZE};
-  struct fi_msg msg = {.msg_iov = &iov, .desc = &desc, .iov_count = 1, .addr = fp->fa,
-                       .context = &op->fctx};
+  struct fi_msg msg = {
+      .msg_iov = &iov, .desc = &desc, .iov_count = 1, .addr = fp->fa, .context = &op->fctx};
   st = POST(fc, peer, "fi_sendmsg",
             fi_sendmsg(fc->ep, &msg, FI_COMPLETION | (inject ? FI_INJECT : 0)));
   if (st != HIXL_OK)
@@ -314,8 +321,8 @@ hixl_status_t hixl__fab_notify(hixl_peer_t *peer, uint32_t imm, uint64_t len, hi
   return st;
 }
 
-hixl_status_t hixl__fab_put_imm(hixl_peer_t *peer, const void *src, size_t len,
-                                hixl_rmr_t *rmr, uint64_t off, uint32_t imm, hixl_req_t *req)
+hixl_status_t hixl__fab_put_imm(hixl_peer_t *peer, const void *src, size_t len, hixl_rmr_t *rmr,
+                                uint64_t off, uint32_t imm, hixl_req_t *req)
 {
   hixl_status_t st = hixl__fab_put(peer, src, len, rmr, off, req);
   return st == HIXL_OK ? hixl__fab_notify(peer, imm, len, req) : st;
@@ -331,8 +338,7 @@ static hixl_status_t owner_atomic(hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t o
   int64_t deadline = hixl__deadline(hixl__ctx_timeout(peer->ctx));
   hixl_status_t st = hixl__call(peer, &m, HIXL_MSG_ATOMIC_REPLY, &reply, NULL, deadline);
   if (st == HIXL_ERR_UNSUPPORTED)
-    return hixl__err(st, "fabric: peer %s cannot run an atomic in its device memory",
-                     peer->name);
+    return hixl__err(st, "fabric: peer %s cannot run an atomic in its device memory", peer->name);
   if (st != HIXL_OK)
     return st;
   if (req->old_p) {
@@ -342,8 +348,8 @@ static hixl_status_t owner_atomic(hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t o
   return HIXL_OK;
 }
 
-hixl_status_t hixl__fab_atomic(hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t off, int op,
-                               uint64_t a, uint64_t b, uint64_t *old_p, hixl_req_t *req)
+hixl_status_t hixl__fab_atomic(hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t off, int op, uint64_t a,
+                               uint64_t b, uint64_t *old_p, hixl_req_t *req)
 {
   (void)old_p; /* req->old_p receives the old value */
   if (req == NULL)
@@ -367,9 +373,8 @@ hixl_status_t hixl__fab_atomic(hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t off,
     o->compare = a;
     o->operand = b;
     st = POST(fc, peer, "fi_compare_atomic",
-              fi_compare_atomic(fc->ep, &o->operand, 1, NULL, &o->compare, NULL, &o->result,
-                                NULL, fp->fa, raddr, rmr->tp_key, FI_UINT64, FI_CSWAP,
-                                &o->fctx));
+              fi_compare_atomic(fc->ep, &o->operand, 1, NULL, &o->compare, NULL, &o->result, NULL,
+                                fp->fa, raddr, rmr->tp_key, FI_UINT64, FI_CSWAP, &o->fctx));
   }
   if (st != HIXL_OK)
     op_finish(fc, o, st);
@@ -486,14 +491,11 @@ static hixl_status_t cq_err_status(const struct fi_cq_err_entry *e)
   case FI_ETIMEDOUT:
   case FI_EHOSTUNREACH:
   case FI_ENOTCONN:
-  case FI_EADDRNOTAVAIL:
-    return HIXL_ERR_PEER_LOST;
+  case FI_EADDRNOTAVAIL: return HIXL_ERR_PEER_LOST;
   case FI_EACCES:
   case FI_EPERM:
-  case FI_EKEYREJECTED:
-    return HIXL_ERR_ACCESS;
-  default:
-    return HIXL_ERR_TRANSPORT;
+  case FI_EKEYREJECTED: return HIXL_ERR_ACCESS;
+  default: return HIXL_ERR_TRANSPORT;
   }
 }
 

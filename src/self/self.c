@@ -126,7 +126,8 @@ static hixl_status_t self_atomic(hixl_peer_t *p, hixl_rmr_t *r, uint64_t off, in
   if (r->flags & HIXL_REGF_DEVICE)
     return hixl__err(HIXL_ERR_UNSUPPORTED,
                      "self: atomics on device memory need a NIC (the region of %s is device "
-                     "memory)", p->name);
+                     "memory)",
+                     p->name);
   *old_p = hixl__amo_local((uint64_t *)(void *)(r->map + off), op, a, b);
   return HIXL_OK;
 }

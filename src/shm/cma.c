@@ -74,8 +74,8 @@ static int cma_range(pid_t pid, bool write, const struct iovec *l, const struct 
     }
     if (k == 0)
       return EFAULT; /* the lists end before `to`: a caller's bug */
-    ssize_t n = write ? process_vm_writev(pid, lp, k, rp, k, 0)
-                      : process_vm_readv(pid, lp, k, rp, k, 0);
+    ssize_t n =
+        write ? process_vm_writev(pid, lp, k, rp, k, 0) : process_vm_readv(pid, lp, k, rp, k, 0);
     if (n < 0 && errno == EINTR)
       continue;
     if (n <= 0)
@@ -199,8 +199,14 @@ int hixl__shm_cma(hixl_peer_t *peer, bool write, struct iovec *l, struct iovec *
   if (piece < floor)
     piece = floor;
   piece = (piece + 4095) & ~(size_t)4095;
-  shm_cma_job_t j = {.pid = peer->remote_pid, .write = write, .l = l, .r = r, .cnt = cnt,
-                     .total = total, .piece = piece, .npieces = (total + piece - 1) / piece};
+  shm_cma_job_t j = {.pid = peer->remote_pid,
+                     .write = write,
+                     .l = l,
+                     .r = r,
+                     .cnt = cnt,
+                     .total = total,
+                     .piece = piece,
+                     .npieces = (total + piece - 1) / piece};
   pthread_mutex_lock(&sc->lock);
   if (j.npieces < 2 || !start_helpers_locked(sc)) {
     pthread_mutex_unlock(&sc->lock);
@@ -231,8 +237,10 @@ static bool env_size(const char *name, size_t lo, size_t hi, size_t *out)
   char *end;
   errno = 0;
   unsigned long long v = strtoull(e, &end, 10);
-  int shift = *end == 'k' || *end == 'K' ? 10 : *end == 'm' || *end == 'M' ? 20
-              : *end == 'g' || *end == 'G' ? 30 : 0;
+  int shift = *end == 'k' || *end == 'K'   ? 10
+              : *end == 'm' || *end == 'M' ? 20
+              : *end == 'g' || *end == 'G' ? 30
+                                           : 0;
   if (shift)
     end++;
   if (errno || end == e || *end != 0 || e[0] == '-' || v > (ULLONG_MAX >> shift) ||
@@ -267,7 +275,8 @@ hixl_status_t hixl__shm_ctx_init(hixl_ctx_t *ctx)
   e = getenv("HIXL_SHM_ALLOW_UIDS");
   if (e && hixl__parse_uids(e, sc->uids, SHM_MAX_UIDS, &sc->n_uids, &sc->uid_any) != HIXL_OK)
     hixl_warn("ignoring HIXL_SHM_ALLOW_UIDS=%s (%s): only peers of our uid and root are "
-              "bound with", e, hixl_last_error());
+              "bound with",
+              e, hixl_last_error());
   env_size("HIXL_SHM_CMA_SPLIT_MIN", (size_t)64 << 10, SIZE_MAX >> 1, &sc->split_min);
   env_size("HIXL_SHM_STAGE_BYTES", (size_t)64 << 10, (size_t)1 << 30, &sc->stage_bytes);
   sc->stage_bytes = (sc->stage_bytes + 4095) & ~(size_t)4095;

@@ -124,7 +124,7 @@ hixl_status_t hixl__shm_table_init(hixl_ctx_t *ctx, shm_ctx_t *sc)
   if (ro < 0) {
     munmap(p, SHM_TABLE_BYTES);
     return hixl__err(HIXL_ERR_NO_DEVICE, "shm: the region table cannot be handed out "
-                     "read-only (no /proc/self/fd, no F_SEAL_FUTURE_WRITE)");
+                                         "read-only (no /proc/self/fd, no F_SEAL_FUTURE_WRITE)");
   }
   sc->tags = p;
   sc->tags_fd = ro;
@@ -227,10 +227,9 @@ static hixl_status_t peer_cred(hixl_ctx_t *ctx, int sock, const char *who, struc
 {
   struct ucred cr;
   socklen_t len = sizeof(cr);
-  if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0 || len != sizeof(cr) ||
-      cr.pid < 0)
-    return hixl__err(HIXL_ERR_TRANSPORT, "shm: no credentials for the unix socket of %s: %s",
-                     who, strerror(errno));
+  if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0 || len != sizeof(cr) || cr.pid < 0)
+    return hixl__err(HIXL_ERR_TRANSPORT, "shm: no credentials for the unix socket of %s: %s", who,
+                     strerror(errno));
   if (!uid_allowed(ctx->tp[HIXL_TP_SHM], cr.uid))
     return hixl__err(HIXL_ERR_AUTH,
                      "shm: %s (pid %d) runs as uid %u, this process as uid %u: refused "
@@ -331,14 +330,16 @@ static hixl_status_t map_theirs(shm_peer_t *sp, const int *fds, const char *who)
     return hixl__err(HIXL_ERR_TRANSPORT, "shm: the doorbell %s passed is not a pipe's write end",
                      who);
   sp->table = map_fd(fds[0], SHM_TABLE_BYTES, PROT_READ);
-  sp->bell = sp->table ? (const shm_bell_t *)(const void *)((const uint8_t *)sp->table +
-                                                              SHM_TAGS_BYTES)
-                       : NULL;
+  sp->bell = sp->table
+                 ? (const shm_bell_t *)(const void *)((const uint8_t *)sp->table + SHM_TAGS_BYTES)
+                 : NULL;
   sp->outbox_sh = map_fd(fds[1], hixl_ring_shared_bytes(SHM_RING_CAP), PROT_READ | PROT_WRITE);
   if (sp->table == NULL || sp->outbox_sh == NULL ||
       !hixl_ring_shared_valid(sp->outbox_sh, SHM_RING_CAP))
-    return hixl__err(HIXL_ERR_TRANSPORT, "shm: cannot map the segments of %s (unsealed, short "
-                     "or not a ring)", who);
+    return hixl__err(HIXL_ERR_TRANSPORT,
+                     "shm: cannot map the segments of %s (unsealed, short "
+                     "or not a ring)",
+                     who);
   /* The capacity is ours (SHM_RING_CAP), never re-read from their memory. */
   hixl_ring_attach(&sp->outbox, sp->outbox_sh, SHM_RING_CAP);
   return HIXL_OK;
@@ -358,11 +359,10 @@ static hixl_status_t shm_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64
   size_t nlen = strnlen(ack->str[0], sizeof(sa.sun_path) - 2);
   memcpy(sa.sun_path + 1, ack->str[0], nlen);
   ufd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (ufd < 0 ||
-      connect(ufd, (struct sockaddr *)&sa,
-              (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + nlen)) != 0) {
-    st = hixl__err(HIXL_ERR_TRANSPORT, "shm: cannot reach %s over its unix socket: %s",
-                   peer->name, strerror(errno));
+  if (ufd < 0 || connect(ufd, (struct sockaddr *)&sa,
+                         (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + nlen)) != 0) {
+    st = hixl__err(HIXL_ERR_TRANSPORT, "shm: cannot reach %s over its unix socket: %s", peer->name,
+                   strerror(errno));
     goto fail;
   }
   /* Whoever listens there (the name came from the peer) is who we bind
@@ -392,10 +392,11 @@ static hixl_status_t shm_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64
     for (int i = 0; i < reply.nfds; i++)
       close(got[i]);
     if (reply.status == HIXL_ERR_AUTH)
-      st = hixl__err(HIXL_ERR_AUTH, "shm: %s refused the bind (%s): it binds with peers of "
+      st = hixl__err(HIXL_ERR_AUTH,
+                     "shm: %s refused the bind (%s): it binds with peers of "
                      "its own uid and root, and of the uids its HIXL_SHM_ALLOW_UIDS lists; "
-                     "this process runs as uid %u", peer->name, hixl_strerror(reply.status),
-                     (unsigned)geteuid());
+                     "this process runs as uid %u",
+                     peer->name, hixl_strerror(reply.status), (unsigned)geteuid());
     else
       st = hixl__err(HIXL_ERR_TRANSPORT, "shm: %s refused the bind (%s)", peer->name,
                      hixl_strerror(reply.status));
@@ -476,8 +477,10 @@ static hixl_status_t attach_device(hixl_rmr_t *r, int64_t deadline)
       close(fd);
     return st == HIXL_ERR_NOT_REGISTERED
                ? hixl__err(st, "hixl_rmr_unpack: peer %s no longer has the region", peer->name)
-               : hixl__err(st, "hixl_rmr_unpack: peer %s could not export its device region "
-                           "(%s)", peer->name, hixl_strerror(st));
+               : hixl__err(st,
+                           "hixl_rmr_unpack: peer %s could not export its device region "
+                           "(%s)",
+                           peer->name, hixl_strerror(st));
   }
   hixl_dev_ipc_t h = {.fd = fd, .alloc_len = reply.u64[1], .device = (int)reply.u32[0]};
   if (reply.blob_len > sizeof(h.bytes) || reply.u64[0] > h.alloc_len ||
@@ -564,8 +567,8 @@ static void shm_rmr_detach(hixl_rmr_t *r)
 static bool shm_rmr_live(const hixl_rmr_t *r)
 {
   const shm_peer_t *sp = r->peer->tp;
-  return atomic_load_explicit((_Atomic uint64_t *)&sp->table[r->slot].w[0],
-                              memory_order_acquire) == r->tp_key;
+  return atomic_load_explicit((_Atomic uint64_t *)&sp->table[r->slot].w[0], memory_order_acquire) ==
+         r->tp_key;
 }
 
 static hixl_status_t cma_error(hixl_peer_t *peer, bool write, int e)
@@ -580,8 +583,8 @@ static hixl_status_t cma_error(hixl_peer_t *peer, bool write, int e)
     return hixl__err(HIXL_ERR_PEER_LOST, "shm: peer %s (pid %d) is gone", peer->name,
                      (int)peer->remote_pid);
   }
-  return hixl__err(HIXL_ERR_TRANSPORT, "shm: %s into peer %s (pid %d) failed: %s", call,
-                   peer->name, (int)peer->remote_pid, strerror(e));
+  return hixl__err(HIXL_ERR_TRANSPORT, "shm: %s into peer %s (pid %d) failed: %s", call, peer->name,
+                   (int)peer->remote_pid, strerror(e));
 }
 
 /* The kernel refuses CMA towards this peer: from now on (this peer only,
@@ -595,8 +598,8 @@ static HIXL_COLD bool cma_refused(hixl_peer_t *peer, bool write, int e)
   if (!atomic_exchange(&sp->cma_refused, true))
     hixl_info("shm: %s into peer %s (pid %d): %s; its registered memory is reached through "
               "its control thread from now on",
-              write ? "process_vm_writev" : "process_vm_readv", peer->name,
-              (int)peer->remote_pid, strerror(e));
+              write ? "process_vm_writev" : "process_vm_readv", peer->name, (int)peer->remote_pid,
+              strerror(e));
   return true;
 }
 
@@ -653,8 +656,8 @@ static HIXL_COLD hixl_status_t dev_xfer(hixl_peer_t *peer, bool put, void *local
   return HIXL_OK;
 }
 
-static HIXL_HOT hixl_status_t shm_put(hixl_peer_t *peer, const void *src, size_t len,
-                                      hixl_rmr_t *r, uint64_t off, hixl_req_t *req)
+static HIXL_HOT hixl_status_t shm_put(hixl_peer_t *peer, const void *src, size_t len, hixl_rmr_t *r,
+                                      uint64_t off, hixl_req_t *req)
 {
   (void)req;
   if (hixl_unlikely((r->flags & HIXL_REGF_DEVICE) || hixl__is_dev(src)))
@@ -848,13 +851,14 @@ static bool inflight_room_fn(void *arg)
   return inflight_room(peer) || atomic_load(&peer->state) != HIXL_PEER_UP;
 }
 
-static hixl_status_t shm_atomic(hixl_peer_t *peer, hixl_rmr_t *r, uint64_t off, int op,
-                                uint64_t a, uint64_t b, uint64_t *old_p, hixl_req_t *req)
+static hixl_status_t shm_atomic(hixl_peer_t *peer, hixl_rmr_t *r, uint64_t off, int op, uint64_t a,
+                                uint64_t b, uint64_t *old_p, hixl_req_t *req)
 {
   if (hixl_unlikely(r->flags & HIXL_REGF_DEVICE))
     return hixl__err(HIXL_ERR_UNSUPPORTED,
                      "shm: atomics on device memory need a NIC (the region of %s is device "
-                     "memory)", peer->name);
+                     "memory)",
+                     peer->name);
   if (hixl_likely(r->map != NULL)) {
     *old_p = hixl__amo_local((uint64_t *)(void *)(r->map + off), op, a, b);
     return HIXL_OK;
@@ -865,8 +869,7 @@ static hixl_status_t shm_atomic(hixl_peer_t *peer, hixl_rmr_t *r, uint64_t off, 
    * it is atomic with respect to the owner and every other peer.  Bound the
    * work in flight so that neither side's socket buffer fills up. */
   if (!inflight_room(peer)) {
-    hixl__wait(peer->ctx, hixl__deadline(hixl__ctx_timeout(peer->ctx)), 0, inflight_room_fn,
-               peer);
+    hixl__wait(peer->ctx, hixl__deadline(hixl__ctx_timeout(peer->ctx)), 0, inflight_room_fn, peer);
     if (atomic_load(&peer->state) != HIXL_PEER_UP)
       return hixl__err(HIXL_ERR_PEER_LOST, "shm: peer %s lost", peer->name);
     if (!inflight_room(peer))

@@ -33,7 +33,7 @@
 #define SHM_STAGE_HDR 4096u
 enum { SHM_COPY_PUT = 1, SHM_COPY_GET = 2 };
 typedef struct shm_stage_hdr {
-  _Atomic uint64_t done;      /* SHM_COPY messages the owner has finished */
+  _Atomic uint64_t done; /* SHM_COPY messages the owner has finished */
   uint8_t pad0[56];
   _Atomic uint64_t err_seq;   /* number (1-based) of the last one that failed */
   _Atomic int32_t err_status; /* and why (written before done is published) */
@@ -42,18 +42,18 @@ typedef struct shm_stage_hdr {
 /* Initiator side: the peer's staging area we fill (one user at a time). */
 #define SHM_STAGE_FIFO 64 /* pieces in flight, at most: bounds the socket's load */
 typedef struct shm_stage_piece {
-  uint64_t seq;   /* its SHM_COPY's number */
+  uint64_t seq; /* its SHM_COPY's number */
   size_t start, len;
-  void *dst;      /* a get: where the bytes go once done (NULL: a put) */
+  void *dst; /* a get: where the bytes go once done (NULL: a put) */
 } shm_stage_piece_t;
 typedef struct shm_stage_out {
   pthread_mutex_t lock;
-  bool ready;     /* mapped */
+  bool ready; /* mapped */
   shm_stage_hdr_t *hdr;
   uint8_t *data;
   size_t size, map_len;
-  uint64_t sent;  /* SHM_COPY messages sent */
-  size_t head;    /* next free byte of the ring */
+  uint64_t sent; /* SHM_COPY messages sent */
+  size_t head;   /* next free byte of the ring */
   shm_stage_piece_t fifo[SHM_STAGE_FIFO];
   unsigned fifo_first, fifo_n;
 } shm_stage_out_t;
@@ -116,9 +116,9 @@ typedef struct shm_bell {
 #define SHM_TABLE_BYTES (SHM_TAGS_BYTES + SHM_BELL_PAGE) /* tags, then the bell */
 
 typedef struct shm_peer {
-  const shm_tag_t *table; /* theirs, read-only */
-  const shm_bell_t *bell; /* theirs: the page after the table */
-  int bell_w;             /* their doorbell's write end */
+  const shm_tag_t *table;        /* theirs, read-only */
+  const shm_bell_t *bell;        /* theirs: the page after the table */
+  int bell_w;                    /* their doorbell's write end */
   hixl_ring_shared_t *outbox_sh; /* their inbox, mapped: we produce */
   hixl_ring_shared_t *inbox_sh;  /* ours, mapped by them: they produce */
   /* Our private views of both (ring.h): the capacity and our consumer
@@ -138,14 +138,14 @@ typedef struct shm_peer {
 #define SHM_MAX_UIDS 64 /* in HIXL_SHM_ALLOW_UIDS */
 struct shm_cma_job;
 typedef struct shm_ctx {
-  bool cma_off;        /* HIXL_SHM_CMA=0 */
-  int cma_threads;     /* HIXL_SHM_CMA_THREADS: threads per large transfer, the caller too */
-  size_t split_min;    /* HIXL_SHM_CMA_SPLIT_MIN */
-  size_t stage_bytes;  /* HIXL_SHM_STAGE_BYTES: data area of a staging we lend */
-  shm_tag_t *tags;     /* our tag table (mapped read-write before sealing) */
-  int tags_fd;         /* a read-only open of it: what peers get */
-  shm_bell_t *bell;    /* our doorbell page (after the tags) */
-  int bell_r, bell_w;  /* our doorbell pipe: we alone hold the read end */
+  bool cma_off;       /* HIXL_SHM_CMA=0 */
+  int cma_threads;    /* HIXL_SHM_CMA_THREADS: threads per large transfer, the caller too */
+  size_t split_min;   /* HIXL_SHM_CMA_SPLIT_MIN */
+  size_t stage_bytes; /* HIXL_SHM_STAGE_BYTES: data area of a staging we lend */
+  shm_tag_t *tags;    /* our tag table (mapped read-write before sealing) */
+  int tags_fd;        /* a read-only open of it: what peers get */
+  shm_bell_t *bell;   /* our doorbell page (after the tags) */
+  int bell_r, bell_w; /* our doorbell pipe: we alone hold the read end */
   /* HIXL_SHM_ALLOW_UIDS: the uids of peers we bind with besides our own
    * (effective) uid and root's; any: every uid. */
   bool uid_any;
@@ -159,7 +159,7 @@ typedef struct shm_ctx {
   int started;               /* helper threads running */
   bool no_helpers;           /* none could be started */
   bool stopping;
-  _Atomic bool stop_flag;    /* stopping, for spinning helpers */
+  _Atomic bool stop_flag; /* stopping, for spinning helpers */
   pthread_t threads[SHM_CMA_MAX_THREADS];
 } shm_ctx_t;
 
@@ -193,7 +193,7 @@ int hixl__shm_cma(hixl_peer_t *peer, bool write, struct iovec *l, struct iovec *
 typedef struct shm_stage_sess {
   hixl_peer_t *peer;
   shm_stage_out_t *so;
-  uint64_t first;  /* the first SHM_COPY number of this session */
+  uint64_t first; /* the first SHM_COPY number of this session */
   hixl_status_t st;
   int64_t deadline;
 } shm_stage_sess_t;

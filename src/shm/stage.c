@@ -55,10 +55,10 @@ static hixl_status_t attach(hixl_peer_t *peer, shm_stage_out_t *so)
   /* Sealed against shrinking (and further sealing) by its owner, or a
    * truncation there could fault our accesses. */
   bool ok = fd >= 0 && size >= 4096 && size <= ((uint64_t)1 << 30) && size % 4096 == 0 &&
-            fstat(fd, &sst) == 0 && (uint64_t)sst.st_size == SHM_STAGE_HDR + size &&
-            seals >= 0 && (seals & (F_SEAL_SHRINK | F_SEAL_SEAL)) == (F_SEAL_SHRINK | F_SEAL_SEAL);
-  void *p = ok ? mmap(NULL, SHM_STAGE_HDR + size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
-               : MAP_FAILED;
+            fstat(fd, &sst) == 0 && (uint64_t)sst.st_size == SHM_STAGE_HDR + size && seals >= 0 &&
+            (seals & (F_SEAL_SHRINK | F_SEAL_SEAL)) == (F_SEAL_SHRINK | F_SEAL_SEAL);
+  void *p =
+      ok ? mmap(NULL, SHM_STAGE_HDR + size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
   if (fd >= 0)
     close(fd);
   if (p == MAP_FAILED)
@@ -275,8 +275,7 @@ void hixl__shm_copy_serve(hixl_peer_t *peer, const hixl_msg_t *m)
   hixl_ctx_t *ctx = peer->ctx;
   shm_peer_t *sp = peer->tp;
   if (peer->ops != &hixl__shm_ops || sp == NULL || sp->in.hdr == NULL) {
-    hixl_warn("peer %s: protocol error: SHM_COPY without a staging area; dropping it",
-              peer->name);
+    hixl_warn("peer %s: protocol error: SHM_COPY without a staging area; dropping it", peer->name);
     hixl__peer_fail_locked(peer, HIXL_PEER_LOST, "protocol error");
     return;
   }
@@ -296,9 +295,9 @@ void hixl__shm_copy_serve(hixl_peer_t *peer, const hixl_msg_t *m)
     pthread_mutex_unlock(&ctx->lock);
     pthread_mutex_lock(&ctx->reg_lock);
     uint8_t *addr = NULL;
-    st = hixl__serve_range_locked(ctx, m->u32[0], m->u64[0], m->u64[1], len,
-                                  dir == SHM_COPY_PUT ? HIXL_ACCESS_WRITE : HIXL_ACCESS_READ,
-                                  &addr);
+    st =
+        hixl__serve_range_locked(ctx, m->u32[0], m->u64[0], m->u64[1], len,
+                                 dir == SHM_COPY_PUT ? HIXL_ACCESS_WRITE : HIXL_ACCESS_READ, &addr);
     if (st == HIXL_OK && dir == SHM_COPY_PUT)
       memcpy(addr, in->data + soff, (size_t)len);
     else if (st == HIXL_OK)

@@ -176,7 +176,8 @@ hixl_status_t hixl__vrb_cm_connect(hixl_peer_t *peer, vrb_peer_t *vp, const hixl
     if (st == HIXL_OK) {
       rc = rdma_resolve_route(q->cm_id, ms);
       st = rc ? hixl__vrb_err(HIXL_ERR_TRANSPORT, "rdma_resolve_route", rc)
-              : cm_wait(vp->cm_ch, q->cm_id, RDMA_CM_EVENT_ROUTE_RESOLVED, deadline, "route resolution");
+              : cm_wait(vp->cm_ch, q->cm_id, RDMA_CM_EVENT_ROUTE_RESOLVED, deadline,
+                        "route resolution");
     }
     if (st == HIXL_OK && q->cm_id->verbs != vc->dev)
       st = hixl__err(HIXL_ERR_TRANSPORT, "verbs: rdmacm routes to %s through another device",
@@ -195,9 +196,12 @@ hixl_status_t hixl__vrb_cm_connect(hixl_peer_t *peer, vrb_peer_t *vp, const hixl
     }
     if (st == HIXL_OK) {
       cm_private_t pd = {.cookie = r->u64[1], .index = (uint32_t)i, .magic = CM_MAGIC};
-      struct rdma_conn_param cp = {.private_data = &pd, .private_data_len = sizeof(pd),
-                                   .responder_resources = 16, .initiator_depth = 16,
-                                   .retry_count = 7, .rnr_retry_count = 7};
+      struct rdma_conn_param cp = {.private_data = &pd,
+                                   .private_data_len = sizeof(pd),
+                                   .responder_resources = 16,
+                                   .initiator_depth = 16,
+                                   .retry_count = 7,
+                                   .rnr_retry_count = 7};
       rc = rdma_connect(q->cm_id, &cp);
       st = rc ? hixl__vrb_err(HIXL_ERR_TRANSPORT, "rdma_connect", rc)
               : cm_wait(vp->cm_ch, q->cm_id, RDMA_CM_EVENT_ESTABLISHED, deadline, "connect");
@@ -225,8 +229,8 @@ static vrb_peer_t *by_cookie(hixl_ctx_t *ctx, uint64_t cookie)
 static struct rdma_cm_id *on_request(hixl_ctx_t *ctx, vrb_ctx_t *vc, struct rdma_cm_id *id,
                                      const cm_private_t *pd, bool have_pd)
 {
-  vrb_peer_t *vp = have_pd && pd->magic == CM_MAGIC && pd->cookie ? by_cookie(ctx, pd->cookie)
-                                                                   : NULL;
+  vrb_peer_t *vp =
+      have_pd && pd->magic == CM_MAGIC && pd->cookie ? by_cookie(ctx, pd->cookie) : NULL;
   vrb_qp_t *q = vp && pd->index < (uint32_t)vp->nq ? vp->qps[pd->index] : NULL;
   if (q == NULL || q->cm_id != NULL || id->verbs != vc->dev) {
     hixl_warn("verbs: rdmacm: refusing a connection request that matches no peer");
@@ -242,8 +246,8 @@ static struct rdma_cm_id *on_request(hixl_ctx_t *ctx, vrb_ctx_t *vc, struct rdma
     rdma_reject(id, NULL, 0);
     return id;
   }
-  struct rdma_conn_param cp = {.responder_resources = 16, .initiator_depth = 16,
-                               .retry_count = 7, .rnr_retry_count = 7};
+  struct rdma_conn_param cp = {
+      .responder_resources = 16, .initiator_depth = 16, .retry_count = 7, .rnr_retry_count = 7};
   if (pd->index == 0 && !hixl__vrb_rmap_add(vc, id->qp->qp_num, vp->peer)) {
     hixl_warn("verbs: rdmacm: no memory for the QP map");
     rdma_destroy_qp(id);
@@ -269,8 +273,8 @@ void hixl__vrb_cm_events(hixl_ctx_t *ctx)
     enum rdma_cm_event_type type = ev->event;
     struct rdma_cm_id *id = ev->id;
     cm_private_t pd = {0};
-    bool have_pd = type == RDMA_CM_EVENT_CONNECT_REQUEST &&
-                   ev->param.conn.private_data_len >= sizeof(pd);
+    bool have_pd =
+        type == RDMA_CM_EVENT_CONNECT_REQUEST && ev->param.conn.private_data_len >= sizeof(pd);
     if (have_pd)
       memcpy(&pd, ev->param.conn.private_data, sizeof(pd));
     rdma_ack_cm_event(ev);

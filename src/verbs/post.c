@@ -223,7 +223,7 @@ static size_t post_ops(vrb_qp_t *q, vrb_op_t *const *ops, size_t n)
     }
     if (k == 0) {
       if (idx == taken)
-        break; /* no room */
+        break;     /* no room */
       taken = idx; /* only failed ones */
       continue;
     }
@@ -420,8 +420,8 @@ static vrb_qp_t *pick_qp(vrb_peer_t *vp)
  * vc->read_chunk each; without: bounce-sized pieces.  Each op holds its own
  * reference on l.rent. */
 static size_t describe(vrb_ctx_t *vc, vrb_peer_t *vp, bool write, uint8_t *local, size_t len,
-                       vrb_local_t l, uint64_t raddr, uint32_t rkey, hixl_req_t *req,
-                       vrb_op_t *out, size_t cap)
+                       vrb_local_t l, uint64_t raddr, uint32_t rkey, hixl_req_t *req, vrb_op_t *out,
+                       size_t cap)
 {
   bool inl = write && len <= vc->max_inline && !l.dev;
   size_t step = !l.lkey ? VRB_BOUNCE_SIZE : write ? VRB_MAX_WR_LEN : vc->read_chunk;
@@ -468,8 +468,8 @@ static void transfer(vrb_peer_t *vp, vrb_qp_t *q, bool write, uint8_t *local, si
       size_t m = len - done < piece ? len - done : piece;
       if (l.rent)
         hixl__vrb_rcache_ref(l.rent);
-      transfer(vp, vp->qps[(first + i) % (uint32_t)vp->nq], write, local + done, m, l,
-               raddr + done, rkey, NULL, req);
+      transfer(vp, vp->qps[(first + i) % (uint32_t)vp->nq], write, local + done, m, l, raddr + done,
+               rkey, NULL, req);
       done += m;
     }
     if (l.rent)
@@ -479,8 +479,8 @@ static void transfer(vrb_peer_t *vp, vrb_qp_t *q, bool write, uint8_t *local, si
   if (q == NULL)
     q = pick_qp(vp);
   for (size_t done = 0; done < len;) {
-    size_t n = describe(vc, vp, write, local + done, len - done, l, raddr + done, rkey, req,
-                        ops, VRB_CHAIN);
+    size_t n = describe(vc, vp, write, local + done, len - done, l, raddr + done, rkey, req, ops,
+                        VRB_CHAIN);
     size_t moved = 0;
     for (size_t i = 0; i < n; i++)
       moved += ops[i].len;
@@ -506,8 +506,8 @@ hixl_status_t hixl__vrb_put(hixl_peer_t *peer, const void *src, size_t len, hixl
   return HIXL_OK;
 }
 
-hixl_status_t hixl__vrb_get(hixl_peer_t *peer, void *dst, size_t len, hixl_rmr_t *rmr,
-                            uint64_t off, hixl_req_t *req)
+hixl_status_t hixl__vrb_get(hixl_peer_t *peer, void *dst, size_t len, hixl_rmr_t *rmr, uint64_t off,
+                            hixl_req_t *req)
 {
   vrb_ctx_t *vc = hixl__vc(peer->ctx);
   transfer(peer->tp, NULL, false, dst, len, local_key(vc, false, dst, len), rmr->base + off,
@@ -539,8 +539,8 @@ hixl_status_t hixl__vrb_notify(hixl_peer_t *peer, uint32_t imm, uint64_t len, hi
   return HIXL_OK;
 }
 
-hixl_status_t hixl__vrb_put_imm(hixl_peer_t *peer, const void *src, size_t len,
-                                hixl_rmr_t *rmr, uint64_t off, uint32_t imm, hixl_req_t *req)
+hixl_status_t hixl__vrb_put_imm(hixl_peer_t *peer, const void *src, size_t len, hixl_rmr_t *rmr,
+                                uint64_t off, uint32_t imm, hixl_req_t *req)
 {
   /* WRITE_WITH_IMM when the put is one work request (the target takes imm
    * and the length from its receive completion); else the pieces, then a
@@ -549,14 +549,13 @@ hixl_status_t hixl__vrb_put_imm(hixl_peer_t *peer, const void *src, size_t len,
   vrb_ctx_t *vc = hixl__vc(peer->ctx);
   vrb_local_t l = local_key(vc, true, src, len);
   bool one = len <= VRB_MAX_WR_LEN && (l.lkey != 0 || len <= VRB_BOUNCE_SIZE);
-  transfer(vp, vp->qps[0], true, (uint8_t *)(uintptr_t)src, len, l, rmr->base + off,
-           rmr->tp_rkey, one ? &imm : NULL, req);
+  transfer(vp, vp->qps[0], true, (uint8_t *)(uintptr_t)src, len, l, rmr->base + off, rmr->tp_rkey,
+           one ? &imm : NULL, req);
   return one ? HIXL_OK : hixl__vrb_notify(peer, imm, len, req);
 }
 
-hixl_status_t hixl__vrb_batch(hixl_peer_t *peer, const hixl_xfer_t *xfers, size_t n,
-                              bool is_put, const uint32_t *imm, uint64_t total,
-                              hixl_req_t *req)
+hixl_status_t hixl__vrb_batch(hixl_peer_t *peer, const hixl_xfer_t *xfers, size_t n, bool is_put,
+                              const uint32_t *imm, uint64_t total, hixl_req_t *req)
 {
   vrb_peer_t *vp = peer->tp;
   vrb_ctx_t *vc = hixl__vc(peer->ctx);
@@ -578,9 +577,9 @@ hixl_status_t hixl__vrb_batch(hixl_peer_t *peer, const hixl_xfer_t *xfers, size_
           submit(q, ops, k);
           k = 0;
         }
-        size_t got = describe(vc, vp, is_put, (uint8_t *)x->local + done, x->len - done, l,
-                              x->rmr->base + x->off + done, x->rmr->tp_rkey, req, ops + k,
-                              VRB_CHAIN - k);
+        size_t got =
+            describe(vc, vp, is_put, (uint8_t *)x->local + done, x->len - done, l,
+                     x->rmr->base + x->off + done, x->rmr->tp_rkey, req, ops + k, VRB_CHAIN - k);
         for (size_t j = 0; j < got; j++)
           done += ops[k + j].len;
         k += got;
@@ -600,8 +599,8 @@ hixl_status_t hixl__vrb_batch(hixl_peer_t *peer, const hixl_xfer_t *xfers, size_
   return imm ? hixl__vrb_notify(peer, *imm, total, req) : HIXL_OK;
 }
 
-hixl_status_t hixl__vrb_atomic(hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t off, int op,
-                               uint64_t a, uint64_t b, uint64_t *old_p, hixl_req_t *req)
+hixl_status_t hixl__vrb_atomic(hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t off, int op, uint64_t a,
+                               uint64_t b, uint64_t *old_p, hixl_req_t *req)
 {
   (void)old_p;
   if (req == NULL)
@@ -632,8 +631,7 @@ static hixl_status_t wc_status(const struct ibv_wc *wc, hixl_peer_t *peer)
                          ? HIXL_ERR_PEER_LOST
                      : wc->status == IBV_WC_REM_ACCESS_ERR ? HIXL_ERR_ACCESS
                                                            : HIXL_ERR_TRANSPORT;
-  hixl__err(st, "verbs: work request to %s failed: %s", peer->name,
-            ibv_wc_status_str(wc->status));
+  hixl__err(st, "verbs: work request to %s failed: %s", peer->name, ibv_wc_status_str(wc->status));
   char why[96];
   snprintf(why, sizeof(why), "work request failed: %s", ibv_wc_status_str(wc->status));
   hixl__peer_lost_async(peer, why); /* the QP is in error now */

@@ -51,7 +51,7 @@
 struct vrb_rent {
   uintptr_t start, end;
   struct ibv_mr *mr;
-  _Atomic int refs; /* one for being in the cache, one per user */
+  _Atomic int refs;        /* one for being in the cache, one per user */
   vrb_rent_t *prev, *next; /* LRU, most recent first */
 };
 
@@ -200,8 +200,7 @@ static void *monitor_main(void *arg)
         s = (uintptr_t)msg[i].arg.pagefault.address & ~(uintptr_t)(page_size() - 1);
         e = s + page_size();
         break;
-      default:
-        continue;
+      default: continue;
       }
       atomic_fetch_add(&rc->invalidated, drop_range(rc, s, e));
       if (msg[i].event == UFFD_EVENT_PAGEFAULT) {
@@ -226,7 +225,8 @@ vrb_rcache_t *hixl__vrb_rcache_new(struct ibv_pd *pd)
     fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     hixl_info("verbs: no userfaultfd (%s): no registration cache, large unregistered "
-              "buffers go through bounce buffers", strerror(errno));
+              "buffers go through bounce buffers",
+              strerror(errno));
     return NULL;
   }
   struct uffdio_api api = {.api = UFFD_API,
@@ -234,8 +234,7 @@ vrb_rcache_t *hixl__vrb_rcache_new(struct ibv_pd *pd)
                                        UFFD_FEATURE_EVENT_REMAP};
   vrb_rcache_t *rc = NULL;
   if (ioctl(fd, UFFDIO_API, &api) != 0) {
-    hixl_info("verbs: userfaultfd lacks unmap events (%s): no registration cache",
-              strerror(errno));
+    hixl_info("verbs: userfaultfd lacks unmap events (%s): no registration cache", strerror(errno));
     goto fail;
   }
   rc = calloc(1, sizeof(*rc));
@@ -338,8 +337,8 @@ vrb_rent_t *hixl__vrb_rcache_get(vrb_rcache_t *rc, const void *p, size_t len, ui
                                 .mode = UFFDIO_REGISTER_MODE_MISSING};
   if (ioctl(rc->uffd, UFFDIO_REGISTER, &reg) != 0) {
     /* Not anonymous or shmem memory (a file mapping, say): cannot watch. */
-    hixl_debug("verbs: cannot watch [%#lx, %#lx) for unmaps (%s): not cached",
-               (unsigned long)s, (unsigned long)e, strerror(errno));
+    hixl_debug("verbs: cannot watch [%#lx, %#lx) for unmaps (%s): not cached", (unsigned long)s,
+               (unsigned long)e, strerror(errno));
     ibv_dereg_mr(ent->mr);
     free(ent);
     ent = NULL;

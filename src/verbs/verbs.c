@@ -108,8 +108,8 @@ static hixl_status_t open_device(hixl_ctx_t *ctx, vrb_ctx_t *vc)
         continue;
       int gi = pick_gid(dev, p, pa.gid_tbl_len, ifindex);
       struct ibv_gid_entry ge;
-      if (ifindex && (ibv_query_gid_ex(dev, p, (uint32_t)gi, &ge, 0) != 0 ||
-                      ge.ndev_ifindex != ifindex))
+      if (ifindex &&
+          (ibv_query_gid_ex(dev, p, (uint32_t)gi, &ge, 0) != 0 || ge.ndev_ifindex != ifindex))
         continue;
       vc->dev = dev;
       vc->port = p;
@@ -175,7 +175,7 @@ static void vrb_ctx_fini(hixl_ctx_t *ctx)
     rdma_free_devices(vc->cm_devs); /* dev is librdmacm's */
   else
 #endif
-  if (vc->dev)
+      if (vc->dev)
     ibv_close_device(vc->dev);
   free(vc->lregs);
   free(vc->rmap);
@@ -225,8 +225,7 @@ static hixl_status_t vrb_ctx_init(hixl_ctx_t *ctx)
   struct ibv_srq_init_attr sa = {.attr = {.max_wr = VRB_SRQ_DEPTH, .max_sge = 1}};
   vc->srq = vc->rcq ? ibv_create_srq(vc->pd, &sa) : NULL;
   vc->rbufs = calloc(VRB_SRQ_DEPTH, VRB_RECV_SIZE);
-  vc->rbufs_mr = vc->srq && vc->rbufs ? ibv_reg_mr(vc->pd, vc->rbufs,
-                                                   VRB_SRQ_DEPTH * VRB_RECV_SIZE,
+  vc->rbufs_mr = vc->srq && vc->rbufs ? ibv_reg_mr(vc->pd, vc->rbufs, VRB_SRQ_DEPTH * VRB_RECV_SIZE,
                                                    IBV_ACCESS_LOCAL_WRITE)
                                       : NULL;
   if (vc->rbufs_mr == NULL) {
@@ -462,7 +461,8 @@ static int cq_room(vrb_ctx_t *vc, int nq)
     int need = (c->n_qps + nq) * VRB_SQ_DEPTH;
     if (need <= c->cap)
       pick = i;
-    else if (need <= vc->max_cqe && ibv_resize_cq(c->cq, need * 2 < vc->max_cqe ? need * 2 : vc->max_cqe) == 0) {
+    else if (need <= vc->max_cqe &&
+             ibv_resize_cq(c->cq, need * 2 < vc->max_cqe ? need * 2 : vc->max_cqe) == 0) {
       c->cap = c->cq->cqe;
       pick = need <= c->cap ? i : -1;
     }
@@ -489,7 +489,9 @@ static int cq_room(vrb_ctx_t *vc, int nq)
 struct ibv_qp_init_attr hixl__vrb_qp_attr(const vrb_ctx_t *vc, const vrb_peer_t *vp)
 {
   return (struct ibv_qp_init_attr){
-      .send_cq = vc->scqs[vp->scq].cq, .recv_cq = vc->rcq, .srq = vc->srq,
+      .send_cq = vc->scqs[vp->scq].cq,
+      .recv_cq = vc->rcq,
+      .srq = vc->srq,
       .qp_type = IBV_QPT_RC,
       .cap = {.max_send_wr = VRB_SQ_DEPTH, .max_send_sge = 1, .max_inline_data = VRB_INLINE}};
 }
@@ -592,7 +594,7 @@ static void local_info(vrb_ctx_t *vc, vrb_peer_t *vp, hixl_msg_t *m, uint32_t ps
 /* The QP count a VERBS_QP message announces, or 0 when malformed. */
 static int remote_nq(const hixl_msg_t *r)
 {
-  uint64_t nq = r->u64[2] ? r->u64[2] : 1; /* 0: an older peer, one QP */
+  uint64_t nq = r->u64[2] ? r->u64[2] : 1;            /* 0: an older peer, one QP */
   uint64_t blob = r->u64[3] ? 16 : 16 + 4 * (nq - 1); /* rdmacm: no QPNs */
   if (nq > VRB_MAX_QPS || r->blob_len != blob)
     return 0;
@@ -602,14 +604,15 @@ static int remote_nq(const hixl_msg_t *r)
 }
 
 /* INIT -> RTR -> RTS against the peer's QP number qpn. */
-static hixl_status_t qp_connect(vrb_ctx_t *vc, struct ibv_qp *qp, const hixl_msg_t *r,
-                                uint32_t qpn, uint32_t my_psn)
+static hixl_status_t qp_connect(vrb_ctx_t *vc, struct ibv_qp *qp, const hixl_msg_t *r, uint32_t qpn,
+                                uint32_t my_psn)
 {
-  struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .port_num = vc->port,
+  struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
+                          .port_num = vc->port,
                           .qp_access_flags = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE |
                                              IBV_ACCESS_REMOTE_ATOMIC};
-  int rc = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-                                     IBV_QP_ACCESS_FLAGS);
+  int rc =
+      ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
   if (rc)
     return hixl__vrb_err(HIXL_ERR_TRANSPORT, "QP to INIT", rc);
   memset(&a, 0, sizeof(a));
@@ -627,8 +630,8 @@ static hixl_status_t qp_connect(vrb_ctx_t *vc, struct ibv_qp *qp, const hixl_msg
   a.ah_attr.grh.sgid_index = (uint8_t)vc->gid_index;
   a.ah_attr.grh.hop_limit = 64;
   rc = ibv_modify_qp(qp, &a,
-                     IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                         IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+                     IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                         IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
   if (rc)
     return hixl__vrb_err(HIXL_ERR_TRANSPORT, "QP to RTR", rc);
   memset(&a, 0, sizeof(a));
@@ -743,7 +746,7 @@ static hixl_status_t vrb_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64
 #ifndef HIXL_HAVE_RDMACM
   if (cm)
     return hixl__err(HIXL_ERR_UNSUPPORTED, "verbs: HIXL_VERBS_CM=rdmacm, but this libhixl "
-                     "was built without librdmacm");
+                                           "was built without librdmacm");
 #endif
   vrb_peer_t *vp = vp_new(peer, qps_wanted(), !cm);
   if (vp == NULL)
@@ -794,7 +797,7 @@ static void vrb_accept(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out)
     st = hixl__err(HIXL_ERR_TRANSPORT, "verbs: malformed VERBS_QP");
   else if (cm && vc->cm_listen == NULL)
     st = hixl__err(HIXL_ERR_UNSUPPORTED, "verbs: the peer asked for rdmacm, which is not "
-                   "available here");
+                                         "available here");
   vrb_peer_t *vp = st == HIXL_OK ? vp_new(peer, nq, !cm) : NULL;
   if (st == HIXL_OK && vp == NULL)
     st = HIXL_ERR_NOMEM;
@@ -843,8 +846,7 @@ static void vrb_peer_close(hixl_peer_t *peer)
     if (hixl__vrb_drain_peer(vp))
       vp_free(vp);
     else
-      hixl_warn("verbs: work requests to %s never flushed; keeping their descriptors",
-                peer->name);
+      hixl_warn("verbs: work requests to %s never flushed; keeping their descriptors", peer->name);
   }
   rmap_del(VC(peer->ctx), peer); /* no receive completion reaches it now */
   peer->tp = NULL;

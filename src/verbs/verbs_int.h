@@ -105,7 +105,10 @@ typedef struct vrb_ctx {
    * hixl_notif_poll), which QP 0 belongs to which peer, and whether rcq's
    * completion channel is armed (only while no user polls notifications). */
   pthread_mutex_t recv_lock;
-  struct vrb_rmap { uint32_t qpn; hixl_peer_t *peer; } *rmap;
+  struct vrb_rmap {
+    uint32_t qpn;
+    hixl_peer_t *peer;
+  } * rmap;
   size_t n_rmap, cap_rmap;
   _Atomic uint64_t user_polls; /* bumped by every hixl_notif_poll */
   uint64_t seen_polls;         /* control thread: the count at its last look */
@@ -133,7 +136,7 @@ typedef struct vrb_op {
   uint8_t opcode; /* enum ibv_wr_opcode */
   uint8_t kind;   /* VRB_WR_* */
   bool inl;
-  bool dev;       /* local is device memory: a bounce is filled / emptied by the runtime */
+  bool dev; /* local is device memory: a bounce is filled / emptied by the runtime */
   struct vrb_op *next;
   /* Inline payload, taken at the call: a notification SEND's {imm, len}, or
    * a small put's bytes, so the caller may reuse its buffer at once even
@@ -154,9 +157,9 @@ typedef struct vrb_wqe {
 } vrb_wqe_t;
 
 struct vrb_qp {
-  struct ibv_qp *qp;          /* NULL until rdmacm created it */
-  struct rdma_cm_id *cm_id;   /* rdmacm: the QP's id, else NULL */
-  bool ready;                 /* connected: requests may be posted (vp->lock) */
+  struct ibv_qp *qp;        /* NULL until rdmacm created it */
+  struct rdma_cm_id *cm_id; /* rdmacm: the QP's id, else NULL */
+  bool ready;               /* connected: requests may be posted (vp->lock) */
   vrb_peer_t *vp;
   uint32_t index;
   /* Under vp->lock: posted, retired, posted since the last signaled one. */
@@ -170,9 +173,9 @@ struct vrb_qp {
 struct vrb_peer {
   hixl_peer_t *peer;
   int nq;
-  int scq; /* index of the send CQ its QPs use */
-  int cq_reserved; /* QPs counted on that CQ */
-  uint64_t cm_cookie; /* rdmacm target side: names this peer in requests */
+  int scq;                          /* index of the send CQ its QPs use */
+  int cq_reserved;                  /* QPs counted on that CQ */
+  uint64_t cm_cookie;               /* rdmacm target side: names this peer in requests */
   struct rdma_event_channel *cm_ch; /* rdmacm initiator side */
   vrb_qp_t *qps[VRB_MAX_QPS];
   pthread_mutex_t lock; /* rings, software queues, bounce pool */
@@ -182,7 +185,7 @@ struct vrb_peer {
   int bounce_free[VRB_BOUNCE_COUNT], n_bounce_free;
   uint64_t *amo;
   struct ibv_mr *amo_mr;
-  vrb_op_t *op_free; /* spare software-queue nodes */
+  vrb_op_t *op_free;       /* spare software-queue nodes */
   _Atomic int outstanding; /* posted and queued, not yet retired */
 };
 
@@ -196,16 +199,15 @@ uint32_t hixl__vrb_region_lkey(vrb_ctx_t *vc, const void *p, size_t len);
 /* post.c */
 hixl_status_t hixl__vrb_put(hixl_peer_t *peer, const void *src, size_t len, hixl_rmr_t *rmr,
                             uint64_t off, hixl_req_t *req);
-hixl_status_t hixl__vrb_get(hixl_peer_t *peer, void *dst, size_t len, hixl_rmr_t *rmr,
-                            uint64_t off, hixl_req_t *req);
-hixl_status_t hixl__vrb_put_imm(hixl_peer_t *peer, const void *src, size_t len,
-                                hixl_rmr_t *rmr, uint64_t off, uint32_t imm, hixl_req_t *req);
+hixl_status_t hixl__vrb_get(hixl_peer_t *peer, void *dst, size_t len, hixl_rmr_t *rmr, uint64_t off,
+                            hixl_req_t *req);
+hixl_status_t hixl__vrb_put_imm(hixl_peer_t *peer, const void *src, size_t len, hixl_rmr_t *rmr,
+                                uint64_t off, uint32_t imm, hixl_req_t *req);
 hixl_status_t hixl__vrb_notify(hixl_peer_t *peer, uint32_t imm, uint64_t len, hixl_req_t *req);
-hixl_status_t hixl__vrb_batch(hixl_peer_t *peer, const hixl_xfer_t *xfers, size_t n,
-                              bool is_put, const uint32_t *imm, uint64_t total,
-                              hixl_req_t *req);
-hixl_status_t hixl__vrb_atomic(hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t off, int op,
-                               uint64_t a, uint64_t b, uint64_t *old_p, hixl_req_t *req);
+hixl_status_t hixl__vrb_batch(hixl_peer_t *peer, const hixl_xfer_t *xfers, size_t n, bool is_put,
+                              const uint32_t *imm, uint64_t total, hixl_req_t *req);
+hixl_status_t hixl__vrb_atomic(hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t off, int op, uint64_t a,
+                               uint64_t b, uint64_t *old_p, hixl_req_t *req);
 int hixl__vrb_progress(hixl_ctx_t *ctx);
 /* Peer going away: fail its software queues, wait (bounded) for the flush of
  * its QPs (already in ERROR), then retire whatever is left as PEER_LOST.

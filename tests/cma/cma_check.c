@@ -21,7 +21,8 @@ static char g_word[64] = "child memory";
 
 int main(int argc, char **argv)
 {
-  if (argc != 2 || (strcmp(argv[1], "OK") && strcmp(argv[1], "EPERM") && strcmp(argv[1], "ENOSYS"))) {
+  if (argc != 2 ||
+      (strcmp(argv[1], "OK") && strcmp(argv[1], "EPERM") && strcmp(argv[1], "ENOSYS"))) {
     fprintf(stderr, "usage: cma-check OK|EPERM|ENOSYS\n");
     return 2;
   }

@@ -48,25 +48,25 @@ int main(int argc, char **argv)
   }
   const unsigned deny = SECCOMP_RET_ERRNO | (unsigned)(err & SECCOMP_RET_DATA);
   struct sock_filter filter[] = {
-      /* Another architecture's system call numbers mean other calls: a
-       * process of this build never makes them; refuse them outright. */
-      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, NATIVE_ARCH, 1, 0),
-      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (ENOSYS & SECCOMP_RET_DATA)),
-      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+    /* Another architecture's system call numbers mean other calls: a
+     * process of this build never makes them; refuse them outright. */
+    BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+    BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, NATIVE_ARCH, 1, 0),
+    BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (ENOSYS & SECCOMP_RET_DATA)),
+    BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
 #if defined(__x86_64__)
-      /* x32 numbers (bit 30 set) of the same calls. */
-      BPF_STMT(BPF_ALU | BPF_AND | BPF_K, ~0x40000000u),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 539, 3, 0),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 540, 2, 0),
+    /* x32 numbers (bit 30 set) of the same calls. */
+    BPF_STMT(BPF_ALU | BPF_AND | BPF_K, ~0x40000000u),
+    BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 539, 3, 0),
+    BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 540, 2, 0),
 #else
-      BPF_JUMP(BPF_JMP | BPF_JA, 0, 0, 0),
-      BPF_JUMP(BPF_JMP | BPF_JA, 0, 0, 0),
+    BPF_JUMP(BPF_JMP | BPF_JA, 0, 0, 0),
+    BPF_JUMP(BPF_JMP | BPF_JA, 0, 0, 0),
 #endif
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_process_vm_readv, 1, 0),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_process_vm_writev, 0, 1),
-      BPF_STMT(BPF_RET | BPF_K, deny),
-      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_process_vm_readv, 1, 0),
+    BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_process_vm_writev, 0, 1),
+    BPF_STMT(BPF_RET | BPF_K, deny),
+    BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
   };
   struct sock_fprog prog = {(unsigned short)(sizeof(filter) / sizeof(filter[0])), filter};
   /* Without privileges a filter needs no_new_privs (no set-uid gain later). */

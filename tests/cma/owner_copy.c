@@ -40,7 +40,8 @@ typedef struct fixture {
 
 static void hash_all(fixture_t *f, bool check)
 {
-  uint64_t a = target_hash(&f->t, "reg", 0, BIG_LEN), b = target_hash(&f->t, "reg_ro", 0, SMALL_LEN),
+  uint64_t a = target_hash(&f->t, "reg", 0, BIG_LEN),
+           b = target_hash(&f->t, "reg_ro", 0, SMALL_LEN),
            c = target_hash(&f->t, "wo", 0, SMALL_LEN), d = target_hash(&f->t, "alloc", 0, BIG_LEN),
            e = target_hash(&f->t, "ctr_reg", 0, CTR_LEN);
   if (check) {
@@ -120,8 +121,8 @@ static hixl_status_t forge(fixture_t *f, uint32_t slot, uint32_t dir, uint64_t r
       fail_msg("the owner did not answer a forged copy");
     usleep(1000);
   }
-  hixl_status_t st = atomic_load(&so->hdr->err_seq) == n ? atomic_load(&so->hdr->err_status)
-                                                          : HIXL_OK;
+  hixl_status_t st =
+      atomic_load(&so->hdr->err_seq) == n ? atomic_load(&so->hdr->err_status) : HIXL_OK;
   pthread_mutex_unlock(&so->lock);
   return st;
 }
@@ -187,8 +188,7 @@ static void test_stage_again(void **state)
   for (int i = 0; i < 3; i++) {
     hixl_msg_t m = {.type = HIXL_MSG_SHM_STAGE_REQ}, reply;
     int fd = -1;
-    EXPECT_OK(hixl__call(f->peer, &m, HIXL_MSG_SHM_STAGE_REPLY, &reply, &fd,
-                         hixl__deadline(3000)));
+    EXPECT_OK(hixl__call(f->peer, &m, HIXL_MSG_SHM_STAGE_REPLY, &reply, &fd, hixl__deadline(3000)));
     assert_true(fd >= 0);
     assert_int_equal(reply.u64[0], sp->out.size);
     close(fd);

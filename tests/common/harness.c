@@ -100,12 +100,12 @@ typedef struct region {
   const char *name;
   size_t len;
   unsigned access;
-  bool alloc;    /* hixl_mem_alloc (memfd); else malloc + hixl_mr_reg (CMA) */
+  bool alloc;      /* hixl_mem_alloc (memfd); else malloc + hixl_mr_reg (CMA) */
   size_t misalign; /* malloc regions: base offset from 64-byte alignment */
-  uint64_t seed; /* 0: zero-filled */
-  bool device;   /* device memory (only with HIXL_TEST_DEVICE_REGIONS=1): alloc: one
-                  * hixl_mem_alloc(HIXL_MEM_DEVICE); else hixl_mr_reg_device of an
-                  * odd sub-range of a larger device allocation */
+  uint64_t seed;   /* 0: zero-filled */
+  bool device;     /* device memory (only with HIXL_TEST_DEVICE_REGIONS=1): alloc: one
+                    * hixl_mem_alloc(HIXL_MEM_DEVICE); else hixl_mr_reg_device of an
+                    * odd sub-range of a larger device allocation */
   void *addr, *to_free;
   hixl_mr_t *mr, *backing;
 } region_t;
@@ -365,10 +365,10 @@ static void target_serve(target_state_t *ts)
       hixl_status_t st = hixl_notif_wait(ts->ctx, &nf, (int)a);
       clock_gettime(CLOCK_MONOTONIC, &w1);
       getrusage(RUSAGE_SELF, &r1);
-      long long cpu = (r1.ru_utime.tv_sec - r0.ru_utime.tv_sec + r1.ru_stime.tv_sec -
-                       r0.ru_stime.tv_sec) * 1000000LL +
-                      (r1.ru_utime.tv_usec - r0.ru_utime.tv_usec) +
-                      (r1.ru_stime.tv_usec - r0.ru_stime.tv_usec);
+      long long cpu =
+          (r1.ru_utime.tv_sec - r0.ru_utime.tv_sec + r1.ru_stime.tv_sec - r0.ru_stime.tv_sec) *
+              1000000LL +
+          (r1.ru_utime.tv_usec - r0.ru_utime.tv_usec) + (r1.ru_stime.tv_usec - r0.ru_stime.tv_usec);
       long long wall = (w1.tv_sec - w0.tv_sec) * 1000000LL + (w1.tv_nsec - w0.tv_nsec) / 1000;
       if (st == HIXL_OK)
         snprintf(resp, sizeof(resp), "ok %u %lld %lld %ld", nf.imm, cpu, wall,
@@ -427,8 +427,13 @@ void target_start(target_t *t, hixl_ctx_t *ctx, const char *token, int timeout_m
   snprintf(a_cmd, sizeof(a_cmd), "%d", cmd[0]);
   snprintf(a_resp, sizeof(a_resp), "%d", resp[1]);
   snprintf(a_to, sizeof(a_to), "%d", timeout_ms);
-  char *args[] = {"hixl-test-target", "--hixl-target", a_cmd, a_resp, a_to,
-                  (char *)(token ? token : "-"), NULL};
+  char *args[] = {"hixl-test-target",
+                  "--hixl-target",
+                  a_cmd,
+                  a_resp,
+                  a_to,
+                  (char *)(token ? token : "-"),
+                  NULL};
   pid_t pid = fork();
   if (pid < 0)
     die("fork: %s", strerror(errno));

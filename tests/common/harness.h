@@ -32,10 +32,10 @@
 typedef struct target {
   const char *transport;
   char addr[128];
-  pid_t pid;         /* shm: the target process */
+  pid_t pid; /* shm: the target process */
   int cmd_fd, resp_fd;
-  void *thread;      /* self: the target thread */
-  hixl_ctx_t *ctx;   /* self: the shared context */
+  void *thread;    /* self: the target thread */
+  hixl_ctx_t *ctx; /* self: the shared context */
 } target_t;
 
 extern const char *g_transport; /* "self" or "shm" */
@@ -80,12 +80,12 @@ int run_threads(int n, int (*fn)(void *arg, int index), void *arg);
 /* Processes for shm, threads for self. */
 int run_workers(int n, int (*fn)(void *arg, int index), void *arg);
 
-#define EXPECT_ST(expected, call)                                                               \
-  do {                                                                                          \
-    hixl_status_t st__ = (call);                                                                \
-    if (st__ != (expected))                                                                     \
-      die("%s:%d: %s returned %s, expected %s (%s)", __FILE__, __LINE__, #call,                 \
-          hixl_strerror(st__), hixl_strerror(expected), hixl_last_error());                     \
+#define EXPECT_ST(expected, call)                                                                  \
+  do {                                                                                             \
+    hixl_status_t st__ = (call);                                                                   \
+    if (st__ != (expected))                                                                        \
+      die("%s:%d: %s returned %s, expected %s (%s)", __FILE__, __LINE__, #call,                    \
+          hixl_strerror(st__), hixl_strerror(expected), hixl_last_error());                        \
   } while (0)
 #define EXPECT_OK(call) EXPECT_ST(HIXL_OK, call)
 

@@ -86,8 +86,7 @@ static void test_out_of_bounds(void **state)
     assert_non_null(strstr(hixl_last_error(), "outside"));
     assert_int_equal(hixl_put(f->peer, g_buf, 11, r, BIG_LEN - 10, 0, NULL),
                      HIXL_ERR_NOT_REGISTERED);
-    assert_int_equal(hixl_get(f->peer, g_buf, 2, r, BIG_LEN - 1, 0, NULL),
-                     HIXL_ERR_NOT_REGISTERED);
+    assert_int_equal(hixl_get(f->peer, g_buf, 2, r, BIG_LEN - 1, 0, NULL), HIXL_ERR_NOT_REGISTERED);
     assert_int_equal(hixl_put_imm(f->peer, g_buf, 16, r, BIG_LEN - 8, 1, 0, NULL),
                      HIXL_ERR_NOT_REGISTERED);
     assert_int_equal(hixl_atomic_faa(f->peer, r, BIG_LEN - 4, 1, NULL, 0, NULL),
@@ -199,7 +198,8 @@ static void test_forged_fields(void **state)
   forged[3].slot = (forged[3].slot + 1); /* another slot, same key */
   for (int i = 0; i < 4; i++) {
     hixl_rkey_encode(&forged[i], blob);
-    assert_int_equal(hixl_rmr_unpack(f->peer, blob, HIXL_RKEY_BLOB_LEN, &r), HIXL_ERR_NOT_REGISTERED);
+    assert_int_equal(hixl_rmr_unpack(f->peer, blob, HIXL_RKEY_BLOB_LEN, &r),
+                     HIXL_ERR_NOT_REGISTERED);
   }
   /* More rights than granted ("ro" is READ only). */
   len = sizeof(blob);
@@ -221,8 +221,7 @@ static void test_unaligned_atomic(void **state)
   for (uint64_t off = 1; off < 8; off++) {
     assert_int_equal(hixl_atomic_faa(f->peer, f->ctr, off, 1, NULL, 0, NULL), HIXL_ERR_INVALID);
     assert_non_null(strstr(hixl_last_error(), "aligned"));
-    assert_int_equal(hixl_atomic_cas(f->peer, f->ctr, off, 0, 1, NULL, 0, NULL),
-                     HIXL_ERR_INVALID);
+    assert_int_equal(hixl_atomic_cas(f->peer, f->ctr, off, 0, 1, NULL, 0, NULL), HIXL_ERR_INVALID);
   }
   /* "reg" starts 3 bytes past an 8-byte boundary: offset 5 is aligned. */
   uint64_t old;
@@ -324,8 +323,8 @@ static void test_null_and_zero(void **state)
 static void test_batch_one_bad_element(void **state)
 {
   fixture_t *f = *state;
-  hixl_xfer_t x[3] = {{g_buf, f->alloc, 0, 64}, {g_buf, f->reg, 100, 64},
-                      {g_buf, f->alloc, BIG_LEN - 8, 64}};
+  hixl_xfer_t x[3] = {
+      {g_buf, f->alloc, 0, 64}, {g_buf, f->reg, 100, 64}, {g_buf, f->alloc, BIG_LEN - 8, 64}};
   uint32_t imm = 9;
   memset(g_buf, 0xee, sizeof(g_buf));
   assert_int_equal(hixl_put_batch(f->peer, x, 3, &imm, 0, NULL), HIXL_ERR_NOT_REGISTERED);
@@ -432,20 +431,13 @@ int main(int argc, char **argv)
   }
   g_transport = argv[1];
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_out_of_bounds),
-      cmocka_unit_test(test_missing_rights),
-      cmocka_unit_test(test_deregistered_region),
-      cmocka_unit_test(test_released_rmr),
-      cmocka_unit_test(test_forged_blob),
-      cmocka_unit_test(test_forged_fields),
-      cmocka_unit_test(test_unaligned_atomic),
-      cmocka_unit_test(test_null_and_zero),
-      cmocka_unit_test(test_batch_one_bad_element),
-      cmocka_unit_test(test_rmr_of_other_peer),
-      cmocka_unit_test(test_use_after_disconnect),
-      cmocka_unit_test(test_wrong_auth_token),
-      cmocka_unit_test(test_connect_closed_port),
-      cmocka_unit_test(test_garbage_on_control_port),
+      cmocka_unit_test(test_out_of_bounds),         cmocka_unit_test(test_missing_rights),
+      cmocka_unit_test(test_deregistered_region),   cmocka_unit_test(test_released_rmr),
+      cmocka_unit_test(test_forged_blob),           cmocka_unit_test(test_forged_fields),
+      cmocka_unit_test(test_unaligned_atomic),      cmocka_unit_test(test_null_and_zero),
+      cmocka_unit_test(test_batch_one_bad_element), cmocka_unit_test(test_rmr_of_other_peer),
+      cmocka_unit_test(test_use_after_disconnect),  cmocka_unit_test(test_wrong_auth_token),
+      cmocka_unit_test(test_connect_closed_port),   cmocka_unit_test(test_garbage_on_control_port),
   };
   return cmocka_run_group_tests_name(argv[1], tests, setup, teardown);
 }

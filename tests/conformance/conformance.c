@@ -53,8 +53,8 @@ static void put_get_region(hixl_ctx_t *ctx, target_t *t, hixl_peer_t *peer, cons
   free(want);
   free(got);
 
-  static const size_t sizes[] = {1, 7, 8, 63, 64, 65, 4095, 4096, 65537, (1 << 20) + 3,
-                                 (16 << 20) + 1, 64 << 20};
+  static const size_t sizes[] = {
+      1, 7, 8, 63, 64, 65, 4095, 4096, 65537, (1 << 20) + 3, (16 << 20) + 1, 64 << 20};
   for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
     size_t len = sizes[i];
     uint64_t off = 1 + 2 * (i * 4099 % 4096); /* odd */
@@ -176,16 +176,16 @@ static void test_notif_order(void **state)
   for (uint64_t i = 0; i < COUNT; i++) {
     size_t len = i % 61;
     memcpy(buf, &i, 8);
-    hixl_status_t st = len == 0 ? hixl_notify(peer, (uint32_t)i, 0, NULL)
-                                : hixl_put_imm(peer, buf, len, rmr, (i % 131072) * 64,
-                                               (uint32_t)i, 0, NULL);
+    hixl_status_t st =
+        len == 0 ? hixl_notify(peer, (uint32_t)i, 0, NULL)
+                 : hixl_put_imm(peer, buf, len, rmr, (i % 131072) * 64, (uint32_t)i, 0, NULL);
     if (st != HIXL_OK) {
       char why[512];
       snprintf(why, sizeof(why), "%s", hixl_last_error());
       char resp[256] = "";
       target_reply(&t, resp, sizeof(resp)); /* what the target saw */
-      fail_msg("notification %llu: %s (%s); target: %s", (unsigned long long)i,
-               hixl_strerror(st), why, resp);
+      fail_msg("notification %llu: %s (%s); target: %s", (unsigned long long)i, hixl_strerror(st),
+               why, resp);
     }
   }
   char resp[256];
@@ -226,8 +226,8 @@ static int faa_worker(void *arg, int index)
       EXPECT_OK(hixl_req_wait(req, 10000));
       hixl_req_free(req);
       if (old == UINT64_MAX || (i > 0 && old < prev))
-        die("worker %d: fetch-and-add returned %llu after %llu", index,
-            (unsigned long long)old, (unsigned long long)prev);
+        die("worker %d: fetch-and-add returned %llu after %llu", index, (unsigned long long)old,
+            (unsigned long long)prev);
       prev = old;
     } else {
       EXPECT_OK(hixl_atomic_faa(peer, rmr, 0, 1, NULL, 0, NULL));
@@ -425,7 +425,8 @@ static int free_port(void)
   for (int tries = 0; tries < 1000; tries++) {
     int port = 10000 + (int)((unsigned)rand() % (unsigned)(lo - 10000));
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+    struct sockaddr_in sa = {.sin_family = AF_INET,
+                             .sin_port = htons((uint16_t)port),
                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
     if (fd >= 0)
@@ -458,15 +459,15 @@ static int world_rank(void *arg, int rank)
   uint64_t *mem;
   hixl_mr_t *mr;
   EXPECT_OK(hixl_mem_alloc(ctx, 4096, HIXL_MEM_HOST,
-                           HIXL_ACCESS_READ | HIXL_ACCESS_WRITE | HIXL_ACCESS_ATOMIC,
-                           (void **)&mem, &mr));
+                           HIXL_ACCESS_READ | HIXL_ACCESS_WRITE | HIXL_ACCESS_ATOMIC, (void **)&mem,
+                           &mr));
   hixl_rmr_t *rmrs[SIZE];
   EXPECT_OK(hixl_world_exchange(w, mr, rmrs));
   for (int r = 0; r < SIZE; r++) {
     uint64_t val = 100 + (uint64_t)rank;
     EXPECT_OK(hixl_put(hixl_world_peer(w, r), &val, 8, rmrs[r], (uint64_t)rank * 8, 0, NULL));
-    EXPECT_OK(hixl_atomic_faa(hixl_world_peer(w, 0), rmrs[0], 64, (uint64_t)rank + 1, NULL, 0,
-                              NULL));
+    EXPECT_OK(
+        hixl_atomic_faa(hixl_world_peer(w, 0), rmrs[0], 64, (uint64_t)rank + 1, NULL, 0, NULL));
   }
   EXPECT_OK(hixl_fence(ctx, NULL, 10000));
   EXPECT_OK(hixl_world_barrier(w));
@@ -653,7 +654,7 @@ static void test_choice(void **state)
     bool has_fabric = strstr(hixl_ctx_transports(ctx), "fabric") != NULL;
     hixl_peer_t *peer = NULL;
     hixl_status_t st = hixl_connect(ctx, t.addr, 10000, &peer);
-    const char *want = !other_host              ? (i == 2 && has_fabric ? "fabric" : "shm")
+    const char *want = !other_host           ? (i == 2 && has_fabric ? "fabric" : "shm")
                        : i > 0 && has_fabric ? "fabric"
                                              : NULL;
     if (want == NULL) {
@@ -665,8 +666,8 @@ static void test_choice(void **state)
       if (st != HIXL_OK)
         fail_msg("%s: %s (%s)", lists[i], hixl_strerror(st), hixl_last_error());
       if (strcmp(hixl_peer_transport(peer), want) != 0)
-        fail_msg("%s %s: picked %s, expected %s", lists[i], other_host ? "across hosts" : "on one host",
-                 hixl_peer_transport(peer), want);
+        fail_msg("%s %s: picked %s, expected %s", lists[i],
+                 other_host ? "across hosts" : "on one host", hixl_peer_transport(peer), want);
       /* And it works. */
       hixl_rmr_t *rmr = lookup(peer, "alloc");
       uint8_t buf[4096];
@@ -750,8 +751,8 @@ static void test_sleep(void **state)
   long nvcsw = 0;
   if (sscanf(resp, "ok %u %lld %lld %ld", &imm, &cpu, &wall, &nvcsw) != 4 || imm != 77)
     fail_msg("sleepwait: %s", resp);
-  printf("# notif_wait for %lld us: %lld us of CPU (whole process), %ld voluntary switches\n",
-         wall, cpu, nvcsw);
+  printf("# notif_wait for %lld us: %lld us of CPU (whole process), %ld voluntary switches\n", wall,
+         cpu, nvcsw);
   if (wall < 1000000 || cpu * 10 > wall)
     fail_msg("the waiter did not sleep: %lld us of CPU in %lld us", cpu, wall);
 
@@ -800,12 +801,12 @@ int main(int argc, char **argv)
   }
   g_transport = argv[1];
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_put_get),     cmocka_unit_test(test_batch),
-      cmocka_unit_test(test_notif_order), cmocka_unit_test(test_faa),
-      cmocka_unit_test(test_cas_lock),    cmocka_unit_test(test_fence),
+      cmocka_unit_test(test_put_get),       cmocka_unit_test(test_batch),
+      cmocka_unit_test(test_notif_order),   cmocka_unit_test(test_faa),
+      cmocka_unit_test(test_cas_lock),      cmocka_unit_test(test_fence),
       cmocka_unit_test(test_connect_churn), cmocka_unit_test(test_world),
-      cmocka_unit_test(test_remap),       cmocka_unit_test(test_flood),
-      cmocka_unit_test(test_choice),      cmocka_unit_test(test_sleep),
+      cmocka_unit_test(test_remap),         cmocka_unit_test(test_flood),
+      cmocka_unit_test(test_choice),        cmocka_unit_test(test_sleep),
   };
   char filter[64];
   snprintf(filter, sizeof(filter), "test_%s", argv[2]);

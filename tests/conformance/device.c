@@ -68,8 +68,8 @@ static void lbuf_alloc(lbuf_t *b, hixl_ctx_t *ctx, int kind, size_t len)
     b->p = (uint8_t *)b->base + 5;
     return;
   }
-  EXPECT_OK(hixl_mem_alloc(kind == L_DEV ? ctx : g_other, len + 64, HIXL_MEM_DEVICE, 0,
-                           &b->base, &b->mr));
+  EXPECT_OK(hixl_mem_alloc(kind == L_DEV ? ctx : g_other, len + 64, HIXL_MEM_DEVICE, 0, &b->base,
+                           &b->mr));
   b->p = (uint8_t *)b->base + 5;
   hixl_mem_kind_t k;
   int dev;
@@ -177,7 +177,7 @@ static void test_dirs(void **state)
   static const char *const regions[] = {"alloc", "reg", "dev", "dev_reg"};
   /* 1 B to 64 MiB; the odd sizes cross every piece boundary (64 KiB bounce
    * pieces, the 4 MiB streaming threshold). */
-  static const size_t sizes[] = {1, 7, 64, 4097, 65536 + 3, (1 << 20) + 1, (16 << 20) + 5,
+  static const size_t sizes[] = {1,       7, 64, 4097, 65536 + 3, (1 << 20) + 1, (16 << 20) + 5,
                                  64 << 20};
   size_t nsizes = sizeof(sizes) / sizeof(sizes[0]);
   uint64_t seed = 100;
@@ -249,8 +249,7 @@ static void test_batch(void **state)
                kind_name[i % L_KINDS], used[i % nr], x[i].len);
   /* The batch's one notification arrived after all of it. */
   char resp[128];
-  if (!target_cmd(&f.t, resp, sizeof(resp), "notif1 alloc 0 8") ||
-      strncmp(resp, "ok 77 ", 6) != 0)
+  if (!target_cmd(&f.t, resp, sizeof(resp), "notif1 alloc 0 8") || strncmp(resp, "ok 77 ", 6) != 0)
     fail_msg("batch notification: %s", resp);
   for (int i = 0; i < N; i++)
     x[i].local = dst[i].p;
@@ -298,7 +297,8 @@ static void test_notif(void **state)
              (unsigned long long)hash_bytes(want, len));
     if (strcmp(resp, expect) != 0)
       fail_msg("put_imm from %s into %s: the data was not visible with its notification "
-               "(%s, expected %s)", kind_name[k], region, resp, expect);
+               "(%s, expected %s)",
+               kind_name[k], region, resp, expect);
     EXPECT_OK(hixl_fence(f.ctx, f.peer, 30000));
     free(want);
     lbuf_free(&b);
@@ -484,9 +484,8 @@ int main(int argc, char **argv)
   }
   g_transport = argv[1];
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_dirs),     cmocka_unit_test(test_batch),
-      cmocka_unit_test(test_notif),    cmocka_unit_test(test_atomic),
-      cmocka_unit_test(test_badinput), cmocka_unit_test(test_absent),
+      cmocka_unit_test(test_dirs),   cmocka_unit_test(test_batch),    cmocka_unit_test(test_notif),
+      cmocka_unit_test(test_atomic), cmocka_unit_test(test_badinput), cmocka_unit_test(test_absent),
   };
   char filter[64];
   snprintf(filter, sizeof(filter), "test_%s", argv[2]);

@@ -152,7 +152,7 @@ static void test_kill_cma(void **state)
 {
   (void)state;
   if (strcmp(g_transport, "shm") != 0)
-    skip(); /* CMA is shm's */
+    skip();                /* CMA is shm's */
   kill_during_puts("reg"); /* process_vm_writev: ESRCH */
 }
 
@@ -210,8 +210,8 @@ static void test_inflight_requests(void **state)
       fail_msg("request %d ended with %s", i, hixl_strerror(st));
     hixl_req_free(reqs[i]);
   }
-  printf("# %d atomics issued: %d completed, %d failed PEER_LOST, all within %.1f ms\n", issued,
-         ok, lost, now_ms() - t0);
+  printf("# %d atomics issued: %d completed, %d failed PEER_LOST, all within %.1f ms\n", issued, ok,
+         lost, now_ms() - t0);
   assert_true(lost > 0 || issued < N);
   still_serves(ctx);
   hixl_rmr_release(rmr);
@@ -270,12 +270,9 @@ int main(int argc, char **argv)
   harness_init(argc, argv);
   g_transport = argc > 1 ? argv[1] : "shm";
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_kill_mapped),
-      cmocka_unit_test(test_lost_peer_released),
-      cmocka_unit_test(test_kill_cma),
-      cmocka_unit_test(test_frozen_peer_heartbeat),
-      cmocka_unit_test(test_inflight_requests),
-      cmocka_unit_test(test_reconnect_after_loss),
+      cmocka_unit_test(test_kill_mapped),       cmocka_unit_test(test_lost_peer_released),
+      cmocka_unit_test(test_kill_cma),          cmocka_unit_test(test_frozen_peer_heartbeat),
+      cmocka_unit_test(test_inflight_requests), cmocka_unit_test(test_reconnect_after_loss),
   };
   return cmocka_run_group_tests_name("peer_death", tests, NULL, NULL);
 }

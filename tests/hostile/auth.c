@@ -38,11 +38,11 @@
 #include "auth.h"
 #include "wire.h"
 
-#define FAIL(...)                                                                                \
-  do {                                                                                           \
-    fprintf(stderr, "FAIL: " __VA_ARGS__);                                                       \
-    fputc('\n', stderr);                                                                         \
-    exit(1);                                                                                     \
+#define FAIL(...)                                                                                  \
+  do {                                                                                             \
+    fprintf(stderr, "FAIL: " __VA_ARGS__);                                                         \
+    fputc('\n', stderr);                                                                           \
+    exit(1);                                                                                       \
   } while (0)
 
 static const char *const TOKEN = "s3cret-token-never-on-the-wire";
@@ -85,7 +85,8 @@ static int recv_msg(int fd, hixl_msg_t *m, int timeout_ms, uint8_t *log, size_t 
 static int dial(const char *addr)
 {
   const char *colon = strrchr(addr, ':');
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1)),
+  struct sockaddr_in sa = {.sin_family = AF_INET,
+                           .sin_port = htons((uint16_t)atoi(colon + 1)),
                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0)
@@ -160,8 +161,8 @@ static void check_no_identity(const hixl_msg_t *ack, const char *what)
   if (ack->type != HIXL_MSG_HELLO_ACK || ack->status != HIXL_ERR_AUTH)
     FAIL("%s: expected HELLO_ACK/AUTH, got %s status %d", what, hixl_wire_type_name(ack->type),
          ack->status);
-  if (ack->u64[0] || ack->u64[1] || ack->u32[0] || ack->u32[1] ||
-      memcmp(ack->host_id, zero, 32) || ack->str[0][0])
+  if (ack->u64[0] || ack->u64[1] || ack->u32[0] || ack->u32[1] || memcmp(ack->host_id, zero, 32) ||
+      ack->str[0][0])
     FAIL("%s: the refusal carries the target's identity (ctx %llx pid %u unix \"%s\")", what,
          (unsigned long long)ack->u64[0], ack->u32[1], ack->str[0]);
 }

@@ -37,11 +37,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#define FAIL(...)                                                                                \
-  do {                                                                                           \
-    fprintf(stderr, "FAIL: " __VA_ARGS__);                                                       \
-    fputc('\n', stderr);                                                                         \
-    exit(1);                                                                                     \
+#define FAIL(...)                                                                                  \
+  do {                                                                                             \
+    fprintf(stderr, "FAIL: " __VA_ARGS__);                                                         \
+    fputc('\n', stderr);                                                                           \
+    exit(1);                                                                                       \
   } while (0)
 
 static double now_s(void)
@@ -215,7 +215,8 @@ static void slowloris(const char *seed)
         continue;
       if (sent[i] + 1 >= g_hello_len)
         FAIL("slowloris: the whole HELLO but its last byte went out and the connection is "
-             "still open after %.1f s", now_s() - t0);
+             "still open after %.1f s",
+             now_s() - t0);
       if (closed_by_peer(fds[i]) || send(fds[i], g_hello + sent[i]++, 1, MSG_NOSIGNAL) < 0) {
         close(fds[i]);
         fds[i] = -1;
@@ -226,8 +227,8 @@ static void slowloris(const char *seed)
     usleep(100000);
   }
   if (open_ > 0)
-    FAIL("slowloris: %d connection(s) trickling a byte every 100 ms still open after %.1f s",
-         open_, now_s() - t0);
+    FAIL("slowloris: %d connection(s) trickling a byte every 100 ms still open after %.1f s", open_,
+         now_s() - t0);
   printf("slowloris: all %d trickling connections closed after %.1f s\n", N, now_s() - t0);
   legit_put(&t, "slowloris");
   target_stop(&t);

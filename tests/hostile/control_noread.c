@@ -36,11 +36,11 @@
 #include "hixl_int.h"
 #include "wire.h"
 
-#define FAIL(...)                                                                                \
-  do {                                                                                           \
-    fprintf(stderr, "FAIL: " __VA_ARGS__);                                                       \
-    fputc('\n', stderr);                                                                         \
-    exit(1);                                                                                     \
+#define FAIL(...)                                                                                  \
+  do {                                                                                             \
+    fprintf(stderr, "FAIL: " __VA_ARGS__);                                                         \
+    fputc('\n', stderr);                                                                           \
+    exit(1);                                                                                       \
   } while (0)
 
 /* The attacker's control thread stops reading once this is set. */
@@ -151,8 +151,7 @@ int main(void)
   }
   double t_drop = now_s() - t0;
   if (!dropped)
-    FAIL("the target still holds a peer that read none of %ld replies after %.1f s", sent,
-         t_drop);
+    FAIL("the target still holds a peer that read none of %ld replies after %.1f s", sent, t_drop);
   printf("noread: dropped after %ld unread LOOKUPs, %.1f s\n", sent, t_drop);
 
   /* A legitimate peer is served (its connect has 5 s; the old code's control

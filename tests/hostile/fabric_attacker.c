@@ -48,8 +48,8 @@ static int setup(const char *prov, const uint8_t *addr)
   h->caps = FI_MSG | FI_RMA | FI_READ | FI_WRITE | FI_SEND | FI_RECV;
   h->ep_attr->type = FI_EP_RDM;
   h->mode = FI_CONTEXT | FI_CONTEXT2;
-  h->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY |
-                            FI_MR_ENDPOINT;
+  h->domain_attr->mr_mode =
+      FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
   h->fabric_attr->prov_name = strdup(prov);
   struct fi_info *all = NULL;
   int rc = fi_getinfo(FI_VERSION(1, 14), NULL, NULL, 0, h, &all);
@@ -173,9 +173,13 @@ static int notif(uint64_t sender, int count)
   int sent = 0;
   for (int i = 0; i < count; i++) {
     /* The cookie is unknown: try zero, the sender id, and small values. */
-    attacker_msg_t m = {.magic = ATTACKER_MSG_MAGIC, .imm = ATTACKER_IMM_BASE + (uint32_t)i,
-                        .len = 0, .sender = sender,
-                        .cookie = i % 3 == 0 ? 0 : i % 3 == 1 ? sender : (uint64_t)i};
+    attacker_msg_t m = {.magic = ATTACKER_MSG_MAGIC,
+                        .imm = ATTACKER_IMM_BASE + (uint32_t)i,
+                        .len = 0,
+                        .sender = sender,
+                        .cookie = i % 3 == 0   ? 0
+                                  : i % 3 == 1 ? sender
+                                               : (uint64_t)i};
     ssize_t rc;
     while ((rc = fi_send(ep, &m, sizeof(m), NULL, target, NULL)) == -FI_EAGAIN)
       fi_cq_read(cq, NULL, 0);

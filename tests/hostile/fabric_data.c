@@ -62,8 +62,9 @@ static int setup(void **state)
   assert_int_equal(hixl_connect(legit, hixl_ctx_address(target), 10000, &to_target), HIXL_OK);
   t_legit = aligned_alloc(4096, REG);
   memset(t_legit, 0, REG);
-  assert_int_equal(hixl_mr_reg(target, t_legit, REG, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE,
-                               &t_legit_mr), HIXL_OK);
+  assert_int_equal(
+      hixl_mr_reg(target, t_legit, REG, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &t_legit_mr),
+      HIXL_OK);
   uint8_t blob[HIXL_RKEY_MAX];
   size_t len = sizeof(blob);
   assert_int_equal(hixl_mr_pack(t_legit_mr, blob, &len), HIXL_OK);
@@ -163,8 +164,8 @@ static void test_rma_guessing(void **state)
   }
   assert_int_equal(hixl_mr_publish(mr[0], "read-only"), HIXL_OK);
   target_addr();
-  char *args[] = {"fabric_data", "attacker", "rma", PROV, addr_hex, addrs[0], addrs[1],
-                  addrs[2], addrs[3], addrs[4], NULL};
+  char *args[] = {"fabric_data", "attacker", "rma",    PROV,     addr_hex, addrs[0],
+                  addrs[1],      addrs[2],   addrs[3], addrs[4], NULL};
   char out[512];
   unsigned rounds;
   run_attacker(args, out, sizeof(out), &rounds);

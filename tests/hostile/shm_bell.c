@@ -8,8 +8,8 @@
  * stopped (it drains nothing): with a plain write() every honest peer that
  * rings it would block for good.  An honest peer must still notify (each
  * hixl_notify returns: an alarm kills the process otherwise), and the
- * target, once it continues, must receive every notification.  The attacker also tries to read the pipe
- * (steal wake-ups): it has no read end.
+ * target, once it continues, must receive every notification.  The attacker also tries to read the
+ * pipe (steal wake-ups): it has no read end.
  *
  * Linked with the internal objects: the attacker takes the fd from its own
  * shm peer state.
@@ -30,17 +30,17 @@
 
 #define N 20
 
-#define FAIL(...)                                                                               \
-  do {                                                                                          \
-    fprintf(stderr, "shm_bell: " __VA_ARGS__);                                                  \
-    fprintf(stderr, "\n");                                                                      \
-    exit(1);                                                                                    \
+#define FAIL(...)                                                                                  \
+  do {                                                                                             \
+    fprintf(stderr, "shm_bell: " __VA_ARGS__);                                                     \
+    fprintf(stderr, "\n");                                                                         \
+    exit(1);                                                                                       \
   } while (0)
-#define CHECK(call)                                                                             \
-  do {                                                                                          \
-    hixl_status_t st_ = (call);                                                                 \
-    if (st_ != HIXL_OK)                                                                         \
-      FAIL("%s: %s (%s)", #call, hixl_strerror(st_), hixl_last_error());                       \
+#define CHECK(call)                                                                                \
+  do {                                                                                             \
+    hixl_status_t st_ = (call);                                                                    \
+    if (st_ != HIXL_OK)                                                                            \
+      FAIL("%s: %s (%s)", #call, hixl_strerror(st_), hixl_last_error());                           \
   } while (0)
 
 static hixl_ctx_t *mk_ctx(void)
@@ -124,7 +124,8 @@ int main(void)
   if (waitpid(t, &status, 0) != t || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
     FAIL("the target did not receive every notification (status %d)", status);
   printf("honest peer: %d notifications delivered to a sleeping target past a full, "
-         "blocking doorbell\n", N);
+         "blocking doorbell\n",
+         N);
   hixl_disconnect(hp);
   hixl_disconnect(ap);
   hixl_ctx_destroy(hctx);

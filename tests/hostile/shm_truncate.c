@@ -46,17 +46,17 @@
 #include <time.h>
 #include <unistd.h>
 
-#define FAIL(...)                                                                                \
-  do {                                                                                           \
-    fprintf(stderr, "FAIL: " __VA_ARGS__);                                                       \
-    fputc('\n', stderr);                                                                         \
-    exit(1);                                                                                     \
+#define FAIL(...)                                                                                  \
+  do {                                                                                             \
+    fprintf(stderr, "FAIL: " __VA_ARGS__);                                                         \
+    fputc('\n', stderr);                                                                           \
+    exit(1);                                                                                       \
   } while (0)
-#define OK(x)                                                                                    \
-  do {                                                                                           \
-    hixl_status_t st_ = (x);                                                                     \
-    if (st_ != HIXL_OK)                                                                          \
-      FAIL("%s: %s (%s)", #x, hixl_strerror(st_), hixl_last_error());                            \
+#define OK(x)                                                                                      \
+  do {                                                                                             \
+    hixl_status_t st_ = (x);                                                                       \
+    if (st_ != HIXL_OK)                                                                            \
+      FAIL("%s: %s (%s)", #x, hixl_strerror(st_), hixl_last_error());                              \
   } while (0)
 
 #define KV_LEN (1u << 20)
@@ -114,8 +114,8 @@ static double now_s(void)
 }
 
 static char g_addr[256];
-static int g_ctl[2];   /* parent -> target: one byte = stop */
-static int g_addr_p[2]; /* target -> parent: its address */
+static int g_ctl[2];     /* parent -> target: one byte = stop */
+static int g_addr_p[2];  /* target -> parent: its address */
 static int g_peer_go[2]; /* parent -> legit peer: one byte = finish */
 
 static void target_main(void)
@@ -283,7 +283,8 @@ static void attacker_main(void)
       truncated++;
   }
   printf("attacker: %d memfds captured, %d inboxes scribbled, %d truncated, %d writes into "
-         "the READ-only region\n", g_nkept, inboxes, truncated, ro_writes);
+         "the READ-only region\n",
+         g_nkept, inboxes, truncated, ro_writes);
   /* A notification into the scribbled ring (bounded: at worst AGAIN after
    * timeout_ms), then leave without a word. */
   (void)hixl_notify(peer, 0xbad, 0, NULL);

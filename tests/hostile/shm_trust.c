@@ -67,22 +67,22 @@
 #include "hixl_int.h"
 #include "rkey.h"
 
-#define FAIL(...)                                                                                \
-  do {                                                                                           \
-    fprintf(stderr, "FAIL: " __VA_ARGS__);                                                       \
-    fputc('\n', stderr);                                                                         \
-    exit(1);                                                                                     \
+#define FAIL(...)                                                                                  \
+  do {                                                                                             \
+    fprintf(stderr, "FAIL: " __VA_ARGS__);                                                         \
+    fputc('\n', stderr);                                                                           \
+    exit(1);                                                                                       \
   } while (0)
-#define OK(x)                                                                                    \
-  do {                                                                                           \
-    hixl_status_t st_ = (x);                                                                     \
-    if (st_ != HIXL_OK)                                                                          \
-      FAIL("%s: %s (%s)", #x, hixl_strerror(st_), hixl_last_error());                            \
+#define OK(x)                                                                                      \
+  do {                                                                                             \
+    hixl_status_t st_ = (x);                                                                       \
+    if (st_ != HIXL_OK)                                                                            \
+      FAIL("%s: %s (%s)", #x, hixl_strerror(st_), hixl_last_error());                              \
   } while (0)
 
 #define KV_LEN (1u << 20)
 #define SECRET_LEN (64u << 10)
-#define BIG_LEN (1u << 20)   /* subregion: the allocation */
+#define BIG_LEN (1u << 20)    /* subregion: the allocation */
 #define SMALL_OFF (64u << 10) /* and the region inside it */
 #define SMALL_LEN 4096u
 #define VICTIM_LEN (64u << 10)
@@ -119,9 +119,9 @@ int __wrap_hixl__memfd(const char *name, size_t len);
 static int g_kept[64];
 static int g_nkept;
 static int g_capture;
-static pid_t g_fake_pid;   /* != 0: what getpid() says */
-static bool g_unseal_dev;  /* emulated device memory in an unsealed memfd */
-static int g_dev_fd = -1;  /* and its fd, to truncate */
+static pid_t g_fake_pid;  /* != 0: what getpid() says */
+static bool g_unseal_dev; /* emulated device memory in an unsealed memfd */
+static int g_dev_fd = -1; /* and its fd, to truncate */
 
 int __wrap_close(int fd)
 {
@@ -292,13 +292,13 @@ static long rss_kib(pid_t pid, long *anon_p, long *shmem_p)
 }
 
 /* Pipes between the parent and the children. */
-static int g_t_ctl[2];  /* parent -> target: 'q' stop */
-static int g_t_out[2];  /* target -> parent: its address */
-static int g_l_go[2];   /* parent -> legit peer: 'f' finish */
-static int g_l_rdy[2];  /* legit peer -> parent: 'r' served once */
-static int g_a_ctl[2];  /* parent -> attacker */
-static int g_a_out[2];  /* attacker -> parent */
-static int g_b_ctl[2];  /* parent -> bystander: 'q' check and leave */
+static int g_t_ctl[2]; /* parent -> target: 'q' stop */
+static int g_t_out[2]; /* target -> parent: its address */
+static int g_l_go[2];  /* parent -> legit peer: 'f' finish */
+static int g_l_rdy[2]; /* legit peer -> parent: 'r' served once */
+static int g_a_ctl[2]; /* parent -> attacker */
+static int g_a_out[2]; /* attacker -> parent */
+static int g_b_ctl[2]; /* parent -> bystander: 'q' check and leave */
 static char g_addr[256];
 static char g_addr2[256];
 static pid_t g_bystander;
@@ -316,8 +316,8 @@ static void target_main(void)
   hixl_ctx_t *ctx = mk_ctx();
   uint8_t *kv;
   hixl_mr_t *mr;
-  OK(hixl_mem_alloc(ctx, KV_LEN, HIXL_MEM_HOST, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE,
-                    (void **)&kv, &mr));
+  OK(hixl_mem_alloc(ctx, KV_LEN, HIXL_MEM_HOST, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, (void **)&kv,
+                    &mr));
   for (size_t i = 0; i < KV_LEN; i++)
     kv[i] = pat(i);
   OK(hixl_mr_publish(mr, "kv"));
@@ -564,14 +564,15 @@ static void attack_table(hixl_ctx_t *ctx, hixl_peer_t *peer)
     forged++;
     static uint8_t junk[256];
     memset(junk, 0x5a, sizeof(junk));
-    if (hixl_put(peer, junk, k.len < sizeof(junk) ? (size_t)k.len : sizeof(junk), r, 0, 0,
-                 NULL) == HIXL_OK)
+    if (hixl_put(peer, junk, k.len < sizeof(junk) ? (size_t)k.len : sizeof(junk), r, 0, 0, NULL) ==
+        HIXL_OK)
       (void)hixl_fence(ctx, peer, 10000);
   }
   munmap((void *)t, size);
   wrote = try_write(table, size);
   printf("attacker: table of %zu bytes: kv's key found %d times, %d regions reached with "
-         "forged blobs, %d writes into the table\n", size, leaked, forged, wrote);
+         "forged blobs, %d writes into the table\n",
+         size, leaked, forged, wrote);
   if (leaked || forged || wrote)
     FAIL("attacker: the table gave away keys or took writes");
 }
@@ -590,8 +591,8 @@ static void attack_subregion(hixl_ctx_t *ctx, hixl_peer_t *peer)
   char name[256];
   for (int i = 0; i < g_nkept; i++) {
     struct stat st;
-    if (!strstr(fd_name(g_kept[i], name, sizeof(name)), "hixl-mem") ||
-        fstat(g_kept[i], &st) != 0 || (size_t)st.st_size < BIG_LEN)
+    if (!strstr(fd_name(g_kept[i], name, sizeof(name)), "hixl-mem") || fstat(g_kept[i], &st) != 0 ||
+        (size_t)st.st_size < BIG_LEN)
       continue;
     uint8_t *p = mmap(NULL, BIG_LEN, PROT_READ | PROT_WRITE, MAP_SHARED, g_kept[i], 0);
     bool rw = p != MAP_FAILED;
@@ -680,8 +681,8 @@ static void root_initiator_main(void)
   if (st == HIXL_OK)
     FAIL("initiator: bound to a target of uid %d it does not allow", NOBODY);
   if (st != HIXL_ERR_AUTH || !strstr(hixl_last_error(), "HIXL_SHM_ALLOW_UIDS"))
-    FAIL("initiator: refused with %s (%s): want AUTH naming HIXL_SHM_ALLOW_UIDS",
-         hixl_strerror(st), hixl_last_error());
+    FAIL("initiator: refused with %s (%s): want AUTH naming HIXL_SHM_ALLOW_UIDS", hixl_strerror(st),
+         hixl_last_error());
   printf("initiator: refused the target: %s\n", hixl_last_error());
   setenv("HIXL_SHM_ALLOW_UIDS", "65534", 1);
   hixl_ctx_t *ctx2 = mk_ctx();
@@ -727,8 +728,8 @@ static void expect_put(hixl_ctx_t *ctx, uint32_t imm, const char *who)
   }
   for (size_t i = 0; i < VICTIM_LEN; i++)
     if (g_victim[i] != pat(i + 13))
-      FAIL("%s: the put did not land here (byte %zu is %u): it went to pid %d", who, i,
-           g_victim[i], (int)g_fake_pid);
+      FAIL("%s: the put did not land here (byte %zu is %u): it went to pid %d", who, i, g_victim[i],
+           (int)g_fake_pid);
   printf("%s: the put landed in this process, not in pid %d\n", who, (int)g_fake_pid);
 }
 
@@ -864,13 +865,15 @@ static int run_attack(void)
     long after = rss_kib(target, &anon1, &shm1);
     long per = (after - before) / IDLE_PEERS;
     printf("target RSS: %ld KiB with %d peers, %ld KiB with %d more idle peers: %ld KiB each "
-           "(%.1f KiB anonymous, %.1f KiB shared memory)\n", before, IDLE_WARM + 1, after,
-           IDLE_PEERS, per, (double)(anon1 - anon0) / IDLE_PEERS,
+           "(%.1f KiB anonymous, %.1f KiB shared memory)\n",
+           before, IDLE_WARM + 1, after, IDLE_PEERS, per, (double)(anon1 - anon0) / IDLE_PEERS,
            (double)(shm1 - shm0) / IDLE_PEERS);
     long per_shm = (shm1 - shm0) / IDLE_PEERS;
     if (per_shm > IDLE_MAX_SHM_KIB) {
-      fprintf(stderr, "FAIL: an idle peer costs the target %ld KiB of shared memory (at most %d "
-              "wanted)\n", per_shm, IDLE_MAX_SHM_KIB);
+      fprintf(stderr,
+              "FAIL: an idle peer costs the target %ld KiB of shared memory (at most %d "
+              "wanted)\n",
+              per_shm, IDLE_MAX_SHM_KIB);
       fails++;
     }
     if (!IDLE_SANITIZED && per > IDLE_MAX_KIB) {

@@ -31,11 +31,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#define FAIL(...)                                                                                \
-  do {                                                                                           \
-    fprintf(stderr, "FAIL: " __VA_ARGS__);                                                       \
-    fputc('\n', stderr);                                                                         \
-    exit(1);                                                                                     \
+#define FAIL(...)                                                                                  \
+  do {                                                                                             \
+    fprintf(stderr, "FAIL: " __VA_ARGS__);                                                         \
+    fputc('\n', stderr);                                                                           \
+    exit(1);                                                                                       \
   } while (0)
 
 static const char *const TOKEN = "tls-psk-token-0123456789";
@@ -188,8 +188,7 @@ static size_t count(const void *needle, size_t n)
 {
   size_t k = 0;
   pthread_mutex_lock(&g_rec_lock);
-  for (const uint8_t *p = g_rec; (p = memmem(p, g_rec_len - (size_t)(p - g_rec), needle, n));
-       p++)
+  for (const uint8_t *p = g_rec; (p = memmem(p, g_rec_len - (size_t)(p - g_rec), needle, n)); p++)
     k++;
   pthread_mutex_unlock(&g_rec_lock);
   return k;
@@ -218,8 +217,7 @@ static void sniff(void)
     if (ntok)
       FAIL("the token crossed the wire");
     if (tls && (nmagic || nname))
-      FAIL("with TLS the relay saw %zu wire headers and the region name %zu times", nmagic,
-           nname);
+      FAIL("with TLS the relay saw %zu wire headers and the region name %zu times", nmagic, nname);
     if (!tls && nmagic == 0)
       FAIL("without TLS the relay saw no wire header: the recording is not the connection");
     if (!tls && strcmp(g_tp, "shm") != 0 && nname == 0)

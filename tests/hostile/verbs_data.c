@@ -96,8 +96,8 @@
 
 #define TOKEN "hostile-verbs-secret"
 #define REG (64u * 1024)
-#define LEGIT_SPAN 4096u   /* kv [0, 4 KiB): the legitimate peer's */
-#define GUARD_OFF 8192u    /* kv [8, 9 KiB): nobody may write it in "unbound" */
+#define LEGIT_SPAN 4096u /* kv [0, 4 KiB): the legitimate peer's */
+#define GUARD_OFF 8192u  /* kv [8, 9 KiB): nobody may write it in "unbound" */
 #define GUARD_LEN 1024u
 #define CONTROL_OFF 16384u /* kv [16, 17 KiB): the forged-WRITE control */
 #define ATTACK_IMM 0xbad00000u
@@ -106,9 +106,9 @@
 
 enum { KV, RO, NONE, SECRET, OTHER, NREG };
 static const char *const reg_name[NREG] = {"kv", "ro", "none", "secret", "other"};
-static const unsigned reg_access[NREG] = {
-    HIXL_ACCESS_READ | HIXL_ACCESS_WRITE | HIXL_ACCESS_ATOMIC, HIXL_ACCESS_READ, 0,
-    HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE};
+static const unsigned reg_access[NREG] = {HIXL_ACCESS_READ | HIXL_ACCESS_WRITE | HIXL_ACCESS_ATOMIC,
+                                          HIXL_ACCESS_READ, 0, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE,
+                                          HIXL_ACCESS_READ | HIXL_ACCESS_WRITE};
 static uint8_t *reg_buf[NREG], *reg_copy[NREG];
 static hixl_mr_t *reg_mr[NREG];
 
@@ -341,9 +341,14 @@ static void raw_open(raw_t *r, const char *name, uint8_t port, int gidx)
   r->pd = ibv_alloc_pd(r->dev);
   r->cq = r->pd ? ibv_create_cq(r->dev, 64, NULL, NULL, 0) : NULL;
   assert_non_null(r->cq);
-  struct ibv_qp_init_attr qa = {.send_cq = r->cq, .recv_cq = r->cq, .qp_type = IBV_QPT_RC,
-                                .cap = {.max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1,
-                                        .max_recv_sge = 1, .max_inline_data = 64}};
+  struct ibv_qp_init_attr qa = {.send_cq = r->cq,
+                                .recv_cq = r->cq,
+                                .qp_type = IBV_QPT_RC,
+                                .cap = {.max_send_wr = 16,
+                                        .max_recv_wr = 16,
+                                        .max_send_sge = 1,
+                                        .max_recv_sge = 1,
+                                        .max_inline_data = 64}};
   r->qp = ibv_create_qp(r->pd, &qa);
   assert_non_null(r->qp);
   r->buf = aligned_alloc(4096, RAW_BUF);
@@ -371,13 +376,18 @@ static void raw_connect(raw_t *r, const union ibv_gid *dgid, uint32_t dqpn, uint
 {
   struct ibv_qp_attr a = {.qp_state = IBV_QPS_RESET};
   assert_int_equal(ibv_modify_qp(r->qp, &a, IBV_QP_STATE), 0);
-  a = (struct ibv_qp_attr){.qp_state = IBV_QPS_INIT, .port_num = r->port,
+  a = (struct ibv_qp_attr){.qp_state = IBV_QPS_INIT,
+                           .port_num = r->port,
                            .qp_access_flags = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE |
                                               IBV_ACCESS_REMOTE_ATOMIC};
-  assert_int_equal(ibv_modify_qp(r->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-                                                IBV_QP_ACCESS_FLAGS), 0);
-  a = (struct ibv_qp_attr){.qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024,
-                           .dest_qp_num = dqpn, .rq_psn = rq_psn & 0xffffff,
+  assert_int_equal(
+      ibv_modify_qp(r->qp, &a,
+                    IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS),
+      0);
+  a = (struct ibv_qp_attr){.qp_state = IBV_QPS_RTR,
+                           .path_mtu = IBV_MTU_1024,
+                           .dest_qp_num = dqpn,
+                           .rq_psn = rq_psn & 0xffffff,
                            .max_dest_rd_atomic = 16,
                            .min_rnr_timer = 1};
   a.ah_attr.port_num = r->port;
@@ -385,23 +395,29 @@ static void raw_connect(raw_t *r, const union ibv_gid *dgid, uint32_t dqpn, uint
   a.ah_attr.grh.dgid = *dgid;
   a.ah_attr.grh.sgid_index = (uint8_t)r->gidx;
   a.ah_attr.grh.hop_limit = 64;
-  assert_int_equal(ibv_modify_qp(r->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
-                                                IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                                                IBV_QP_MAX_DEST_RD_ATOMIC |
-                                                IBV_QP_MIN_RNR_TIMER), 0);
-  a = (struct ibv_qp_attr){.qp_state = IBV_QPS_RTS, .sq_psn = sq_psn & 0xffffff, .timeout = 12,
-                           .retry_cnt = 1, .rnr_retry = 0, .max_rd_atomic = 16};
-  assert_int_equal(ibv_modify_qp(r->qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT |
-                                                IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                                                IBV_QP_MAX_QP_RD_ATOMIC), 0);
+  assert_int_equal(ibv_modify_qp(r->qp, &a,
+                                 IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                     IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+                                     IBV_QP_MIN_RNR_TIMER),
+                   0);
+  a = (struct ibv_qp_attr){.qp_state = IBV_QPS_RTS,
+                           .sq_psn = sq_psn & 0xffffff,
+                           .timeout = 12,
+                           .retry_cnt = 1,
+                           .rnr_retry = 0,
+                           .max_rd_atomic = 16};
+  assert_int_equal(ibv_modify_qp(r->qp, &a,
+                                 IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                     IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC),
+                   0);
 }
 
 static const char *opstr(enum ibv_wr_opcode op)
 {
-  return op == IBV_WR_RDMA_READ    ? "READ"
-         : op == IBV_WR_RDMA_WRITE ? "WRITE"
+  return op == IBV_WR_RDMA_READ              ? "READ"
+         : op == IBV_WR_RDMA_WRITE           ? "WRITE"
          : op == IBV_WR_ATOMIC_FETCH_AND_ADD ? "FETCH_ADD"
-                                            : "other";
+                                             : "other";
 }
 
 /* Post n work requests (chained, all signaled) and wait for their n
@@ -463,8 +479,9 @@ static int setup(void **state)
     for (size_t i = 0; i < REG; i++)
       reg_buf[r][i] = pat(r, i);
     memcpy(reg_copy[r], reg_buf[r], REG);
-    assert_int_equal(hixl_mr_reg(r == OTHER ? target2 : target, reg_buf[r], REG, reg_access[r],
-                                 &reg_mr[r]), HIXL_OK);
+    assert_int_equal(
+        hixl_mr_reg(r == OTHER ? target2 : target, reg_buf[r], REG, reg_access[r], &reg_mr[r]),
+        HIXL_OK);
     if (r != SECRET && r != OTHER)
       assert_int_equal(hixl_mr_publish(reg_mr[r], reg_name[r]), HIXL_OK);
   }
@@ -472,8 +489,8 @@ static int setup(void **state)
   assert_string_equal(hixl_peer_transport(to_target), "verbs");
   assert_int_equal(hixl_rmr_lookup(to_target, "kv", 10000, &legit_kv), HIXL_OK);
   for (int r = 0; r < NREG; r++)
-    print_message("%s: access %u, NIC lkey 0x%08x rkey 0x%08x at %p\n", reg_name[r],
-                  reg_access[r], nic_mr(r)->lkey, nic_mr(r)->rkey, (void *)reg_buf[r]);
+    print_message("%s: access %u, NIC lkey 0x%08x rkey 0x%08x at %p\n", reg_name[r], reg_access[r],
+                  nic_mr(r)->lkey, nic_mr(r)->rkey, (void *)reg_buf[r]);
   return 0;
 }
 
@@ -498,8 +515,8 @@ static int teardown(void **state)
 static enum rdma_cm_event_type cm_try(const void *pd, uint8_t len)
 {
   vrb_ctx_t *tv = hixl__vc(target), *lv = hixl__vc(legit);
-  struct sockaddr_in src = {.sin_family = AF_INET}, dst = {.sin_family = AF_INET,
-                                                           .sin_port = htons(tv->cm_port)};
+  struct sockaddr_in src = {.sin_family = AF_INET},
+                     dst = {.sin_family = AF_INET, .sin_port = htons(tv->cm_port)};
   memcpy(&src.sin_addr, lv->gid.raw + 12, 4);
   memcpy(&dst.sin_addr, tv->gid.raw + 12, 4);
   struct rdma_event_channel *ch = rdma_create_event_channel();
@@ -510,8 +527,8 @@ static enum rdma_cm_event_type cm_try(const void *pd, uint8_t len)
     if (id)
       rdma_destroy_id(id);
     assert_int_equal(rdma_create_id(ch, &id, NULL, RDMA_PS_TCP), 0);
-    assert_int_equal(rdma_resolve_addr(id, (struct sockaddr *)&src, (struct sockaddr *)&dst,
-                                       1000), 0);
+    assert_int_equal(rdma_resolve_addr(id, (struct sockaddr *)&src, (struct sockaddr *)&dst, 1000),
+                     0);
     struct rdma_cm_event *ev;
     assert_int_equal(rdma_get_cm_event(ch, &ev), 0);
     got = ev->event;
@@ -523,13 +540,16 @@ static enum rdma_cm_event_type cm_try(const void *pd, uint8_t len)
   assert_int_equal(rdma_get_cm_event(ch, &ev), 0);
   assert_int_equal(ev->event, RDMA_CM_EVENT_ROUTE_RESOLVED);
   rdma_ack_cm_event(ev);
-  struct ibv_qp_init_attr qa = {.qp_type = IBV_QPT_RC,
-                                .cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1,
-                                        .max_recv_sge = 1}};
+  struct ibv_qp_init_attr qa = {
+      .qp_type = IBV_QPT_RC,
+      .cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1}};
   assert_int_equal(rdma_create_qp(id, NULL, &qa), 0);
-  struct rdma_conn_param cp = {.private_data = pd, .private_data_len = len,
-                               .responder_resources = 1, .initiator_depth = 1,
-                               .retry_count = 1, .rnr_retry_count = 1};
+  struct rdma_conn_param cp = {.private_data = pd,
+                               .private_data_len = len,
+                               .responder_resources = 1,
+                               .initiator_depth = 1,
+                               .retry_count = 1,
+                               .rnr_retry_count = 1};
   assert_int_equal(rdma_connect(id, &cp), 0);
   struct pollfd pf = {.fd = ch->fd, .events = POLLIN};
   assert_int_equal(poll(&pf, 1, 15000), 1);
@@ -565,8 +585,8 @@ static void test_rdmacm(void **state)
   struct {
     uint64_t cookie;
     uint32_t index, magic;
-  } pd[7] = {{0, 0, MAGIC}, {1, 0, MAGIC}, {0, 0, MAGIC}, {0, 0, MAGIC},
-             {0, 15, MAGIC}, {0, 0, 0}, {~0ull, 0, MAGIC}};
+  } pd[7] = {{0, 0, MAGIC},  {1, 0, MAGIC}, {0, 0, MAGIC},    {0, 0, MAGIC},
+             {0, 15, MAGIC}, {0, 0, 0},     {~0ull, 0, MAGIC}};
   for (int i = 2; i < 6; i++)
     pd[i].cookie = (uint64_t)random() << 33 ^ (uint64_t)random() << 11 ^ (uint64_t)random();
   int tries = 0;
@@ -630,15 +650,15 @@ static void test_foreign_pd(void **state)
       }
       int ok = raw_run(&a, &wr, 1, &first);
       if (ok != 0 || a.buf[2048] != 0x77)
-        fail_msg("a QP of another PD did %s on \"%s\" with its rkey", opstr(ops[o]),
-                 reg_name[r]);
+        fail_msg("a QP of another PD did %s on \"%s\" with its rkey", opstr(ops[o]), reg_name[r]);
       if (first != IBV_WC_REM_ACCESS_ERR)
         print_message("pd: %s on \"%s\": %s\n", opstr(ops[o]), reg_name[r],
                       ibv_wc_status_str(first));
       refused++;
     }
   print_message("pd: %d operations with the target's own rkeys from another PD on %s, all "
-                "refused (remote access error)\n", refused, dev);
+                "refused (remote access error)\n",
+                refused, dev);
   raw_close(&a);
   legit_finish("pd");
 }
@@ -658,7 +678,9 @@ static int unbound_try(raw_t *a, uint32_t qpn, uint32_t psn, uint32_t imm, const
       {.sg_list = &s[0], .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE},
       {.sg_list = &s[1], .num_sge = 1, .opcode = IBV_WR_RDMA_READ},
       {.sg_list = &s[2], .num_sge = 1, .opcode = IBV_WR_ATOMIC_FETCH_AND_ADD},
-      {.sg_list = &s[3], .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
+      {.sg_list = &s[3],
+       .num_sge = 1,
+       .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
        .imm_data = htonl(imm)},
       {.sg_list = &s[4], .num_sge = 1, .opcode = IBV_WR_SEND}};
   uint64_t guard = (uintptr_t)reg_buf[KV] + GUARD_OFF;
@@ -722,19 +744,19 @@ static void unbound_control(const char *dev, uint8_t port, int gidx)
   for (int i = 0; i < 256; i++)
     landed &= reg_buf[KV][CONTROL_OFF + 4096 + i] == 0xa5;
   print_message("unbound: control: WRITE from an unbound QP on %s with the PSN T expects (%#x): "
-                "%s (the attacker's own completion: %s)\n", dev, qa.rq_psn,
-                landed ? "landed in kv" : "did not land", ibv_wc_status_str(first));
+                "%s (the attacker's own completion: %s)\n",
+                dev, qa.rq_psn, landed ? "landed in kv" : "did not land", ibv_wc_status_str(first));
   assert_true(landed);
   for (int i = 0; i < 2; i++) {
     memset(out, 0x50 + i, sizeof(out));
     q = NULL;
-    hixl_status_t st = hixl_put(p, out, sizeof(out), r, CONTROL_OFF + 8192 + 256 * (uint64_t)i,
-                                0, &q);
+    hixl_status_t st =
+        hixl_put(p, out, sizeof(out), r, CONTROL_OFF + 8192 + 256 * (uint64_t)i, 0, &q);
     if (st >= 0)
       st = hixl_req_wait(q, 20000);
     hixl_req_free(q);
-    print_message("unbound: control: the peer's %s put after it: %s, %s\n",
-                  i ? "second" : "next", hixl_strerror(st),
+    print_message("unbound: control: the peer's %s put after it: %s, %s\n", i ? "second" : "next",
+                  hixl_strerror(st),
                   memcmp(reg_buf[KV] + CONTROL_OFF + 8192 + 256 * i, out, sizeof(out)) == 0
                       ? "applied"
                       : "NOT applied (acknowledged as a duplicate)");
@@ -821,7 +843,7 @@ enum { OP_GET, OP_PUT, OP_FAA };
 /* A connects (the library's handshake), looks up `name`, forges the rmr
  * (access all, and the NIC rkey, base and length when given), runs op on
  * [off, off+len) and returns its status.  A's peer is closed after. */
-static int forged_peers0;           /* T's peers up before A's first connection */
+static int forged_peers0;          /* T's peers up before A's first connection */
 static uint32_t forged_psn[2][32]; /* T's first PSNs (receive, send) for each of A's QPs */
 static int forged_n, forged_qp_err;
 
@@ -926,7 +948,8 @@ static void test_forged_keys(void **state)
     hixl_disconnect(p);
   }
   print_message("forged: the target hands out NIC rkey 0x%08x for \"none\" (access 0; its lkey "
-                "is 0x%08x)\n", none_rkey_given, nic_mr(NONE)->lkey);
+                "is 0x%08x)\n",
+                none_rkey_given, nic_mr(NONE)->lkey);
 
   memset(io, 0xee, sizeof(io));
   expect_refused("WRITE into \"ro\" (READ only)",
@@ -943,19 +966,20 @@ static void test_forged_keys(void **state)
   uint64_t secret = (uintptr_t)reg_buf[SECRET];
   expect_refused("READ of unpublished \"secret\" with kv's rkey",
                  forged("kv", OP_GET, 0, sizeof(io), false, 0, secret, REG, io));
-  expect_refused("WRITE into unpublished \"secret\", rkey off by one bit",
-                 forged("kv", OP_PUT, 0, sizeof(io), true, nic_mr(SECRET)->rkey ^ 1, secret, REG,
-                        io));
+  expect_refused(
+      "WRITE into unpublished \"secret\", rkey off by one bit",
+      forged("kv", OP_PUT, 0, sizeof(io), true, nic_mr(SECRET)->rkey ^ 1, secret, REG, io));
   expect_refused("READ of T2's \"other\" (another PD) with its real rkey",
                  forged("kv", OP_GET, 0, sizeof(io), true, nic_mr(OTHER)->rkey,
                         (uintptr_t)reg_buf[OTHER], REG, io));
 
   /* Not enforced, printed: the rkey is all it takes. */
   memset(io, 0, sizeof(io));
-  hixl_status_t st = forged("kv", OP_GET, 0, sizeof(io), true, nic_mr(SECRET)->rkey, secret, REG,
-                            io);
+  hixl_status_t st =
+      forged("kv", OP_GET, 0, sizeof(io), true, nic_mr(SECRET)->rkey, secret, REG, io);
   print_message("forged: NOT ENFORCED: READ of unpublished \"secret\" with its real rkey "
-                "0x%08x: %s%s\n", nic_mr(SECRET)->rkey, hixl_strerror(st),
+                "0x%08x: %s%s\n",
+                nic_mr(SECRET)->rkey, hixl_strerror(st),
                 st == HIXL_OK && memcmp(io, reg_buf[SECRET], sizeof(io)) == 0
                     ? " (its bytes read: rkeys are capabilities of the PD)"
                     : "");
@@ -971,9 +995,11 @@ static void test_forged_keys(void **state)
           fail_msg("connections %d and %d of A started from the same %s PSN %#x", j, i,
                    k ? "send" : "receive", forged_psn[k][i]);
   print_message("forged: %d connections of A, their QPs' first PSNs all different (e.g. %#x, "
-                "%#x)\n", forged_n, forged_psn[0][0], forged_psn[0][forged_n - 1]);
+                "%#x)\n",
+                forged_n, forged_psn[0][0], forged_psn[0][forged_n - 1]);
   print_message("forged: the target's QP for A in the error state after %d of the 9 "
-                "refusals\n", forged_qp_err);
+                "refusals\n",
+                forged_qp_err);
   assert_int_equal(forged_qp_err, 9);
   legit_finish("forged");
 }

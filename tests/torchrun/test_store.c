@@ -95,7 +95,8 @@ static double now_s(void) { return (double)hixl__now_ns() / 1e9; }
 static hixl_store_t *open_store(const char *port, int dialect, int timeout_ms)
 {
   hixl_store_t *s = NULL;
-  hixl_status_t st = hixl__store_connect("127.0.0.1", port, dialect, hixl__deadline(timeout_ms), &s);
+  hixl_status_t st =
+      hixl__store_connect("127.0.0.1", port, dialect, hixl__deadline(timeout_ms), &s);
   if (st != HIXL_OK)
     fail_msg("connect to 127.0.0.1:%s: %s (%s)", port, hixl_strerror(st), hixl_last_error());
   return s;
@@ -239,9 +240,9 @@ static void test_torch_forced_validate(void **state)
   pyserver_t py;
   py_start(&py, "torch");
   hixl_store_t *s = NULL;
-  assert_int_equal(hixl__store_connect("127.0.0.1", py.port, HIXL_STORE_VALIDATE,
-                                       hixl__deadline(700), &s),
-                   HIXL_ERR_TIMEOUT);
+  assert_int_equal(
+      hixl__store_connect("127.0.0.1", py.port, HIXL_STORE_VALIDATE, hixl__deadline(700), &s),
+      HIXL_ERR_TIMEOUT);
   error_says(py.port, "no answer to the VALIDATE hello");
   char b[64];
   py_cmd(&py, b, sizeof(b), "set t/alive yes");
@@ -327,18 +328,15 @@ static void *bad_serve(void *arg)
       (void)!write(fd, out, sizeof(out));
       drain(fd, 1 << 20);
       break;
-    case SILENT:
-      drain(fd, 1 << 20);
-      break;
-    case CLOSER:
-      break;
+    case SILENT: drain(fd, 1 << 20); break;
+    case CLOSER: break;
     case HUGE_COUNT: /* answers the probe with 2^64 - 1 keys */
       drain(fd, 1);
       memset(out, 0xff, 8);
       (void)!write(fd, out, 8);
       drain(fd, 1 << 20);
       break;
-    case BAD_WAIT: /* a good probe answer, then 7 to a wait */
+    case BAD_WAIT:   /* a good probe answer, then 7 to a wait */
     case HUGE_VALUE: /* ... then a value of 2^62 bytes to a get */
       drain(fd, 1);
       memset(out, 0, 8);
@@ -397,8 +395,8 @@ static void bad_connect(enum bad kind, int timeout_ms, hixl_status_t want, doubl
   bad_start(&b, kind);
   hixl_store_t *s = NULL;
   double t0 = now_s();
-  hixl_status_t st = hixl__store_connect("127.0.0.1", b.port, HIXL_STORE_AUTO,
-                                         hixl__deadline(timeout_ms), &s);
+  hixl_status_t st =
+      hixl__store_connect("127.0.0.1", b.port, HIXL_STORE_AUTO, hixl__deadline(timeout_ms), &s);
   double dt = now_s() - t0;
   if (st != want)
     fail_msg("bad server %d: %s (%s), want %s", kind, hixl_strerror(st), hixl_last_error(),
@@ -476,9 +474,9 @@ static void test_unreachable(void **state)
   assert_true(now_s() - t0 < 4);
   error_says(port, "not reachable");
   close(fd);
-  assert_int_equal(hixl__store_connect("no-such-host.invalid", "1", HIXL_STORE_AUTO,
-                                       hixl__deadline(500), &s),
-                   HIXL_ERR_INVALID);
+  assert_int_equal(
+      hixl__store_connect("no-such-host.invalid", "1", HIXL_STORE_AUTO, hixl__deadline(500), &s),
+      HIXL_ERR_INVALID);
   assert_int_equal(hixl__store_dialect_parse("validate"), HIXL_STORE_VALIDATE);
   assert_int_equal(hixl__store_dialect_parse(NULL), HIXL_STORE_AUTO);
   assert_int_equal(hixl__store_dialect_parse("v2"), -1);
@@ -500,12 +498,18 @@ int main(int argc, char **argv)
   }
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_torch_ops),          cmocka_unit_test(test_torch_wait_timeout),
-      cmocka_unit_test(test_torch_value_too_long), cmocka_unit_test(test_torch_forced_validate),
-      cmocka_unit_test(test_validate_classic),   cmocka_unit_test(test_validate_libuv),
-      cmocka_unit_test(test_bad_garbage),        cmocka_unit_test(test_bad_silent),
-      cmocka_unit_test(test_bad_closer),         cmocka_unit_test(test_bad_huge_count),
-      cmocka_unit_test(test_bad_replies),        cmocka_unit_test(test_unreachable),
+      cmocka_unit_test(test_torch_ops),
+      cmocka_unit_test(test_torch_wait_timeout),
+      cmocka_unit_test(test_torch_value_too_long),
+      cmocka_unit_test(test_torch_forced_validate),
+      cmocka_unit_test(test_validate_classic),
+      cmocka_unit_test(test_validate_libuv),
+      cmocka_unit_test(test_bad_garbage),
+      cmocka_unit_test(test_bad_silent),
+      cmocka_unit_test(test_bad_closer),
+      cmocka_unit_test(test_bad_huge_count),
+      cmocka_unit_test(test_bad_replies),
+      cmocka_unit_test(test_unreachable),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

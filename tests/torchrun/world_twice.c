@@ -21,14 +21,14 @@
 
 static int g_rank = -1;
 
-#define CHECK(call)                                                                             \
-  do {                                                                                          \
-    hixl_status_t st_ = (call);                                                                 \
-    if (st_ != HIXL_OK) {                                                                       \
-      fprintf(stderr, "rank %d: %s failed: %s (%s)\n", g_rank, #call, hixl_strerror(st_),      \
-              hixl_last_error());                                                               \
-      exit(1);                                                                                  \
-    }                                                                                           \
+#define CHECK(call)                                                                                \
+  do {                                                                                             \
+    hixl_status_t st_ = (call);                                                                    \
+    if (st_ != HIXL_OK) {                                                                          \
+      fprintf(stderr, "rank %d: %s failed: %s (%s)\n", g_rank, #call, hixl_strerror(st_),          \
+              hixl_last_error());                                                                  \
+      exit(1);                                                                                     \
+    }                                                                                              \
   } while (0)
 
 typedef struct {
@@ -49,8 +49,8 @@ static void create(hixl_ctx_t *ctx, world_t *x, uint64_t k)
     exit(1);
   }
   CHECK(hixl_mem_alloc(ctx, 4096, HIXL_MEM_HOST,
-                       HIXL_ACCESS_READ | HIXL_ACCESS_WRITE | HIXL_ACCESS_ATOMIC,
-                       (void **)&x->mem, &x->mr));
+                       HIXL_ACCESS_READ | HIXL_ACCESS_WRITE | HIXL_ACCESS_ATOMIC, (void **)&x->mem,
+                       &x->mr));
 }
 
 /* Marks into every rank, a counter on rank 0, then every mark checked. */

@@ -95,8 +95,7 @@ static void test_hostport(void **state)
   assert_string_equal(h, "::1");
   assert_int_equal(hixl__parse_hostport(":0", h, sizeof(h), p, sizeof(p)), HIXL_OK);
   assert_string_equal(h, "");
-  const char *bad[] = {"", "host", "host:", "host:65536", "host:-1", "::1:80", "[::1]80",
-                       "h:12x"};
+  const char *bad[] = {"", "host", "host:", "host:65536", "host:-1", "::1:80", "[::1]80", "h:12x"};
   for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
     assert_int_equal(hixl__parse_hostport(bad[i], h, sizeof(h), p, sizeof(p)), HIXL_ERR_INVALID);
   assert_int_equal(hixl__parse_hostport(NULL, h, sizeof(h), p, sizeof(p)), HIXL_ERR_INVALID);

@@ -44,8 +44,8 @@ static void check(uint8_t *src, uint8_t *dst, uint8_t *want, size_t cap, size_t 
     size_t i = 0;
     while (dst[i] == want[i])
       i++;
-    fail_msg("len %zu src+%zu dst+%zu: first difference at byte %zd of the destination", len,
-             so, do_, (ssize_t)i - GUARD - (ssize_t)do_);
+    fail_msg("len %zu src+%zu dst+%zu: first difference at byte %zd of the destination", len, so,
+             do_, (ssize_t)i - GUARD - (ssize_t)do_);
   }
 }
 

@@ -28,13 +28,13 @@ static void test_double_free_of_a_completed_request(void **state)
   hixl_req_t *r = hixl__req_get(ctx, NULL);
   assert_non_null(r);
   hixl__req_complete(r, HIXL_OK, 0);
-  hixl_req_free(r);                   /* back to the pool */
-  hixl_req_free(r);                   /* the bug: pushed again */
+  hixl_req_free(r); /* back to the pool */
+  hixl_req_free(r); /* the bug: pushed again */
   assert_non_null(strstr(hixl_last_error(), "already freed"));
   hixl_req_t *a = hixl__req_get(ctx, NULL), *b = hixl__req_get(ctx, NULL);
   assert_non_null(a);
   assert_non_null(b);
-  assert_ptr_not_equal(a, b);         /* two operations, two requests */
+  assert_ptr_not_equal(a, b); /* two operations, two requests */
   hixl__req_complete(a, HIXL_OK, 0);
   hixl__req_complete(b, HIXL_OK, 0);
   hixl_req_free(a);
@@ -47,10 +47,10 @@ static void test_double_free_of_an_incomplete_request(void **state)
   (void)state;
   hixl_ctx_t *ctx = new_ctx();
   hixl_req_t *r = hixl__req_get(ctx, NULL);
-  hixl_req_free(r);                   /* freed early: recycled at completion */
+  hixl_req_free(r); /* freed early: recycled at completion */
   hixl_req_free(r);
   assert_non_null(strstr(hixl_last_error(), "already freed"));
-  hixl__req_complete(r, HIXL_OK, 0);  /* pushed once, by the completion */
+  hixl__req_complete(r, HIXL_OK, 0); /* pushed once, by the completion */
   hixl_req_t *a = hixl__req_get(ctx, NULL), *b = hixl__req_get(ctx, NULL);
   assert_ptr_not_equal(a, b);
   hixl__req_complete(a, HIXL_OK, 0);

@@ -9,9 +9,13 @@
 
 #include "rkey.h"
 
-static const hixl_rkey_info_t K = {.ctx_id = 0x1234, .rkey = 0xfeedfacecafebeefull,
-                                   .base = 0x7f0000001000ull, .len = 1 << 20, .slot = 17,
-                                   .access = 7, .flags = 1};
+static const hixl_rkey_info_t K = {.ctx_id = 0x1234,
+                                   .rkey = 0xfeedfacecafebeefull,
+                                   .base = 0x7f0000001000ull,
+                                   .len = 1 << 20,
+                                   .slot = 17,
+                                   .access = 7,
+                                   .flags = 1};
 
 static void test_roundtrip(void **state)
 {
