@@ -90,16 +90,20 @@ static inline hixl_status_t done_sync(hixl_peer_t *peer, hixl_status_t st, hixl_
   return HIXL_OK;
 }
 
-#define PRE(fn, peer, flags)                                                                       \
-  hixl_status_t st_ = check_peer(fn, peer);                                                        \
-  if (hixl_likely(st_ == HIXL_OK))                                                                 \
-    st_ = check_flags(fn, flags);                                                                  \
-  if (hixl_unlikely(st_ != HIXL_OK))                                                               \
-    return st_;                                                                                    \
-  if (hixl_unlikely((flags)&HIXL_OP_ORDERED) && (st_ = order_after_earlier(fn, peer)))             \
-    return st_;                                                                                    \
-  if (hixl_unlikely(!atomic_load_explicit(&(peer)->used, memory_order_relaxed)))                   \
-  atomic_store_explicit(&(peer)->used, true, memory_order_relaxed)
+/* What every operation does once its own arguments are checked (the peer
+ * first): its flags, HIXL_OP_ORDERED's wait for earlier operations, and
+ * the mark that the peer has been used. */
+static inline hixl_status_t op_prepare(const char *fn, hixl_peer_t *peer, unsigned flags)
+{
+  hixl_status_t st = check_flags(fn, flags);
+  if (hixl_unlikely(st != HIXL_OK))
+    return st;
+  if (hixl_unlikely(flags & HIXL_OP_ORDERED) && (st = order_after_earlier(fn, peer)) != HIXL_OK)
+    return st;
+  if (hixl_unlikely(!atomic_load_explicit(&peer->used, memory_order_relaxed)))
+    atomic_store_explicit(&peer->used, true, memory_order_relaxed);
+  return HIXL_OK;
+}
 
 /* An asynchronous transport's request: counted for fence, one part held
  * while the caller issues (so it cannot complete half-issued). */
@@ -128,17 +132,36 @@ static hixl_status_t async_end(hixl_req_t *req, hixl_status_t st, hixl_req_t **r
   return HIXL_OK;
 }
 
-#define ASYNC_OR_SYNC(peer, req_p, call)                                                           \
-  do {                                                                                             \
-    if (hixl_likely(!(peer)->ops->async)) {                                                        \
-      hixl_req_t *req = NULL;                                                                      \
-      return done_sync(peer, (call), req_p);                                                       \
-    }                                                                                              \
-    hixl_req_t *req = async_begin(peer);                                                           \
-    if (hixl_unlikely(req == NULL))                                                                \
-      return hixl__err(HIXL_ERR_NOMEM, "no memory for a request");                                 \
-    return async_end(req, (call), req_p);                                                          \
-  } while (0)
+/* The request an operation hands its transport: none for a synchronous
+ * transport (it completes in the call), a counted one from the pool for an
+ * asynchronous one. */
+static inline hixl_status_t op_request(hixl_peer_t *peer, hixl_req_t **req)
+{
+  *req = NULL;
+  if (hixl_likely(!peer->ops->async))
+    return HIXL_OK;
+  *req = async_begin(peer);
+  if (hixl_unlikely(*req == NULL))
+    return hixl__err(HIXL_ERR_NOMEM, "no memory for a request");
+  return HIXL_OK;
+}
+
+/* The transport's answer st for the request op_request gave it. */
+static inline hixl_status_t op_end(hixl_peer_t *peer, hixl_req_t *req, hixl_status_t st,
+                                   hixl_req_t **req_p)
+{
+  if (hixl_likely(req == NULL))
+    return done_sync(peer, st, req_p);
+  return async_end(req, st, req_p);
+}
+
+/* op_prepare, then op_request. */
+static inline hixl_status_t op_begin(const char *fn, hixl_peer_t *peer, unsigned flags,
+                                     hixl_req_t **req)
+{
+  hixl_status_t st = op_prepare(fn, peer, flags);
+  return hixl_likely(st == HIXL_OK) ? op_request(peer, req) : st;
+}
 
 HIXL_HOT hixl_status_t hixl_put(hixl_peer_t *peer, const void *src, size_t len, hixl_rmr_t *dst,
                                 uint64_t off, unsigned flags, hixl_req_t **req_p)
@@ -152,8 +175,10 @@ HIXL_HOT hixl_status_t hixl_put(hixl_peer_t *peer, const void *src, size_t len, 
     st = hixl__dev_check_local("hixl_put", src, len);
   if (hixl_unlikely(st != HIXL_OK))
     return st;
-  PRE("hixl_put", peer, flags);
-  ASYNC_OR_SYNC(peer, req_p, peer->ops->put(peer, src, len, dst, off, req));
+  hixl_req_t *req;
+  if ((st = op_begin("hixl_put", peer, flags, &req)) != HIXL_OK)
+    return st;
+  return op_end(peer, req, peer->ops->put(peer, src, len, dst, off, req), req_p);
 }
 
 HIXL_HOT hixl_status_t hixl_get(hixl_peer_t *peer, void *dst, size_t len, hixl_rmr_t *src,
@@ -168,8 +193,10 @@ HIXL_HOT hixl_status_t hixl_get(hixl_peer_t *peer, void *dst, size_t len, hixl_r
     st = hixl__dev_check_local("hixl_get", dst, len);
   if (hixl_unlikely(st != HIXL_OK))
     return st;
-  PRE("hixl_get", peer, flags);
-  ASYNC_OR_SYNC(peer, req_p, peer->ops->get(peer, dst, len, src, off, req));
+  hixl_req_t *req;
+  if ((st = op_begin("hixl_get", peer, flags, &req)) != HIXL_OK)
+    return st;
+  return op_end(peer, req, peer->ops->get(peer, dst, len, src, off, req), req_p);
 }
 
 hixl_status_t hixl_put_imm(hixl_peer_t *peer, const void *src, size_t len, hixl_rmr_t *dst,
@@ -184,14 +211,21 @@ hixl_status_t hixl_put_imm(hixl_peer_t *peer, const void *src, size_t len, hixl_
     st = hixl__dev_check_local("hixl_put_imm", src, len);
   if (hixl_unlikely(st != HIXL_OK))
     return st;
-  PRE("hixl_put_imm", peer, flags);
-  ASYNC_OR_SYNC(peer, req_p, peer->ops->put_imm(peer, src, len, dst, off, imm, req));
+  hixl_req_t *req;
+  if ((st = op_begin("hixl_put_imm", peer, flags, &req)) != HIXL_OK)
+    return st;
+  return op_end(peer, req, peer->ops->put_imm(peer, src, len, dst, off, imm, req), req_p);
 }
 
 hixl_status_t hixl_notify(hixl_peer_t *peer, uint32_t imm, unsigned flags, hixl_req_t **req_p)
 {
-  PRE("hixl_notify", peer, flags);
-  ASYNC_OR_SYNC(peer, req_p, peer->ops->notify(peer, imm, 0, req));
+  hixl_status_t st = check_peer("hixl_notify", peer);
+  if (hixl_unlikely(st != HIXL_OK))
+    return st;
+  hixl_req_t *req;
+  if ((st = op_begin("hixl_notify", peer, flags, &req)) != HIXL_OK)
+    return st;
+  return op_end(peer, req, peer->ops->notify(peer, imm, 0, req), req_p);
 }
 
 static hixl_status_t atomic_common(const char *fn, hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t off,
@@ -206,7 +240,8 @@ static hixl_status_t atomic_common(const char *fn, hixl_peer_t *peer, hixl_rmr_t
                    (unsigned long long)off);
   if (hixl_unlikely(st != HIXL_OK))
     return st;
-  PRE(fn, peer, flags);
+  if ((st = op_prepare(fn, peer, flags)) != HIXL_OK)
+    return st;
   if (peer->ops->async) {
     hixl_req_t *req = async_begin(peer);
     if (hixl_unlikely(req == NULL))
@@ -313,8 +348,10 @@ hixl_status_t hixl_put_batch(hixl_peer_t *peer, const hixl_xfer_t *xfers, size_t
     st = check_batch("hixl_put_batch", peer, xfers, n, HIXL_ACCESS_WRITE, &total);
   if (st != HIXL_OK)
     return st;
-  PRE("hixl_put_batch", peer, flags);
-  ASYNC_OR_SYNC(peer, req_p, batch_issue(peer, xfers, n, true, imm, total, req));
+  hixl_req_t *req;
+  if ((st = op_begin("hixl_put_batch", peer, flags, &req)) != HIXL_OK)
+    return st;
+  return op_end(peer, req, batch_issue(peer, xfers, n, true, imm, total, req), req_p);
 }
 
 hixl_status_t hixl_get_batch(hixl_peer_t *peer, const hixl_xfer_t *xfers, size_t n, unsigned flags,
@@ -326,6 +363,8 @@ hixl_status_t hixl_get_batch(hixl_peer_t *peer, const hixl_xfer_t *xfers, size_t
     st = check_batch("hixl_get_batch", peer, xfers, n, HIXL_ACCESS_READ, &total);
   if (st != HIXL_OK)
     return st;
-  PRE("hixl_get_batch", peer, flags);
-  ASYNC_OR_SYNC(peer, req_p, batch_issue(peer, xfers, n, false, NULL, total, req));
+  hixl_req_t *req;
+  if ((st = op_begin("hixl_get_batch", peer, flags, &req)) != HIXL_OK)
+    return st;
+  return op_end(peer, req, batch_issue(peer, xfers, n, false, NULL, total, req), req_p);
 }
