@@ -120,21 +120,13 @@ bool hixl__fd_sealed(int fd, uint64_t need)
 /*
  * Data mover: every put and get of shm and self goes through here.
  *
- * From hixl__stream_min bytes up it copies with non-temporal (streaming)
- * stores.  glibc's memcpy keeps ordinary stores up to 3/4 of the last-level
- * cache size cpuid reports (the whole package's 64 MiB here, where the VM's
- * CPUs really share 8 MiB): such a copy evicts everything, writes every
- * destination line back, and reaches 6-8 GB/s on this 2-vCPU EPYC, where
- * streaming stores reach 10-20 GB/s: 2.4x at 4 MiB, 1.6x at 8-48 MiB
- * (measured with a stand-alone loop beside memcpy, medians of three runs;
- * docs/performance.md has the hixl-perf figures).  Below half the cache CPU 0
- * really shares the destination is better left in cache (the reader is
- * next), and memcpy wins or ties (0.7-0.95x for streaming at 256 KiB-2 MiB).
- * Above glibc's own threshold memcpy streams too, slightly better.
- *
- * A first attempt at avoiding glibc's slow path for (dst - src) % 64 in
- * {8, 16} measured 0.5x of memcpy on this machine (the slow path did not
- * show) and was dropped.
+ * From hixl__stream_min bytes up (half the cache CPU 0 shares) to glibc's
+ * own streaming threshold it copies with non-temporal stores: glibc keeps
+ * ordinary stores up to 3/4 of the cache size cpuid reports, which on VMs
+ * and large packages is far more than the cache the CPU really shares, and
+ * such a copy evicts everything and writes every line back.  Below that the
+ * destination is better left in cache for its reader.  The measurements and
+ * the variants that lost: docs/performance.md#large-copies-streaming-stores.
  */
 #if defined(__x86_64__)
 #include <emmintrin.h>

@@ -4,12 +4,12 @@
  * transport, and the threads that share large transfers.
  *
  * One such call copies at a fraction of memcpy's rate on one thread (the
- * kernel pins and maps the other process's pages a batch at a time): 100 MB
- * in 11.8 ms here where memcpy takes 4.9; two threads each moving half take
- * 6.8 ms.  So a transfer of split_min bytes or more is cut into pieces
- * (about four per thread, at least 1 MiB each) that the caller and the
- * context's helper threads take from a shared counter: a helper that is
- * busy or not scheduled (a loaded machine) just takes fewer, and the caller
+ * kernel pins and maps the other process's pages a batch at a time;
+ * figures in docs/performance.md#cma-large-transfers-and-no-cma), and two
+ * threads nearly halve the time.  So a transfer of split_min bytes or more
+ * is cut into pieces (about four per thread, at least 1 MiB each) that the
+ * caller and the context's helper threads take from a shared counter: a
+ * helper that is busy or not scheduled (a loaded machine) just takes fewer, and the caller
  * never waits for a piece nobody started.  Helpers are started at the
  * first such transfer, never for smaller ones: those make exactly one
  * system call per IOV window, as before, with nothing allocated.
