@@ -9,10 +9,10 @@
  * threads nearly halve the time.  So a transfer of split_min bytes or more
  * is cut into pieces (about four per thread, at least 1 MiB each) that the
  * caller and the context's helper threads take from a shared counter: a
- * helper that is busy or not scheduled (a loaded machine) just takes fewer, and the caller
- * never waits for a piece nobody started.  Helpers are started at the
- * first such transfer, never for smaller ones: those make exactly one
- * system call per IOV window, as before, with nothing allocated.
+ * helper that is busy or not scheduled (a loaded machine) just takes
+ * fewer, and the caller never waits for a piece nobody started.  Helpers
+ * are started at the first such transfer, never for smaller ones: those
+ * make exactly one system call per IOV window, with nothing allocated.
  */
 #define _GNU_SOURCE
 #include <errno.h>
