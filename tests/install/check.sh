@@ -15,10 +15,14 @@ root=$stage$prefix
 export PKG_CONFIG_PATH=$root/$libdir/pkgconfig
 # The .pc file names the final prefix; point pkg-config at the staging root.
 export PKG_CONFIG_SYSROOT_DIR=$stage
+# pkg-config prints its flags as one space-separated line: split on purpose.
+# shellcheck disable=SC2046
 cc -std=c11 -Wall -Werror "$src/consumer.c" -o "$stage/consumer" $(pkg-config --cflags --libs hixl)
+# shellcheck disable=SC2046 # as above
 c++ -x c++ -Wall -Werror "$src/consumer.c" -o "$stage/consumer_cxx" $(pkg-config --cflags --libs hixl)
 # Static: the archive plus what `pkg-config --static` says it needs (-libverbs
-# when the verbs transport is built).
+# when the verbs transport is built).  Flags split on purpose, as above.
+# shellcheck disable=SC2046
 cc -std=c11 "$src/consumer.c" -o "$stage/consumer_static" $(pkg-config --cflags hixl) \
   "$root/$libdir/libhixl.a" $(pkg-config --static --libs hixl | sed 's/-lhixl\b//')
 LD_LIBRARY_PATH=$root/$libdir "$stage/consumer"

@@ -9,7 +9,8 @@ fail=0
 run() {
   local name=$1
   shift
-  local t0=$(date +%s)
+  local t0
+  t0=$(date +%s)
   if "$@" >"/tmp/netns-${name////_}.log" 2>&1; then
     echo "ok   netns/$name ($(( $(date +%s) - t0 )) s)"
   else
@@ -21,6 +22,7 @@ run() {
 read -r -a hosts <<<"$HIXL_NETNS_HOSTS"
 # The two hosts really are apart: different network namespaces, and host 2's
 # address is not one of ours.
+# shellcheck disable=SC2317 # called through run ("$@")
 apart() {
   [ "$(readlink /proc/self/ns/net)" != "$(ip netns exec "${hosts[1]}" readlink /proc/self/ns/net)" ] &&
     ! ip -o addr | grep -q " $HIXL_NETNS_ADDR_2/"
@@ -38,6 +40,7 @@ for c in dirs batch notif atomic badinput; do
   run "fabric-tcp/device-$c" env HIXL_DEVICE=emulated "$build/tests/device" fabric "$c"
 done
 # hixl-perf: the target on host 2, the initiator here.
+# shellcheck disable=SC2317 # called through run ("$@")
 perf_pair() {
   local out=/tmp/netns-perf-server.out
   ip netns exec "${hosts[1]}" "$build/tools/hixl-perf" --server >"$out" 2>&1 &
@@ -48,21 +51,22 @@ perf_pair() {
     [ -n "$addr" ] && break
     sleep 0.1
   done
-  [ -n "$addr" ] || { kill $spid; return 1; }
+  [ -n "$addr" ] || { kill "$spid"; return 1; }
   "$build/tools/hixl-perf" --client "$addr" "$@"
   local rc=$?
-  wait $spid || rc=1
-  return $rc
+  wait "$spid" || rc=1
+  return "$rc"
 }
 run fabric-tcp/hixl-perf-put perf_pair --quick -t put
 run fabric-tcp/hixl-perf-get perf_pair --quick -t get
 run fabric-tcp/hixl-perf-faa perf_pair --quick -t faa
 # The examples with their ranks on both hosts: ps_train's rank 0 (the
 # parameter server and rendezvous) on host 2, workers here.
+# shellcheck disable=SC2317 # called through run ("$@")
 ps_train() {
   local port=$((20000 + RANDOM % 20000))
   ip netns exec "${hosts[1]}" env RANK=0 WORLD_SIZE=3 MASTER_ADDR="$HIXL_NETNS_ADDR_2" \
-    MASTER_PORT=$port "$build/examples/hixl-ps-train" --params 4096 --steps 8 &
+    MASTER_PORT="$port" "$build/examples/hixl-ps-train" --params 4096 --steps 8 &
   local p0=$!
   RANK=1 WORLD_SIZE=3 MASTER_ADDR="$HIXL_NETNS_ADDR_2" MASTER_PORT=$port \
     "$build/examples/hixl-ps-train" --params 4096 --steps 8 &
@@ -70,11 +74,12 @@ ps_train() {
   RANK=2 WORLD_SIZE=3 MASTER_ADDR="$HIXL_NETNS_ADDR_2" MASTER_PORT=$port \
     "$build/examples/hixl-ps-train" --params 4096 --steps 8
   local rc=$?
-  wait $p0 || rc=1
-  wait $p1 || rc=1
-  return $rc
+  wait "$p0" || rc=1
+  wait "$p1" || rc=1
+  return "$rc"
 }
 run fabric-tcp/ps_train ps_train
+# shellcheck disable=SC2317 # called through run ("$@")
 kv() {
   local out=/tmp/netns-kv-decode.out
   ip netns exec "${hosts[1]}" "$build/examples/hixl-kv-transfer" --role decode --requests 12 \
@@ -86,13 +91,13 @@ kv() {
     [ -n "$addr" ] && break
     sleep 0.1
   done
-  [ -n "$addr" ] || { kill $dpid; cat "$out"; return 1; }
+  [ -n "$addr" ] || { kill "$dpid"; cat "$out"; return 1; }
   "$build/examples/hixl-kv-transfer" --role prefill --connect "$addr" --requests 12 \
     --seq-len 16:160 --blocks 128
   local rc=$?
-  wait $dpid || rc=1
+  wait "$dpid" || rc=1
   cat "$out"
-  return $rc
+  return "$rc"
 }
 run fabric-tcp/kv_transfer kv
 # The shm provider: one host (both sides here).
@@ -101,4 +106,4 @@ export HIXL_FABRIC_PROVIDER=shm HIXL_TEST_LISTEN=127.0.0.1:0
 for c in put_get batch notif_order faa fence flood; do
   run "fabric-shm/$c" "$build/tests/conformance" fabric "$c"
 done
-exit $fail
+exit "$fail"

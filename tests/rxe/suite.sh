@@ -27,7 +27,8 @@ fail=0
 run() {
   local name=$1
   shift
-  local t0=$(date +%s)
+  local t0
+  t0=$(date +%s)
   if "$@" >"/tmp/$name.log" 2>&1; then
     echo "ok   verbs/$name ($(( $(date +%s) - t0 )) s)"
   else
@@ -38,6 +39,7 @@ run() {
 }
 ibv_devinfo -d rxe0 | grep -E "state|active_mtu" | head -2
 # The fabric itself: an RC ping-pong rxe1 -> rxe0 that must cross the wire.
+# shellcheck disable=SC2317 # called through run ("$@")
 pp() {
   ibv_rc_pingpong -d rxe0 -g 1 -n 200 >/tmp/pp.log 2>&1 &
   sleep 1
