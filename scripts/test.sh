@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One command on a fresh Debian machine: install what is missing, build, and
 # run the whole test suite:
+#   0. lint (scripts/lint.sh): every C/C++ file against .clang-format, every
+#      shell script (*.sh and sh/bash shebangs) through shellcheck;
 #   1. gcc, warnings as errors: unit, conformance (self, shm, fabric on one
 #      host), device memory, bad input, peer death, header, tools, examples,
 #      the Python package (pytest, Debian's /usr/bin/python3), torchrun;
@@ -17,6 +19,9 @@ cd "$(dirname "$0")/.."
 scripts/deps.sh
 out=${HIXL_TEST_BUILD:-build-test}
 step() { printf '\n=== %s\n' "$*"; }
+
+step "lint"
+scripts/lint.sh
 
 step "gcc build + suite"
 rm -rf "$out/gcc" && meson setup "$out/gcc" -Dwerror=true >/dev/null

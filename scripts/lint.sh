@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Lint the tracked files (scripts/test.sh's first step; docs/testing.md):
+#   - every C/C++ file against .clang-format (clang-format --dry-run -Werror);
+#   - every shell script with shellcheck: *.sh, and files without the suffix
+#     whose first line is a sh/bash shebang (tests/rxe/rxe-run, ...), so new
+#     scripts are picked up without being listed here.
+# Needs git, clang-format and shellcheck (scripts/deps.sh); no network.
+# Fix a clang-format finding with `clang-format -i FILE`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v git >/dev/null || { echo "lint: git not found" >&2; exit 1; }
+git rev-parse --is-inside-work-tree >/dev/null 2>&1 ||
+  { echo "lint: not a git checkout (the file lists come from git ls-files)" >&2; exit 1; }
+for t in clang-format shellcheck; do
+  command -v "$t" >/dev/null || { echo "lint: $t not found (scripts/deps.sh installs it)" >&2; exit 1; }
+done
+fail=0
+
+# Tracked files that exist in the work tree (one being deleted is not linted).
+c_files=()
+scripts=()
+while IFS= read -r -d '' f; do
+  [ -f "$f" ] || continue
+  case "$f" in
+    *.c|*.h|*.cpp) c_files+=("$f") ;;
+    *.sh) scripts+=("$f") ;;
+    *)
+      first=""
+      IFS= read -r first <"$f" 2>/dev/null || true
+      case "$first" in
+        '#!'*/sh|'#!'*/sh' '*|'#!'*/bash|'#!'*/bash' '*|'#!'*'env bash'|'#!'*'env bash '*|'#!'*'env sh'|'#!'*'env sh '*)
+          scripts+=("$f") ;;
+      esac ;;
+  esac
+done < <(git ls-files -z)
+
+if [ ${#c_files[@]} -gt 0 ] && ! clang-format --dry-run -Werror "${c_files[@]}"; then
+  echo "lint: clang-format: the files above differ from .clang-format (fix: clang-format -i FILE)" >&2
+  fail=1
+fi
+if [ ${#scripts[@]} -gt 0 ] && ! shellcheck "${scripts[@]}"; then
+  echo "lint: shellcheck findings above" >&2
+  fail=1
+fi
+[ "$fail" -eq 0 ] && echo "lint: ${#c_files[@]} C/C++ files, ${#scripts[@]} shell scripts clean"
+exit "$fail"
