@@ -23,6 +23,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "cases.h"
 #include "harness.h"
 
 static bool is_self(void) { return strcmp(g_transport, "self") == 0; }
@@ -795,11 +796,7 @@ static void test_sleep(void **state)
 int main(int argc, char **argv)
 {
   harness_init(argc, argv);
-  if (argc != 3) {
-    fprintf(stderr, "usage: %s self|shm CASE\n", argv[0]);
-    return 2;
-  }
-  g_transport = argv[1];
+  /* The cases (tests/common/cases.h): --list prints them. */
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_put_get),       cmocka_unit_test(test_batch),
       cmocka_unit_test(test_notif_order),   cmocka_unit_test(test_faa),
@@ -808,8 +805,13 @@ int main(int argc, char **argv)
       cmocka_unit_test(test_remap),         cmocka_unit_test(test_flood),
       cmocka_unit_test(test_choice),        cmocka_unit_test(test_sleep),
   };
-  char filter[64];
-  snprintf(filter, sizeof(filter), "test_%s", argv[2]);
-  cmocka_set_test_filter(filter);
-  return cmocka_run_group_tests_name(argv[1], tests, NULL, NULL);
+  cases_options(CASES(tests), argc, argv);
+  if (argc != 3) {
+    fprintf(stderr, "usage: %s self|shm|fabric|verbs CASE; cases: ", argv[0]);
+    cases_print(stderr, CASES(tests));
+    fprintf(stderr, "\n");
+    return 2;
+  }
+  g_transport = argv[1];
+  return cases_run_cmocka(argv[1], tests, sizeof(tests) / sizeof(tests[0]), argv[2], NULL, NULL);
 }

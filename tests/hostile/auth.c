@@ -35,6 +35,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "../common/cases.h"
 #include "auth.h"
 #include "wire.h"
 
@@ -420,21 +421,44 @@ static void max_peers(void)
   hixl_ctx_destroy(t);
 }
 
+static int run_fake_target(void)
+{
+  fake_target(0);
+  fake_target(1);
+  return 0;
+}
+static int run_refusal(void)
+{
+  refusal();
+  return 0;
+}
+static int run_replay(void)
+{
+  replay();
+  return 0;
+}
+static int run_max_peers(void)
+{
+  max_peers();
+  return 0;
+}
+
+/* The cases (tests/common/cases.h): --list prints them. */
+static const struct test_case cases[] = {
+    {"fake-target", run_fake_target},
+    {"refusal", run_refusal},
+    {"replay", run_replay},
+    {"max-peers", run_max_peers},
+};
+
 int main(int argc, char **argv)
 {
-  const char *c = argc > 1 ? argv[1] : "";
-  if (strcmp(c, "fake-target") == 0) {
-    fake_target(0);
-    fake_target(1);
-  } else if (strcmp(c, "refusal") == 0) {
-    refusal();
-  } else if (strcmp(c, "replay") == 0) {
-    replay();
-  } else if (strcmp(c, "max-peers") == 0) {
-    max_peers();
-  } else {
-    fprintf(stderr, "usage: %s fake-target|refusal|replay|max-peers\n", argv[0]);
+  cases_options(CASES(cases), argc, argv);
+  if (argc < 2) {
+    fprintf(stderr, "usage: %s CASE; cases: ", argv[0]);
+    cases_print(stderr, CASES(cases));
+    fprintf(stderr, "\n");
     return 2;
   }
-  return 0;
+  return cases_run(cases, sizeof(cases) / sizeof(cases[0]), argv[1]);
 }

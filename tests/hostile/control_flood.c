@@ -37,6 +37,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../common/cases.h"
+
 #define FAIL(...)                                                                                  \
   do {                                                                                             \
     fprintf(stderr, "FAIL: " __VA_ARGS__);                                                         \
@@ -263,15 +265,39 @@ static void flood(const char *what, int max_handshakes, int check_cpu)
   target_stop(&t);
 }
 
+static const char *g_seed = "tests/fuzz/seeds_wire/hello.bin"; /* argv[2] */
+
+static int run_slowloris(void)
+{
+  slowloris(g_seed);
+  return 0;
+}
+static int run_cap(void)
+{
+  flood("cap", 8, 0);
+  return 0;
+}
+static int run_emfile(void)
+{
+  flood("emfile", 1000, 1);
+  return 0;
+}
+
+/* The cases (tests/common/cases.h): --list prints them; none or "all" runs
+ * every one in order. */
+static const struct test_case cases[] = {
+    {"slowloris", run_slowloris},
+    {"cap", run_cap},
+    {"emfile", run_emfile},
+};
+
 int main(int argc, char **argv)
 {
+  cases_options(CASES(cases), argc, argv);
   signal(SIGPIPE, SIG_IGN);
   const char *which = argc > 1 ? argv[1] : "all";
-  if (!strcmp(which, "slowloris") || !strcmp(which, "all"))
-    slowloris(argc > 2 ? argv[2] : "tests/fuzz/seeds_wire/hello.bin");
-  if (!strcmp(which, "cap") || !strcmp(which, "all"))
-    flood("cap", 8, 0);
-  if (!strcmp(which, "emfile") || !strcmp(which, "all"))
-    flood("emfile", 1000, 1);
-  return 0;
+  if (argc > 2)
+    g_seed = argv[2];
+  return cases_run(cases, sizeof(cases) / sizeof(cases[0]),
+                   strcmp(which, "all") == 0 ? NULL : which);
 }

@@ -46,6 +46,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../common/cases.h"
+
 #define FAIL(...)                                                                                  \
   do {                                                                                             \
     fprintf(stderr, "FAIL: " __VA_ARGS__);                                                         \
@@ -69,9 +71,9 @@ int __wrap_close(int fd);
 static int g_kept[64];
 static int g_nkept;
 static int g_capture;
-static bool g_truncate = true; /* argv[1] "scribble": the rings only */
-static bool g_scribble = true; /* argv[1] "readonly": the READ-only region only */
-static bool g_nobody;          /* argv[1] "readonly-nobody": the attacker is uid 65534 */
+static bool g_truncate = true; /* off for "scribble": the rings only */
+static bool g_scribble = true; /* off for "readonly": the READ-only region only */
+static bool g_nobody;          /* "readonly-nobody": the attacker is uid 65534 */
 
 int __wrap_close(int fd)
 {
@@ -321,17 +323,9 @@ static int wait_for(pid_t pid, const char *who)
   return 0;
 }
 
-int main(int argc, char **argv)
+/* The three processes, with the attack the case chose. */
+static int attack(void)
 {
-  setvbuf(stdout, NULL, _IONBF, 0);
-  const char *mode = argc > 1 ? argv[1] : "truncate";
-  g_nobody = strcmp(mode, "readonly-nobody") == 0;
-  if (g_nobody && getuid() != 0) {
-    printf("skip: readonly-nobody needs root (an attacker of another uid)\n");
-    return 77;
-  }
-  g_truncate = strcmp(mode, "truncate") == 0;
-  g_scribble = strncmp(mode, "readonly", 8) != 0;
   if (pipe(g_ctl) || pipe(g_addr_p) || pipe(g_peer_go))
     FAIL("pipe");
   pid_t target = fork();
@@ -368,4 +362,43 @@ int main(int argc, char **argv)
   }
   printf("ok\n");
   return 0;
+}
+
+static int run_truncate(void) { return attack(); }
+static int run_scribble(void)
+{
+  g_truncate = false;
+  return attack();
+}
+static int run_readonly(void)
+{
+  g_truncate = false;
+  g_scribble = false;
+  return attack();
+}
+static int run_readonly_nobody(void)
+{
+  if (getuid() != 0) {
+    printf("skip: readonly-nobody needs root (an attacker of another uid)\n");
+    return 77;
+  }
+  g_nobody = true;
+  g_truncate = false;
+  g_scribble = false;
+  return attack();
+}
+
+/* The cases (tests/common/cases.h): --list prints them; none is truncate. */
+static const struct test_case cases[] = {
+    {"truncate", run_truncate},
+    {"scribble", run_scribble},
+    {"readonly", run_readonly},
+    {"readonly-nobody", run_readonly_nobody},
+};
+
+int main(int argc, char **argv)
+{
+  cases_options(CASES(cases), argc, argv);
+  setvbuf(stdout, NULL, _IONBF, 0);
+  return cases_run(cases, sizeof(cases) / sizeof(cases[0]), argc > 1 ? argv[1] : "truncate");
 }

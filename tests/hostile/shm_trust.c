@@ -64,6 +64,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../common/cases.h"
 #include "hixl_int.h"
 #include "rkey.h"
 
@@ -891,10 +892,91 @@ static int run_attack(void)
   return fails;
 }
 
+static int run_devtrunc(void)
+{
+  int fails = 0;
+  pid_t owner = spawn(dev_owner_main);
+  read_addrs(1);
+  pid_t imp = spawn(dev_importer_main);
+  fails += wait_for(imp, "importer");
+  put_byte(g_t_ctl[1], 'q');
+  fails += wait_for(owner, "device owner");
+  return fails;
+}
+
+static int run_uid_target(void)
+{
+  int fails = 0;
+  pid_t target = spawn(target_main);
+  read_addrs(2);
+  pid_t legit = spawn(legit_main);
+  get_byte(g_l_rdy[0]);
+  pid_t nob = spawn(nobody_peer_main);
+  fails += wait_for(nob, "uid 65534 peer");
+  put_byte(g_l_go[1], 'f');
+  fails += wait_for(legit, "legitimate peer");
+  put_byte(g_t_ctl[1], 'q');
+  fails += wait_for(target, "target");
+  return fails;
+}
+
+static int run_uid_initiator(void)
+{
+  int fails = 0;
+  pid_t target = spawn(target_main); /* as uid 65534 */
+  read_addrs(1);
+  pid_t init = spawn(root_initiator_main);
+  fails += wait_for(init, "root initiator");
+  put_byte(g_t_ctl[1], 'q');
+  fails += wait_for(target, "uid 65534 target");
+  return fails;
+}
+
+static int run_pidlie(void)
+{
+  int fails = 0;
+  g_bystander = spawn(bystander_main);
+  get_byte(g_a_out[0]);
+  if (mode("pidlie")) {
+    pid_t target = spawn(target_main);
+    read_addrs(1);
+    pid_t legit = spawn(legit_main);
+    get_byte(g_l_rdy[0]);
+    pid_t liar = spawn(liar_initiator_main);
+    fails += wait_for(liar, "lying initiator");
+    put_byte(g_l_go[1], 'f');
+    fails += wait_for(legit, "legitimate peer");
+    put_byte(g_t_ctl[1], 'q');
+    fails += wait_for(target, "target");
+  } else {
+    pid_t liar = spawn(liar_target_main);
+    read_addrs(1);
+    pid_t init = spawn(honest_initiator_main);
+    fails += wait_for(init, "honest initiator");
+    put_byte(g_t_ctl[1], 'q');
+    fails += wait_for(liar, "lying target");
+  }
+  put_byte(g_b_ctl[1], 'q');
+  fails += wait_for(g_bystander, "bystander");
+  return fails;
+}
+
+/* The cases (tests/common/cases.h): --list prints them; none is table.
+ * Each returns its number of failures; g_mode is its name. */
+static const struct test_case cases[] = {
+    {"table", run_attack},          {"subregion", run_attack},
+    {"idle", run_attack},           {"devtrunc", run_devtrunc},
+    {"uid-target", run_uid_target}, {"uid-initiator", run_uid_initiator},
+    {"pidlie", run_pidlie},         {"pidlie-target", run_pidlie},
+};
+
 int main(int argc, char **argv)
 {
+  cases_options(CASES(cases), argc, argv);
   setvbuf(stdout, NULL, _IONBF, 0);
   g_mode = argc > 1 ? argv[1] : "table";
+  if (cases_find(CASES(cases), g_mode) < 0)
+    return 2;
   if ((strncmp(g_mode, "uid", 3) == 0 || strncmp(g_mode, "pidlie", 6) == 0) && getuid() != 0) {
     printf("skip: mode %s needs root (another uid, another process's memory)\n", g_mode);
     return 77;
@@ -903,62 +985,7 @@ int main(int argc, char **argv)
       pipe(g_a_out) || pipe(g_b_ctl))
     FAIL("pipe");
   signal(SIGPIPE, SIG_IGN);
-  int fails = 0;
-  if (mode("table") || mode("subregion") || mode("idle")) {
-    fails = run_attack();
-  } else if (mode("devtrunc")) {
-    pid_t owner = spawn(dev_owner_main);
-    read_addrs(1);
-    pid_t imp = spawn(dev_importer_main);
-    fails += wait_for(imp, "importer");
-    put_byte(g_t_ctl[1], 'q');
-    fails += wait_for(owner, "device owner");
-  } else if (mode("uid-target")) {
-    pid_t target = spawn(target_main);
-    read_addrs(2);
-    pid_t legit = spawn(legit_main);
-    get_byte(g_l_rdy[0]);
-    pid_t nob = spawn(nobody_peer_main);
-    fails += wait_for(nob, "uid 65534 peer");
-    put_byte(g_l_go[1], 'f');
-    fails += wait_for(legit, "legitimate peer");
-    put_byte(g_t_ctl[1], 'q');
-    fails += wait_for(target, "target");
-  } else if (mode("uid-initiator")) {
-    pid_t target = spawn(target_main); /* as uid 65534 */
-    read_addrs(1);
-    pid_t init = spawn(root_initiator_main);
-    fails += wait_for(init, "root initiator");
-    put_byte(g_t_ctl[1], 'q');
-    fails += wait_for(target, "uid 65534 target");
-  } else if (mode("pidlie") || mode("pidlie-target")) {
-    g_bystander = spawn(bystander_main);
-    get_byte(g_a_out[0]);
-    if (mode("pidlie")) {
-      pid_t target = spawn(target_main);
-      read_addrs(1);
-      pid_t legit = spawn(legit_main);
-      get_byte(g_l_rdy[0]);
-      pid_t liar = spawn(liar_initiator_main);
-      fails += wait_for(liar, "lying initiator");
-      put_byte(g_l_go[1], 'f');
-      fails += wait_for(legit, "legitimate peer");
-      put_byte(g_t_ctl[1], 'q');
-      fails += wait_for(target, "target");
-    } else {
-      pid_t liar = spawn(liar_target_main);
-      read_addrs(1);
-      pid_t init = spawn(honest_initiator_main);
-      fails += wait_for(init, "honest initiator");
-      put_byte(g_t_ctl[1], 'q');
-      fails += wait_for(liar, "lying target");
-    }
-    put_byte(g_b_ctl[1], 'q');
-    fails += wait_for(g_bystander, "bystander");
-  } else {
-    FAIL("unknown mode %s", g_mode);
-  }
-  if (fails)
+  if (cases_run(cases, sizeof(cases) / sizeof(cases[0]), g_mode))
     return 1;
   printf("ok\n");
   return 0;

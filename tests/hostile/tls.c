@@ -31,6 +31,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "../common/cases.h"
+
 #define FAIL(...)                                                                                  \
   do {                                                                                             \
     fprintf(stderr, "FAIL: " __VA_ARGS__);                                                         \
@@ -258,18 +260,33 @@ static void mismatch(void)
   }
 }
 
+static int run_sniff(void)
+{
+  sniff();
+  return 0;
+}
+static int run_mismatch(void)
+{
+  mismatch();
+  return 0;
+}
+
+/* The cases (tests/common/cases.h): --list prints them. */
+static const struct test_case cases[] = {
+    {"sniff", run_sniff},
+    {"mismatch", run_mismatch},
+};
+
 int main(int argc, char **argv)
 {
-  const char *c = argc > 1 ? argv[1] : "";
-  if (argc > 2)
-    g_tp = argv[2];
-  if (strcmp(c, "sniff") == 0)
-    sniff();
-  else if (strcmp(c, "mismatch") == 0)
-    mismatch();
-  else {
-    fprintf(stderr, "usage: %s sniff|mismatch [transport]\n", argv[0]);
+  cases_options(CASES(cases), argc, argv);
+  if (argc < 2) {
+    fprintf(stderr, "usage: %s CASE [transport]; cases: ", argv[0]);
+    cases_print(stderr, CASES(cases));
+    fprintf(stderr, "\n");
     return 2;
   }
-  return 0;
+  if (argc > 2)
+    g_tp = argv[2];
+  return cases_run(cases, sizeof(cases) / sizeof(cases[0]), argv[1]);
 }

@@ -93,6 +93,7 @@
 #include <unistd.h>
 
 #include "../../src/verbs/verbs_int.h"
+#include "../common/cases.h"
 
 #define TOKEN "hostile-verbs-secret"
 #define REG (64u * 1024)
@@ -1006,6 +1007,18 @@ static void test_forged_keys(void **state)
 
 int main(int argc, char **argv)
 {
+  /* The cases (tests/common/cases.h): --list prints them; none or "all"
+   * runs every one. */
+  const struct CMUnitTest all[] = {
+      {"rdmacm", test_rdmacm, NULL, NULL, NULL},
+      {"pd", test_foreign_pd, NULL, NULL, NULL},
+      {"unbound", test_unbound_qp, NULL, NULL, NULL},
+      {"forged", test_forged_keys, NULL, NULL, NULL},
+  };
+  cases_options(CASES(all), argc, argv);
+  const char *which = argc > 1 && strcmp(argv[1], "all") != 0 ? argv[1] : NULL;
+  if (which && cases_find(CASES(all), which) < 0)
+    return 2;
   signal(SIGPIPE, SIG_IGN);
   srandom((unsigned)time(NULL) ^ (unsigned)getpid());
   /* Skip where no RDMA port is active (the host; the cases run in the rxe
@@ -1016,22 +1029,5 @@ int main(int argc, char **argv)
     return 77;
   }
   hixl_ctx_destroy(probe);
-  const char *which = argc > 1 ? argv[1] : "all";
-  struct CMUnitTest all[] = {
-      cmocka_unit_test(test_rdmacm),
-      cmocka_unit_test(test_foreign_pd),
-      cmocka_unit_test(test_unbound_qp),
-      cmocka_unit_test(test_forged_keys),
-  };
-  static const char *const names[] = {"rdmacm", "pd", "unbound", "forged"};
-  struct CMUnitTest pick[4];
-  size_t n = 0;
-  for (size_t i = 0; i < 4; i++)
-    if (strcmp(which, "all") == 0 || strcmp(which, names[i]) == 0)
-      pick[n++] = all[i];
-  if (n == 0) {
-    fprintf(stderr, "usage: %s [rdmacm|pd|unbound|forged|all]\n", argv[0]);
-    return 2;
-  }
-  return _cmocka_run_group_tests("verbs_data", pick, n, setup, teardown);
+  return cases_run_cmocka("verbs_data", all, sizeof(all) / sizeof(all[0]), which, setup, teardown);
 }
