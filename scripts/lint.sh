@@ -3,7 +3,9 @@
 #   - every C/C++ file against .clang-format (clang-format --dry-run -Werror);
 #   - every shell script with shellcheck: *.sh, and files without the suffix
 #     whose first line is a sh/bash shebang (tests/rxe/rxe-run, ...), so new
-#     scripts are picked up without being listed here.
+#     scripts are picked up without being listed here;
+#   - every relative link in a tracked Markdown file names a file inside the
+#     repository that exists (docs are read on clones without ../shared).
 # Needs git, clang-format and shellcheck (scripts/deps.sh); no network.
 # Fix a clang-format finding with `clang-format -i FILE`.
 set -euo pipefail
@@ -42,5 +44,23 @@ if [ ${#scripts[@]} -gt 0 ] && ! shellcheck "${scripts[@]}"; then
   echo "lint: shellcheck findings above" >&2
   fail=1
 fi
-[ "$fail" -eq 0 ] && echo "lint: ${#c_files[@]} C/C++ files, ${#scripts[@]} shell scripts clean"
+# Relative Markdown links: [text](path) or [text](path#anchor).
+root=$(pwd -P)
+nlinks=0
+while IFS= read -r -d '' md; do
+  [ -f "$md" ] || continue
+  dir=$(dirname "$md")
+  while IFS= read -r target; do
+    target=${target%%#*}
+    [ -n "$target" ] || continue
+    nlinks=$((nlinks + 1))
+    full=$(realpath -m "$dir/$target")
+    case "$full" in
+      "$root"/*) [ -e "$full" ] || { echo "lint: $md links to $target, which does not exist" >&2; fail=1; } ;;
+      *) echo "lint: $md links to $target, outside the repository" >&2; fail=1 ;;
+    esac
+  done < <(grep -o '\]([^)]*)' "$md" | sed 's/^](//; s/)$//' | grep -v -E '^(https?:|mailto:|#)' || true)
+done < <(git ls-files -z '*.md')
+
+[ "$fail" -eq 0 ] && echo "lint: ${#c_files[@]} C/C++ files, ${#scripts[@]} shell scripts, $nlinks Markdown links clean"
 exit "$fail"
