@@ -1,0 +1,113 @@
+/* SPDX-License-Identifier: MIT */
+/* Every transport's ops table (hixl__transports[], and the table a
+ * disconnected peer gets) is whole: its size is this build's, its name and
+ * id are its own, and every slot the core calls without looking is filled.
+ * The guard that -Wmissing-field-initializers would be, had meson.build not
+ * switched it off (it also fires on the positional initializers of system
+ * structs); a slot added to hixl_transport_ops_t goes into `required` or
+ * `optional` below, or this test fails. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "hixl_int.h"
+
+typedef struct slot {
+  const char *name;
+  size_t off;
+} slot_t;
+#define SLOT(f)                                                                                    \
+  {                                                                                                \
+#f, offsetof(hixl_transport_ops_t, f)                                                          \
+  }
+
+/* Called unconditionally by the core. */
+static const slot_t required[] = {
+    SLOT(ctx_init), SLOT(ctx_fini), SLOT(mr_reg),     SLOT(mr_dereg),   SLOT(usable),
+    SLOT(connect),  SLOT(accept),   SLOT(peer_close), SLOT(rmr_attach), SLOT(rmr_detach),
+    SLOT(rmr_live), SLOT(put),      SLOT(get),        SLOT(put_imm),    SLOT(notify),
+    SLOT(atomic),   SLOT(progress), SLOT(on_event),
+};
+/* Looked at before each call (NULL: the core's default). */
+static const slot_t optional[] = {
+    SLOT(peer_lost), SLOT(batch),      SLOT(arm),
+    SLOT(ack_event), SLOT(notif_poll), SLOT(notif_consumed),
+};
+
+static void *slot_at(const hixl_transport_ops_t *o, size_t off)
+{
+  void *p;
+  memcpy(&p, (const char *)o + off, sizeof(p));
+  return p;
+}
+
+/* Every function-pointer slot of the struct is in one of the two lists:
+ * the pointers tile the struct from the first slot to its end. */
+static void test_every_slot_is_listed(void **state)
+{
+  (void)state;
+  size_t first = offsetof(hixl_transport_ops_t, ctx_init);
+  size_t n = sizeof(required) / sizeof(required[0]) + sizeof(optional) / sizeof(optional[0]);
+  assert_int_equal((sizeof(hixl_transport_ops_t) - first) / sizeof(void (*)(void)), n);
+  for (size_t off = first; off < sizeof(hixl_transport_ops_t); off += sizeof(void *)) {
+    bool found = false;
+    for (size_t i = 0; i < sizeof(required) / sizeof(required[0]); i++)
+      found |= required[i].off == off;
+    for (size_t i = 0; i < sizeof(optional) / sizeof(optional[0]); i++)
+      found |= optional[i].off == off;
+    if (!found)
+      fail_msg("the ops slot at offset %zu is in neither list", off);
+  }
+}
+
+static void check_table(const hixl_transport_ops_t *o, bool closed)
+{
+  assert_non_null(o);
+  assert_non_null(o->name);
+  if (o->size != sizeof(hixl_transport_ops_t))
+    fail_msg("transport %s: size %zu, this build's ops table has %zu", o->name, o->size,
+             sizeof(hixl_transport_ops_t));
+  for (size_t i = 0; i < sizeof(required) / sizeof(required[0]); i++)
+    if (slot_at(o, required[i].off) == NULL)
+      fail_msg("transport %s: required slot %s is NULL", o->name, required[i].name);
+  if ((o->arm == NULL) != (o->ack_event == NULL))
+    fail_msg("transport %s: arm and ack_event come together", o->name);
+  if (closed)
+    return;
+  if (o->id < 0 || o->id >= HIXL_TP_COUNT)
+    fail_msg("transport %s: id %d outside [0, %d)", o->name, o->id, HIXL_TP_COUNT);
+  if ((o->bind_type == 0) != (o->bind_reply_type == 0))
+    fail_msg("transport %s: an in-band bind needs both its message types", o->name);
+  if (o->bind_type && !o->needs_bind)
+    fail_msg("transport %s: bind messages but needs_bind false", o->name);
+}
+
+static void test_tables_are_whole(void **state)
+{
+  (void)state;
+  assert_true(hixl__n_transports >= 2); /* self and shm are always built */
+  for (size_t t = 0; t < hixl__n_transports; t++) {
+    const hixl_transport_ops_t *o = hixl__transports[t];
+    check_table(o, false);
+    for (size_t u = 0; u < t; u++) {
+      if (hixl__transports[u]->id == o->id)
+        fail_msg("transports %s and %s share id %d", hixl__transports[u]->name, o->name, o->id);
+      if (strcmp(hixl__transports[u]->name, o->name) == 0)
+        fail_msg("two transports are named %s", o->name);
+    }
+  }
+  check_table(&hixl__closed_ops, true);
+}
+
+int main(void)
+{
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_every_slot_is_listed),
+      cmocka_unit_test(test_tables_are_whole),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
