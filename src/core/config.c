@@ -8,8 +8,6 @@
 
 #include "hixl_int.h"
 
-static const char *const tp_names[HIXL_TP_COUNT] = {"self", "shm", "verbs", "fabric"};
-
 void hixl_config_init(hixl_config_t *cfg)
 {
   if (cfg == NULL)
@@ -100,12 +98,14 @@ hixl_status_t hixl__parse_transports(const char *s, uint8_t *order, int *n_p, ui
     size_t len = end ? (size_t)(end - p) : strlen(p);
     int id = -1;
     for (int i = 0; i < HIXL_TP_COUNT; i++)
-      if (strlen(tp_names[i]) == len && strncmp(p, tp_names[i], len) == 0)
+      if (strlen(hixl__tp_names[i]) == len && strncmp(p, hixl__tp_names[i], len) == 0)
         id = i;
-    if (id < 0)
-      return hixl__err(HIXL_ERR_INVALID,
-                       "unknown transport '%.*s' in \"%s\" (known: self, shm, verbs, fabric)",
-                       (int)(len > 32 ? 32 : len), p, s);
+    if (id < 0) {
+      char known[64];
+      return hixl__err(HIXL_ERR_INVALID, "unknown transport '%.*s' in \"%s\" (known: %s)",
+                       (int)(len > 32 ? 32 : len), p, s,
+                       hixl__tp_join(known, sizeof(known), NULL, 0, ~0u));
+    }
     if (!(mask & (1u << id))) {
       order[n++] = (uint8_t)id;
       mask |= 1u << id;

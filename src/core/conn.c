@@ -478,13 +478,8 @@ static void proto_error_locked(hixl_peer_t *p, const char *what, unsigned type)
 /* "shm,verbs" for a bit set of HIXL_TP_* (a buffer of the calling thread). */
 static const char *tp_list(uint32_t bits)
 {
-  static const char *const names[HIXL_TP_COUNT] = {"self", "shm", "verbs", "fabric"};
   static __thread char buf[64];
-  buf[0] = 0;
-  for (int i = 0; i < HIXL_TP_COUNT; i++)
-    if (bits & (1u << i))
-      snprintf(buf + strlen(buf), sizeof(buf) - strlen(buf), "%s%s", buf[0] ? "," : "", names[i]);
-  return buf;
+  return hixl__tp_join(buf, sizeof(buf), NULL, 0, bits);
 }
 
 static const hixl_transport_ops_t *pick_transport_locked(hixl_ctx_t *ctx, const hixl_msg_t *hello)
@@ -1597,11 +1592,7 @@ hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeou
   auth.u32[1] = (uint32_t)getpid();
   auth.u64[1] = tag;
   /* Our preference order, by name. */
-  static const char *const names[HIXL_TP_COUNT] = {"self", "shm", "verbs", "fabric"};
-  size_t pos = 0;
-  for (int i = 0; i < ctx->n_tp_order; i++)
-    pos += (size_t)snprintf(auth.str[0] + pos, sizeof(auth.str[0]) - pos, "%s%s", pos ? "," : "",
-                            names[ctx->tp_order[i]]);
+  hixl__tp_join(auth.str[0], sizeof(auth.str[0]), ctx->tp_order, ctx->n_tp_order, ~0u);
   uint8_t id[AUTH_IDENTITY_MAX];
   size_t idn = auth_identity(&auth, id);
   hixl__auth_proof(ctx->cfg.auth_token, HIXL_AUTH_LABEL_INITIATOR, nonces, nonces + HIXL_AUTH_NONCE,

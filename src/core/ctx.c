@@ -172,12 +172,8 @@ hixl_status_t hixl_ctx_create(const hixl_config_t *cfg_in, hixl_ctx_t **ctx_p)
       goto fail;
     }
   }
-  size_t pos = 0;
-  for (int i = 0; i < ctx->n_tp_order; i++)
-    for (size_t t = 0; t < hixl__n_transports; t++)
-      if (hixl__transports[t]->id == ctx->tp_order[i] && (ctx->tp_ready & (1u << ctx->tp_order[i])))
-        pos += (size_t)snprintf(ctx->tp_names + pos, sizeof(ctx->tp_names) - pos, "%s%s",
-                                pos ? "," : "", hixl__transports[t]->name);
+  hixl__tp_join(ctx->tp_names, sizeof(ctx->tp_names), ctx->tp_order, ctx->n_tp_order,
+                ctx->tp_ready);
   st = HIXL_OK;
   if ((st = hixl__ctl_start(ctx)) != HIXL_OK)
     goto fail;

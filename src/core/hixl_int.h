@@ -326,6 +326,11 @@ hixl_status_t hixl__shm_accept(hixl_peer_t *peer, const int *fds, int nfds, int 
 void hixl__shm_stage_serve(hixl_peer_t *peer, const struct hixl_msg *m, struct hixl_msg *out,
                            int *out_fds, int *n_out);
 void hixl__shm_copy_serve(hixl_peer_t *peer, const struct hixl_msg *m);
+/* Every transport's name by id, built in or not (transport.c), and the
+ * names of the ids in order[0..n) (order NULL: every id in id order) whose
+ * bit is set in mask, comma-joined into buf (returned; cut at cap). */
+extern const char *const hixl__tp_names[HIXL_TP_COUNT];
+const char *hixl__tp_join(char *buf, size_t cap, const uint8_t *order, int n, uint32_t mask);
 /* All transports built in, in default preference order. */
 extern const hixl_transport_ops_t *const hixl__transports[];
 extern const size_t hixl__n_transports;

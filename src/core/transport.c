@@ -2,7 +2,29 @@
 /* The transports built into this library, in default preference order, and
  * the ops a peer gets once it is disconnected. */
 #define _GNU_SOURCE
+#include <stdio.h>
+#include <string.h>
+
 #include "hixl_int.h"
+
+/* Every transport's name by HIXL_TP_* id, built into this library or not:
+ * a configuration may name one this build lacks, and a peer's handshake
+ * names what its build has.  The ops tables carry the same names. */
+const char *const hixl__tp_names[HIXL_TP_COUNT] = {"self", "shm", "verbs", "fabric"};
+
+const char *hixl__tp_join(char *buf, size_t cap, const uint8_t *order, int n, uint32_t mask)
+{
+  size_t pos = 0;
+  buf[0] = 0;
+  for (int i = 0; i < (order ? n : HIXL_TP_COUNT); i++) {
+    int id = order ? order[i] : i;
+    if (id >= HIXL_TP_COUNT || !(mask & (1u << id)) || pos >= cap)
+      continue;
+    int k = snprintf(buf + pos, cap - pos, "%s%s", pos ? "," : "", hixl__tp_names[id]);
+    pos += k > 0 ? (size_t)k : 0;
+  }
+  return buf;
+}
 
 const hixl_transport_ops_t *const hixl__transports[] = {
     &hixl__self_ops,

@@ -80,6 +80,8 @@ static void check_table(const hixl_transport_ops_t *o, bool closed)
     return;
   if (o->id < 0 || o->id >= HIXL_TP_COUNT)
     fail_msg("transport %s: id %d outside [0, %d)", o->name, o->id, HIXL_TP_COUNT);
+  if (strcmp(o->name, hixl__tp_names[o->id]) != 0)
+    fail_msg("transport %s: hixl__tp_names[%d] says %s", o->name, o->id, hixl__tp_names[o->id]);
   if ((o->bind_type == 0) != (o->bind_reply_type == 0))
     fail_msg("transport %s: an in-band bind needs both its message types", o->name);
   if (o->bind_type && !o->needs_bind)
