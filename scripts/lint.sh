@@ -4,6 +4,8 @@
 #   - every shell script with shellcheck: *.sh, and files without the suffix
 #     whose first line is a sh/bash shebang (tests/rxe/rxe-run, ...), so new
 #     scripts are picked up without being listed here;
+#   - the layers (docs/architecture.md): which headers each folder of src/
+#     may include;
 #   - every relative link in a tracked Markdown file names a file inside the
 #     repository that exists (docs are read on clones without ../shared).
 # Needs git, clang-format and shellcheck (scripts/deps.sh); no network.
@@ -44,6 +46,28 @@ if [ ${#scripts[@]} -gt 0 ] && ! shellcheck "${scripts[@]}"; then
   echo "lint: shellcheck findings above" >&2
   fail=1
 fi
+# Layers: src/device sees base.h alone; transports see provider.h (and the
+# pure config.h), never core.h, the device backends or another transport;
+# the core sees no transport's headers and not the device backends.
+layer() { # folder, allowed-pattern (ERE over the quoted path), what
+  local f inc
+  for f in src/"$1"/*.c src/"$1"/*.h; do
+    [ -f "$f" ] || continue
+    while IFS= read -r inc; do
+      if ! printf '%s\n' "$inc" | grep -qE "$2"; then
+        echo "lint: $f includes \"$inc\": $3 (docs/architecture.md, Layers)" >&2
+        fail=1
+      fi
+    done < <(sed -n 's/^#include "\([^"]*\)".*/\1/p' "$f")
+  done
+}
+layer device '^(\.\./core/base\.h|device\.h|backend\.h)$' 'src/device may include ../core/base.h and its own headers only'
+for tp in self shm verbs fabric; do
+  layer "$tp" "^(\.\./core/(provider|config)\.h|${tp}_int\.h)$" \
+    "a transport may include ../core/provider.h, ../core/config.h and its own headers only"
+done
+layer core '^([a-z_]+\.h|\.\./device/device\.h)$' 'the core may include its own headers and ../device/device.h only'
+
 # Relative Markdown links: [text](path) or [text](path#anchor).
 root=$(pwd -P)
 nlinks=0

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "hixl_int.h"
+#include "core.h"
 
 void hixl_config_init(hixl_config_t *cfg)
 {

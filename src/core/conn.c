@@ -37,7 +37,7 @@
 
 #include "auth.h"
 #include "config.h"
-#include "hixl_int.h"
+#include "core.h"
 #include "tls.h"
 
 #define RX_CAP (HIXL_WIRE_HDR + HIXL_WIRE_MAX)

@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "config.h"
-#include "hixl_int.h"
+#include "core.h"
 #include "tls.h"
 
 static pthread_once_t copy_once = PTHREAD_ONCE_INIT;

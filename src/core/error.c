@@ -4,7 +4,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-#include "hixl_int.h"
+#include "core.h"
 
 static _Thread_local char last_error[512];
 

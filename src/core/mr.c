@@ -2,7 +2,7 @@
 /*
  * Region registry: registration, allocation, remote keys, names, and the
  * owner-side checks a peer's request goes through.  The table of live
- * regions is shared read-only with same-host peers (see hixl_int.h).
+ * regions is shared read-only with same-host peers (see provider.h).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -13,9 +13,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "hixl_int.h"
+#include "core.h"
 #include "rkey.h"
-#include "../device/device.h"
 
 #define ACCESS_ALL (HIXL_ACCESS_READ | HIXL_ACCESS_WRITE | HIXL_ACCESS_ATOMIC)
 

@@ -6,7 +6,7 @@
  * robin so none starves.
  */
 #define _GNU_SOURCE
-#include "hixl_int.h"
+#include "core.h"
 
 typedef struct push_wait {
   hixl_peer_t *peer;

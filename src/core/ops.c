@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "hixl_int.h"
+#include "core.h"
 
 static inline hixl_status_t check_peer(const char *fn, hixl_peer_t *peer)
 {

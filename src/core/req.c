@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "hixl_int.h"
+#include "core.h"
 
 #define CHUNK 1024u
 

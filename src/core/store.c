@@ -37,7 +37,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "hixl_int.h"
+#include "core.h"
 
 #define VALIDATE_MAGIC 0x3C85F7CEu
 /* How long a legacy server may take to answer the first probe before the

@@ -20,7 +20,7 @@
 #include <stddef.h>
 #include <sys/types.h>
 
-#include "hixl_int.h"
+#include "core.h"
 
 /* Reads HIXL_TLS; sets ctx->tls.  UNSUPPORTED when asked for in a build
  * without GnuTLS, INVALID without a token (the token is the key). */

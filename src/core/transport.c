@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "hixl_int.h"
+#include "core.h"
 
 /* Every transport's name by HIXL_TP_* id, built into this library or not:
  * a configuration may name one this build lacks, and a peer's handshake

@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "config.h"
-#include "hixl_int.h"
+#include "core.h"
 
 int64_t hixl__now_ns(void)
 {

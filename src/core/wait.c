@@ -38,7 +38,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include "hixl_int.h"
+#include "core.h"
 
 #define SPIN_MIN_NS 1000
 #define SPIN_MAX_NS 50000

@@ -34,7 +34,7 @@
 #include <unistd.h>
 
 #include "config.h"
-#include "hixl_int.h"
+#include "core.h"
 #include "store.h"
 
 struct hixl_world {

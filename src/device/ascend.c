@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "device.h"
+#include "backend.h"
 
 typedef int aclError;
 enum {

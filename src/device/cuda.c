@@ -25,7 +25,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "device.h"
+#include "backend.h"
 
 typedef int CUresult;
 typedef int CUdevice;

@@ -12,7 +12,7 @@
 #include <strings.h>
 #include <unistd.h>
 
-#include "device.h"
+#include "backend.h"
 
 _Atomic bool hixl__dev_any;
 

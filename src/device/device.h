@@ -15,16 +15,16 @@
  * takes the first runtime that initialises with at least one device, else
  * emulated.
  *
- * The rest of the library asks four things of device memory: is this
- * address device memory (and of which allocation), copy between any two
- * buffers, hand an allocation to a same-host process (IPC), and let a NIC
- * reach it (dmabuf, or an address ibv_reg_mr accepts).  Everything else
- * (which transport stages, which refuses) is decided by the transports.
+ * This header is what the rest of the library (core and transports) calls;
+ * src/device/backend.h is the backends' interface.  The rest asks four things of device memory: is
+ * this address device memory (and of which allocation), copy between any two buffers, hand an
+ * allocation to a same-host process (IPC), and let a NIC reach it (dmabuf, or an address ibv_reg_mr
+ * accepts).  Everything else (which transport stages, which refuses) is decided by the transports.
  */
 #ifndef HIXL_DEVICE_H
 #define HIXL_DEVICE_H
 
-#include "../core/hixl_int.h"
+#include "../core/base.h"
 
 #define HIXL_DEV_IPC_BYTES 64 /* cuIpcMemHandle is 64 bytes; Ascend keys are shorter */
 
@@ -40,47 +40,47 @@ typedef struct hixl_dev_ipc {
   int device;
 } hixl_dev_ipc_t;
 
-typedef struct hixl_dev_ops {
-  size_t size;
-  const char *name;
-  /* Load and initialise the runtime: OK, or NO_DEVICE with the reason. */
-  hixl_status_t (*init)(void);
-  int (*count)(void);
-  /* The calling thread's current device. */
-  hixl_status_t (*current)(int *device_p);
-  hixl_status_t (*alloc)(int device, size_t len, void **p_p);
-  void (*free)(void *p);
-  /* Whether p is device memory: the allocation holding it. */
-  bool (*lookup)(const void *p, hixl_dev_range_t *r);
-  /* Copy len bytes between any two buffers (host or device, any direction);
-   * returns when the bytes are at dst.  Overlap: as memmove where the
-   * runtime allows (emulated), undefined otherwise. */
-  hixl_status_t (*copy)(void *dst, const void *src, size_t len);
-  /* Export [p, p+len), inside allocation r, for a same-host process (pid:
-   * the importer): fills bytes/len/fd, alloc_len and offset (the backend
-   * may export the whole allocation or just the range). */
-  hixl_status_t (*ipc_export)(const hixl_dev_range_t *r, const void *p, size_t len, pid_t importer,
-                              hixl_dev_ipc_t *h);
-  /* Import it: *base_p is its byte 0 in our address space (device memory
-   * that lookup and copy know from then on).  Takes ownership of h->fd. */
-  hixl_status_t (*ipc_import)(const hixl_dev_ipc_t *h, void **base_p);
-  void (*ipc_close)(void *base);
-  /* Optional (NULL: none).  A dmabuf fd covering [p, p+len) and the offset
-   * of p in it, for ibv_reg_dmabuf_mr; the caller closes the fd. */
-  hixl_status_t (*dmabuf)(const void *p, size_t len, int *fd_p, uint64_t *off_p);
-  /* Optional (NULL: none).  The address ibv_reg_mr pins for device address
-   * p (a peer-memory driver's view), or NULL when the NIC cannot. */
-  void *(*nic_addr)(const void *p);
-} hixl_dev_ops_t;
-
-extern const hixl_dev_ops_t hixl__dev_cuda_ops;
-extern const hixl_dev_ops_t hixl__dev_ascend_ops;
-extern const hixl_dev_ops_t hixl__dev_emulated_ops;
-
-/* The selected backend, or NULL when none (after hixl__dev_init). */
-const hixl_dev_ops_t *hixl__dev_backend(void);
-
-/* Backends report here when device memory first exists in the process. */
-void hixl__dev_mark_active(void);
+/*
+ * hixl__dev_any turns true when device memory can exist in this process (a
+ * real runtime was found, or emulated memory was allocated or imported);
+ * until then no operation looks at its buffers twice.  Transports test
+ * local buffers with hixl__is_dev() and remote regions with
+ * HIXL_REGF_DEVICE. */
+typedef struct hixl_dev_range {
+  uintptr_t base; /* the device allocation holding the address */
+  size_t len;
+  int device;
+} hixl_dev_range_t;
+extern _Atomic bool hixl__dev_any;
+/* Select and initialise the backend (once per process; cheap when absent). */
+void hixl__dev_init(void);
+bool hixl__dev_lookup(const void *p, hixl_dev_range_t *r);
+static inline bool hixl__is_dev(const void *p)
+{
+  return hixl_unlikely(atomic_load_explicit(&hixl__dev_any, memory_order_relaxed)) &&
+         hixl__dev_lookup(p, NULL);
+}
+/* fn's local buffer [p, p+len): INVALID when it starts in device memory and
+ * runs past that allocation (checked before anything moves). */
+hixl_status_t hixl__dev_check_local(const char *fn, const void *p, size_t len);
+/* Copy between any two buffers, host or device. */
+hixl_status_t hixl__dev_copy(void *dst, const void *src, size_t len);
+/* Allocation (hixl_mem_alloc) and the checks of hixl_mr_reg_device. */
+hixl_status_t hixl__dev_alloc(size_t len, int *device_p, void **p_p);
+void hixl__dev_free(void *p);
+hixl_status_t hixl__dev_check_reg(const char *fn, const void *p, size_t len, int device);
+/* IPC for same-host peers (shm): the owner exports the allocation holding
+ * [p, p+len) for process importer; *off_p is p's offset in it.  The
+ * importer maps it (the fd in h, if any, is consumed). */
+hixl_status_t hixl__dev_ipc_export(const void *p, size_t len, pid_t importer, hixl_dev_ipc_t *h,
+                                   uint64_t *off_p);
+hixl_status_t hixl__dev_ipc_import(hixl_dev_ipc_t *h, void **base_p);
+void hixl__dev_ipc_close(void *base);
+/* For NIC registration: a dmabuf fd (+ offset) or a host address ibv_reg_mr
+ * pins; HIXL_DEVICE_RDMA=0 turns both off (the NIC never touches device
+ * memory: local buffers are staged, device regions are not offered). */
+bool hixl__dev_rdma_allowed(void);
+hixl_status_t hixl__dev_dmabuf(const void *p, size_t len, int *fd_p, uint64_t *off_p);
+void *hixl__dev_nic_addr(const void *p);
 
 #endif /* HIXL_DEVICE_H */

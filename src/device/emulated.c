@@ -29,7 +29,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "device.h"
+#include "backend.h"
 
 typedef struct emu_alloc {
   uintptr_t base; /* the PROT_NONE device address */

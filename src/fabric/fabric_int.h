@@ -20,7 +20,7 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 
-#include "../core/hixl_int.h"
+#include "../core/provider.h"
 
 /* libfabric is loaded at run time (fab_lib_load in fabric.c), not linked:
  * Debian's libfabric links PSM's libinfinipath, whose constructor installs

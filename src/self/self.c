@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/hixl_int.h"
+#include "../core/provider.h"
 
 #define SELF_RING_CAP 65536
 

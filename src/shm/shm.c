@@ -53,7 +53,6 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "../device/device.h"
 #include "shm_int.h"
 
 #define SHM_RING_CAP 16384u

@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 #include <sys/uio.h>
 
-#include "../core/hixl_int.h"
+#include "../core/provider.h"
 
 /*
  * The staging area: when the kernel refuses CMA towards a peer (EPERM under
@@ -168,7 +168,7 @@ hixl_status_t hixl__shm_ctx_init(hixl_ctx_t *ctx);
 void hixl__shm_ctx_fini(hixl_ctx_t *ctx);
 /* shm.c: our tag table (at context set-up; NO_DEVICE when it cannot be
  * handed out read-only) and its release.  The target side of the binding's
- * credential check is hixl__shm_bind_cred (hixl_int.h). */
+ * credential check is hixl__shm_bind_cred (core/provider.h). */
 hixl_status_t hixl__shm_table_init(hixl_ctx_t *ctx, shm_ctx_t *sc);
 void hixl__shm_table_fini(hixl_ctx_t *ctx, shm_ctx_t *sc);
 /* Ring peer's doorbell (its threads sleep, or wait for room; see shm_bell). */

@@ -23,7 +23,7 @@ struct rdma_event_channel;
 #endif
 
 #include "../core/config.h"
-#include "../core/hixl_int.h"
+#include "../core/provider.h"
 
 #define VRB_SQ_DEPTH 256    /* send work requests in flight per QP */
 #define VRB_SIGNAL_EVERY 64 /* at least one signaled request in this many */

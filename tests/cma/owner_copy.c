@@ -27,7 +27,7 @@
 #include <unistd.h>
 
 #include "harness.h"
-#include "hixl_int.h"
+#include "core.h"
 #include "shm_int.h"
 
 typedef struct fixture {

@@ -20,7 +20,7 @@
 #include <unistd.h>
 
 #include "harness.h"
-#include "hixl_int.h"
+#include "core.h"
 #include "rkey.h"
 
 typedef struct fixture {

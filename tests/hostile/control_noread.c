@@ -33,7 +33,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "hixl_int.h"
+#include "core.h"
 #include "wire.h"
 
 #define FAIL(...)                                                                                  \

@@ -25,7 +25,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "hixl_int.h"
+#include "core.h"
 #include "../../src/shm/shm_int.h"
 
 #define N 20

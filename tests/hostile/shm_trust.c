@@ -65,7 +65,7 @@
 #include <unistd.h>
 
 #include "../common/cases.h"
-#include "hixl_int.h"
+#include "core.h"
 #include "rkey.h"
 
 #define FAIL(...)                                                                                  \

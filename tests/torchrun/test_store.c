@@ -29,7 +29,7 @@
 
 #include <cmocka.h>
 
-#include "hixl_int.h"
+#include "core.h"
 #include "store.h"
 
 static const char *g_python, *g_script;

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "config.h"
-#include "hixl_int.h"
+#include "core.h"
 
 static void test_defaults_and_env(void **state)
 {

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "hixl_int.h"
+#include "core.h"
 
 #define GUARD 64
 

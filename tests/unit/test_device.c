@@ -16,8 +16,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "hixl_int.h"
-#include "../device/device.h"
+#include "core.h"
+#include "../device/backend.h"
 
 static void test_lookup_edges(void **state)
 {

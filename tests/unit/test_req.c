@@ -9,7 +9,7 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "hixl_int.h"
+#include "core.h"
 
 static hixl_ctx_t *new_ctx(void)
 {

@@ -14,7 +14,7 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "hixl_int.h"
+#include "core.h"
 
 typedef struct slot {
   const char *name;

@@ -1,42 +1,20 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Internal core types shared by the core and the transports.  Nothing here
- * is visible outside libhixl.so (see src/hixl.map).
+ * The provider interface: what a transport (src/self, src/shm, src/verbs,
+ * src/fabric) sees of the core, in the role of rdma-core's driver.h.  The
+ * ops table a transport fills, the objects it serves (context, peer,
+ * regions, requests), and the core services it calls: sending and calling
+ * over the control connection, failing a peer, waiting, pushing
+ * notifications, checking a peer's request against the region table.
+ * Transports include this header and their own, nothing else of the core
+ * (docs/architecture.md, "Layers").
  */
-#ifndef HIXL_INT_H
-#define HIXL_INT_H
+#ifndef HIXL_PROVIDER_H
+#define HIXL_PROVIDER_H
 
-#include "hixl.h"
+#include "base.h"
 
-#include <pthread.h>
-#include <stdatomic.h>
-#include <stdbool.h>
-#include <sys/types.h>
-
-#include "log.h"
-#include "ring.h"
-#include "wire.h"
-
-#define HIXL_HOT __attribute__((hot))
-#define HIXL_COLD __attribute__((cold, noinline))
-#define hixl_likely(x) __builtin_expect(!!(x), 1)
-#define hixl_unlikely(x) __builtin_expect(!!(x), 0)
-#define HIXL_CACHELINE 64
-
-/* ------------------------------------------------------------- errors */
-
-/* Record a detailed message for this thread and return st (st < 0). */
-hixl_status_t hixl__err(hixl_status_t st, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3), cold));
-
-/* -------------------------------------------------------------- time */
-
-int64_t hixl__now_ns(void);
-/* Deadline helper: -1 forever, 0 now, else now + ms. */
-int64_t hixl__deadline(int timeout_ms);
-bool hixl__expired(int64_t deadline_ns);
-/* The coarse clock deadlines use (a tick of resolution, no hardware read). */
-int64_t hixl__now_coarse_ns(void);
+#include "../device/device.h"
 
 /* --------------------------------------------------------------- waiting */
 
@@ -75,8 +53,6 @@ void hixl__wake_all(hixl_ctx_t *ctx);
 /* A measured wake-up latency (waker's timestamp to the waiter running):
  * what the adaptive polling budget follows. */
 void hixl__wait_sample(hixl_ctx_t *ctx, int64_t wake_ns);
-void hixl__wait_init(hixl_ctx_t *ctx);
-void hixl__wait_fini(hixl_ctx_t *ctx);
 typedef struct hixl_sleeper {
   int efd; /* its thread's eventfd */
   struct hixl_sleeper *next;
@@ -167,26 +143,11 @@ struct hixl_req {
                                * head's ABA tag makes a stale read harmless) */
 };
 
-/* Take a request from ctx's pool (no malloc unless the pool grows). */
-hixl_req_t *hixl__req_get(hixl_ctx_t *ctx, hixl_peer_t *peer);
-/* The request handed out for every operation that completed inside its call
- * (shm and self, mostly): shared, immutable, complete; freeing it does
- * nothing.  A window of such requests then costs no pool traffic. */
-extern hixl_req_t hixl__req_done;
-/* Complete: store status (and old value), count it on the peer. */
-void hixl__req_complete(hixl_req_t *req, hixl_status_t st, uint64_t old);
-/* Drop the caller's reference (user free, or an internal request). */
-void hixl__req_release(hixl_req_t *req);
 /* Async transports: one more piece of req in flight / one finished.  The
  * request completes (with the first error, if any) when its last piece is
  * done. */
 void hixl__req_part_add(hixl_req_t *req);
 void hixl__req_part_done(hixl_req_t *req, hixl_status_t st);
-void hixl__pool_destroy(hixl_ctx_t *ctx);
-/* Wait (hixl__wait) until peer p has completed target operations or is no
- * longer up; *state_p: its state when the wait ended.  Fences and
- * HIXL_OP_ORDERED. */
-hixl_status_t hixl__wait_completed(hixl_peer_t *p, uint64_t target, int64_t deadline, int *state_p);
 
 /* ------------------------------------------------------------ transports */
 
@@ -281,17 +242,22 @@ typedef struct hixl_transport_ops {
   void (*notif_consumed)(hixl_peer_t *peer);
 } hixl_transport_ops_t;
 
-extern const hixl_transport_ops_t hixl__self_ops;
-extern const hixl_transport_ops_t hixl__shm_ops;
 /* Slots a transport without such a step fills with (transport.c). */
 hixl_status_t hixl__tp_ctx_init_none(hixl_ctx_t *ctx);
 void hixl__tp_ctx_fini_none(hixl_ctx_t *ctx);
 hixl_status_t hixl__tp_mr_reg_none(hixl_mr_t *mr);
 void hixl__tp_mr_dereg_none(hixl_mr_t *mr);
+void hixl__tp_on_event_none(hixl_ctx_t *ctx);
 void hixl__tp_accept_none(hixl_peer_t *peer, const struct hixl_msg *m, struct hixl_msg *out);
 /* put_imm of a synchronous transport: its put, then its notify. */
 hixl_status_t hixl__tp_put_imm_sync(hixl_peer_t *peer, const void *src, size_t len, hixl_rmr_t *rmr,
                                     uint64_t off, uint32_t imm, hixl_req_t *req);
+
+/* Each transport's table (listed in transport.c), and the entry points the
+ * core still calls by name; they are to become slots of the ops table
+ * (issue 15). */
+extern const hixl_transport_ops_t hixl__self_ops;
+extern const hixl_transport_ops_t hixl__shm_ops;
 #ifdef HIXL_HAVE_VERBS
 extern const hixl_transport_ops_t hixl__verbs_ops;
 #endif
@@ -302,13 +268,6 @@ extern const hixl_transport_ops_t hixl__fabric_ops;
 uint32_t hixl__verbs_mr_rkey(const hixl_mr_t *mr);
 /* The fabric key and remote base of a region (fabric.c; false without). */
 bool hixl__fabric_mr_key(const hixl_mr_t *mr, uint64_t *key_p, uint64_t *base_p);
-/* Transports whose peers do not read our region table: told of deregs. */
-static inline bool hixl__tp_remote_keys(const hixl_transport_ops_t *ops)
-{
-  return ops && (ops->id == HIXL_TP_VERBS || ops->id == HIXL_TP_FABRIC);
-}
-/* What a peer's ops become after hixl_disconnect: every op PEER_LOST. */
-extern const hixl_transport_ops_t hixl__closed_ops;
 hixl_status_t hixl__self_init(hixl_peer_t *peer);
 /* shm target side of SHM_BIND, first: who is at the other end of the unix
  * socket sock it came on (SO_PEERCRED, from the kernel), never what its
@@ -326,14 +285,6 @@ hixl_status_t hixl__shm_accept(hixl_peer_t *peer, const int *fds, int nfds, int 
 void hixl__shm_stage_serve(hixl_peer_t *peer, const struct hixl_msg *m, struct hixl_msg *out,
                            int *out_fds, int *n_out);
 void hixl__shm_copy_serve(hixl_peer_t *peer, const struct hixl_msg *m);
-/* Every transport's name by id, built in or not (transport.c), and the
- * names of the ids in order[0..n) (order NULL: every id in id order) whose
- * bit is set in mask, comma-joined into buf (returned; cut at cap). */
-extern const char *const hixl__tp_names[HIXL_TP_COUNT];
-const char *hixl__tp_join(char *buf, size_t cap, const uint8_t *order, int n, uint32_t mask);
-/* All transports built in, in default preference order. */
-extern const hixl_transport_ops_t *const hixl__transports[];
-extern const size_t hixl__n_transports;
 
 /* ------------------------------------------------------------------ peers */
 
@@ -502,26 +453,18 @@ struct hixl_ctx {
   _Atomic uint64_t pool_head; /* (aba tag << 32) | (index + 1), 0 = empty */
 };
 
-/* conn.c: the control plane. */
-hixl_status_t hixl__ctl_start(hixl_ctx_t *ctx);
-void hixl__ctl_stop(hixl_ctx_t *ctx);
-hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeout_ms, uint64_t tag,
-                                   hixl_peer_t **peer_p);
-hixl_peer_t *hixl__self_peer(hixl_ctx_t *ctx);
+/* conn.c: the control connection, for transports. */
 /* Send a message on peer's control socket (with fds); thread-safe. */
 hixl_status_t hixl__send(hixl_peer_t *peer, struct hixl_msg *m, const int *fds, int nfds);
 /* Call: send m, wait for a reply of reply_type (decoded into *reply, a
  * passed fd into *fd_p when fd_p is non-NULL). */
 hixl_status_t hixl__call(hixl_peer_t *peer, struct hixl_msg *m, uint16_t reply_type,
                          struct hixl_msg *reply, int *fd_p, int64_t deadline);
-/* Read one whole message from a socket the control thread does not own yet
- * (handshakes); passed fds go to fds[0..max_fds). */
-/* Wait (until deadline) while an inbound peer finishes its handshake;
- * true when it is UP. */
-bool hixl__peer_await_up(hixl_peer_t *peer, int64_t deadline);
 /* One handshake reply on a peer's TCP control connection (through TLS when
  * it has it): what the transports' connect calls use before it is polled. */
 hixl_status_t hixl__peer_recv_sync(hixl_peer_t *peer, struct hixl_msg *m, int64_t deadline);
+/* Read one whole message from a socket the control thread does not own yet
+ * (handshakes); passed fds go to fds[0..max_fds). */
 hixl_status_t hixl__recv_sync(int fd, struct hixl_msg *m, int *fds, int max_fds, int64_t deadline,
                               const char *who);
 /* Async call: the reply completes req (ATOMIC_REPLY). */
@@ -532,26 +475,12 @@ void hixl__peer_fail_locked(hixl_peer_t *peer, int state, const char *why);
 /* Mark a peer lost from a thread that may not take ctx->lock (completion
  * polling); the control thread fails what waits on it. */
 void hixl__peer_lost_async(hixl_peer_t *peer, const char *why);
-void hixl__tp_on_event_none(hixl_ctx_t *ctx);
-void hixl__peer_free(hixl_peer_t *peer);
 void hixl__wake(hixl_ctx_t *ctx);
 int hixl__ctx_timeout(const hixl_ctx_t *ctx);
 /* A peer silent for max(timeout_ms, this) is lost (conn.c: liveness_ms). */
 #define HIXL_LIVENESS_FLOOR_MS 1000
-/* The auth token (the handshake's HMAC key, TLS's PSK): at most this many
- * bytes, a documented limit (it never travels). */
-#define HIXL_AUTH_TOKEN_MAX 255
 
-/* Answer a peer's LOOKUP / FD_REQ / ATOMIC (control thread, ctx->lock
- * held): fills *out (and fds to pass, which the caller closes after
- * sending). */
-void hixl__serve(hixl_peer_t *peer, const struct hixl_msg *m, struct hixl_msg *out, int *out_fds,
-                 int *n_out);
-void hixl__peers_destroy(hixl_ctx_t *ctx);
-/* Our address to advertise when listening on the wildcard. */
-void hixl__primary_ip(char *buf, size_t cap);
-
-/* mr.c */
+/* mr.c: checks of a peer's requests, and calls about remote regions. */
 /* Check rkey/slot against our (private) table; base/len/access as claimed. */
 hixl_status_t hixl__reg_check(const hixl_reg_slot_t *table, uint32_t slot, uint64_t rkey,
                               uint64_t base, uint64_t len, uint32_t access, uint32_t flags);
@@ -573,84 +502,9 @@ hixl_status_t hixl__rmr_key_call(hixl_rmr_t *r, uint16_t type, uint16_t reply_ty
                                  const char *unreachable, struct hixl_msg *reply, int64_t deadline);
 /* Run an atomic on our own memory (self, or a peer's ATOMIC request). */
 uint64_t hixl__amo_local(uint64_t *p, int op, uint64_t a, uint64_t b);
-/* The rkey blob a peer publishes under name: asked once (no waiting for
- * it to appear); NOT_REGISTERED if it has none. */
-hixl_status_t hixl__lookup_blob(hixl_peer_t *peer, const char *name, uint8_t *blob, uint32_t *len_p,
-                                int64_t deadline);
-
-/* Retire a handle (its magic already set dead); ctx->lock held. */
-void hixl__quarantine_locked(hixl_ctx_t *ctx, void *obj);
-
-void hixl__mrs_destroy(hixl_ctx_t *ctx);
-
-/* device/: the device-memory shim (device/device.h has the backends).
- *
- * hixl__dev_any turns true when device memory can exist in this process (a
- * real runtime was found, or emulated memory was allocated or imported);
- * until then no operation looks at its buffers twice.  Transports test
- * local buffers with hixl__is_dev() and remote regions with
- * HIXL_REGF_DEVICE. */
-typedef struct hixl_dev_range {
-  uintptr_t base; /* the device allocation holding the address */
-  size_t len;
-  int device;
-} hixl_dev_range_t;
-extern _Atomic bool hixl__dev_any;
-/* Select and initialise the backend (once per process; cheap when absent). */
-void hixl__dev_init(void);
-bool hixl__dev_lookup(const void *p, hixl_dev_range_t *r);
-static inline bool hixl__is_dev(const void *p)
-{
-  return hixl_unlikely(atomic_load_explicit(&hixl__dev_any, memory_order_relaxed)) &&
-         hixl__dev_lookup(p, NULL);
-}
-/* fn's local buffer [p, p+len): INVALID when it starts in device memory and
- * runs past that allocation (checked before anything moves). */
-hixl_status_t hixl__dev_check_local(const char *fn, const void *p, size_t len);
-/* Copy between any two buffers, host or device. */
-hixl_status_t hixl__dev_copy(void *dst, const void *src, size_t len);
-/* Allocation (hixl_mem_alloc) and the checks of hixl_mr_reg_device. */
-hixl_status_t hixl__dev_alloc(size_t len, int *device_p, void **p_p);
-void hixl__dev_free(void *p);
-hixl_status_t hixl__dev_check_reg(const char *fn, const void *p, size_t len, int device);
-/* IPC for same-host peers (shm): the owner exports the allocation holding
- * [p, p+len) for process importer; *off_p is p's offset in it.  The
- * importer maps it (the fd in h, if any, is consumed). */
-struct hixl_dev_ipc;
-hixl_status_t hixl__dev_ipc_export(const void *p, size_t len, pid_t importer,
-                                   struct hixl_dev_ipc *h, uint64_t *off_p);
-hixl_status_t hixl__dev_ipc_import(struct hixl_dev_ipc *h, void **base_p);
-void hixl__dev_ipc_close(void *base);
-/* For NIC registration: a dmabuf fd (+ offset) or a host address ibv_reg_mr
- * pins; HIXL_DEVICE_RDMA=0 turns both off (the NIC never touches device
- * memory: local buffers are staged, device regions are not offered). */
-bool hixl__dev_rdma_allowed(void);
-hixl_status_t hixl__dev_dmabuf(const void *p, size_t len, int *fd_p, uint64_t *off_p);
-void *hixl__dev_nic_addr(const void *p);
 
 /* notif.c: push a notification into a peer's ring, waiting (bounded by the
  * context timeout) while it is full. */
 hixl_status_t hixl__notify_push(hixl_peer_t *peer, hixl_ring_t *ring, uint32_t imm, uint64_t len);
 
-/* util.c */
-hixl_status_t hixl__host_id(uint8_t out[32]);
-uint64_t hixl__random64(void);
-int hixl__memfd(const char *name, size_t len);
-/* Whether a memfd another process lent us may be mapped: only if it cannot
- * shrink under the mapping (a truncation would make every access past the
- * new end SIGBUS): sealed against shrinking and against further seals, and
- * at least need bytes long.  hixl__memfd seals every one it makes. */
-bool hixl__fd_sealed(int fd, uint64_t need);
-/* The one data mover of self and shm (see util.c). */
-void hixl__copy(void *dst, const void *src, size_t len);
-/* The streaming copy itself (any size; memcpy off x86-64) and the fence that
- * must follow a run of them before completion is reported. */
-void hixl__copy_stream(void *dst, const void *src, size_t len);
-void hixl__copy_fence(void);
-/* hixl__copy streams from this many bytes up (SIZE_MAX: never). */
-extern size_t hixl__stream_min;
-/* Sets the size from which hixl__copy streams (HIXL_COPY_STREAM_MIN, else
- * half the last-level cache); called once, by the first hixl_ctx_create. */
-void hixl__copy_init(void);
-
-#endif /* HIXL_INT_H */
+#endif /* HIXL_PROVIDER_H */

@@ -1,0 +1,67 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The base layer: what every part of the library uses and nothing in it
+ * depends on a context, a peer or a transport: errors, time, the data
+ * mover, memfds, and (through their own headers) the log, the notification
+ * ring, the wire codec and the rkey codec.  src/device includes this alone;
+ * transports get it through provider.h, the core through core.h
+ * (docs/architecture.md, "Layers").  Nothing here is visible outside
+ * libhixl.so (src/hixl.map).
+ */
+#ifndef HIXL_BASE_H
+#define HIXL_BASE_H
+
+#include "hixl.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <sys/types.h>
+
+#include "log.h"
+#include "ring.h"
+#include "wire.h"
+
+#define HIXL_HOT __attribute__((hot))
+#define HIXL_COLD __attribute__((cold, noinline))
+#define hixl_likely(x) __builtin_expect(!!(x), 1)
+#define hixl_unlikely(x) __builtin_expect(!!(x), 0)
+#define HIXL_CACHELINE 64
+
+/* ------------------------------------------------------------- errors */
+
+/* Record a detailed message for this thread and return st (st < 0). */
+hixl_status_t hixl__err(hixl_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3), cold));
+
+/* -------------------------------------------------------------- time */
+
+int64_t hixl__now_ns(void);
+/* Deadline helper: -1 forever, 0 now, else now + ms. */
+int64_t hixl__deadline(int timeout_ms);
+bool hixl__expired(int64_t deadline_ns);
+/* The coarse clock deadlines use (a tick of resolution, no hardware read). */
+int64_t hixl__now_coarse_ns(void);
+
+/* util.c */
+hixl_status_t hixl__host_id(uint8_t out[32]);
+uint64_t hixl__random64(void);
+int hixl__memfd(const char *name, size_t len);
+/* Whether a memfd another process lent us may be mapped: only if it cannot
+ * shrink under the mapping (a truncation would make every access past the
+ * new end SIGBUS): sealed against shrinking and against further seals, and
+ * at least need bytes long.  hixl__memfd seals every one it makes. */
+bool hixl__fd_sealed(int fd, uint64_t need);
+/* The one data mover of self and shm (see util.c). */
+void hixl__copy(void *dst, const void *src, size_t len);
+/* The streaming copy itself (any size; memcpy off x86-64) and the fence that
+ * must follow a run of them before completion is reported. */
+void hixl__copy_stream(void *dst, const void *src, size_t len);
+void hixl__copy_fence(void);
+/* hixl__copy streams from this many bytes up (SIZE_MAX: never). */
+extern size_t hixl__stream_min;
+/* Sets the size from which hixl__copy streams (HIXL_COPY_STREAM_MIN, else
+ * half the last-level cache); called once, by the first hixl_ctx_create. */
+void hixl__copy_init(void);
+
+#endif /* HIXL_BASE_H */

@@ -1,0 +1,82 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Core-private declarations: the control thread, serving peers' requests,
+ * pools and handles, the transport registry, and what the core still asks
+ * of particular transports by name (to become slots of the provider
+ * interface: issue 15).  Only src/core includes this (and white-box tests).
+ */
+#ifndef HIXL_CORE_H
+#define HIXL_CORE_H
+
+#include "provider.h"
+
+/* wait.c */
+void hixl__wait_init(hixl_ctx_t *ctx);
+void hixl__wait_fini(hixl_ctx_t *ctx);
+
+/* req.c */
+/* Take a request from ctx's pool (no malloc unless the pool grows). */
+hixl_req_t *hixl__req_get(hixl_ctx_t *ctx, hixl_peer_t *peer);
+/* The request handed out for every operation that completed inside its call
+ * (shm and self, mostly): shared, immutable, complete; freeing it does
+ * nothing.  A window of such requests then costs no pool traffic. */
+extern hixl_req_t hixl__req_done;
+/* Complete: store status (and old value), count it on the peer. */
+void hixl__req_complete(hixl_req_t *req, hixl_status_t st, uint64_t old);
+/* Drop the caller's reference (user free, or an internal request). */
+void hixl__req_release(hixl_req_t *req);
+void hixl__pool_destroy(hixl_ctx_t *ctx);
+/* Wait (hixl__wait) until peer p has completed target operations or is no
+ * longer up; *state_p: its state when the wait ended.  Fences and
+ * HIXL_OP_ORDERED. */
+hixl_status_t hixl__wait_completed(hixl_peer_t *p, uint64_t target, int64_t deadline, int *state_p);
+
+/* transports */
+/* Transports whose peers do not read our region table: told of deregs. */
+static inline bool hixl__tp_remote_keys(const hixl_transport_ops_t *ops)
+{
+  return ops && (ops->id == HIXL_TP_VERBS || ops->id == HIXL_TP_FABRIC);
+}
+/* What a peer's ops become after hixl_disconnect: every op PEER_LOST. */
+extern const hixl_transport_ops_t hixl__closed_ops;
+/* Every transport's name by id, built in or not (transport.c), and the
+ * names of the ids in order[0..n) (order NULL: every id in id order) whose
+ * bit is set in mask, comma-joined into buf (returned; cut at cap). */
+extern const char *const hixl__tp_names[HIXL_TP_COUNT];
+const char *hixl__tp_join(char *buf, size_t cap, const uint8_t *order, int n, uint32_t mask);
+/* All transports built in, in default preference order. */
+extern const hixl_transport_ops_t *const hixl__transports[];
+extern const size_t hixl__n_transports;
+
+/* conn.c: the control plane. */
+hixl_status_t hixl__ctl_start(hixl_ctx_t *ctx);
+void hixl__ctl_stop(hixl_ctx_t *ctx);
+hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeout_ms, uint64_t tag,
+                                   hixl_peer_t **peer_p);
+hixl_peer_t *hixl__self_peer(hixl_ctx_t *ctx);
+/* Wait (until deadline) while an inbound peer finishes its handshake;
+ * true when it is UP. */
+bool hixl__peer_await_up(hixl_peer_t *peer, int64_t deadline);
+void hixl__peer_free(hixl_peer_t *peer);
+/* The auth token (the handshake's HMAC key, TLS's PSK): at most this many
+ * bytes, a documented limit (it never travels). */
+#define HIXL_AUTH_TOKEN_MAX 255
+/* Answer a peer's LOOKUP / FD_REQ / ATOMIC (control thread, ctx->lock
+ * held): fills *out (and fds to pass, which the caller closes after
+ * sending). */
+void hixl__serve(hixl_peer_t *peer, const struct hixl_msg *m, struct hixl_msg *out, int *out_fds,
+                 int *n_out);
+void hixl__peers_destroy(hixl_ctx_t *ctx);
+/* Our address to advertise when listening on the wildcard. */
+void hixl__primary_ip(char *buf, size_t cap);
+
+/* mr.c */
+/* The rkey blob a peer publishes under name: asked once (no waiting for
+ * it to appear); NOT_REGISTERED if it has none. */
+hixl_status_t hixl__lookup_blob(hixl_peer_t *peer, const char *name, uint8_t *blob, uint32_t *len_p,
+                                int64_t deadline);
+/* Retire a handle (its magic already set dead); ctx->lock held. */
+void hixl__quarantine_locked(hixl_ctx_t *ctx, void *obj);
+void hixl__mrs_destroy(hixl_ctx_t *ctx);
+
+#endif /* HIXL_CORE_H */
