@@ -58,6 +58,9 @@ hixl_peer_t *hixl__self_peer(hixl_ctx_t *ctx);
  * true when it is UP. */
 bool hixl__peer_await_up(hixl_peer_t *peer, int64_t deadline);
 void hixl__peer_free(hixl_peer_t *peer);
+/* Sleep on ctx->cond (ctx->lock held) until signalled, deadline, or cap_ms:
+ * the one timed wait of control calls and world rendezvous. */
+void hixl__cond_wait_until(hixl_ctx_t *ctx, int64_t deadline, int cap_ms);
 /* The auth token (the handshake's HMAC key, TLS's PSK): at most this many
  * bytes, a documented limit (it never travels). */
 #define HIXL_AUTH_TOKEN_MAX 255

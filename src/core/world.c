@@ -559,14 +559,7 @@ hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char 
         st = hixl__err(HIXL_ERR_TIMEOUT, "hixl_world_create: rank %d did not connect", j);
         break;
       }
-      struct timespec ts;
-      clock_gettime(CLOCK_MONOTONIC, &ts);
-      ts.tv_nsec += 20000000;
-      if (ts.tv_nsec >= 1000000000) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000;
-      }
-      pthread_cond_timedwait(&ctx->cond, &ctx->lock, &ts);
+      hixl__cond_wait_until(ctx, deadline, 20);
     }
     pthread_mutex_unlock(&ctx->lock);
   }
@@ -625,14 +618,7 @@ static hixl_status_t wait_all(hixl_world_t *w, bool xchg, uint64_t epoch)
       st = hixl__err(HIXL_ERR_PEER_LOST, "hixl_world: rank %d (%s) is lost", j, p->name);
       break;
     }
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_nsec += 20000000;
-    if (ts.tv_nsec >= 1000000000) {
-      ts.tv_sec++;
-      ts.tv_nsec -= 1000000000;
-    }
-    pthread_cond_timedwait(&ctx->cond, &ctx->lock, &ts);
+    hixl__cond_wait_until(ctx, INT64_MAX, 20); /* no deadline: a lost rank ends it */
   }
   pthread_mutex_unlock(&ctx->lock);
   return st;

@@ -1,0 +1,713 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The control thread (the control plane: conn.h): one per context, with an
+ * epoll set of the listeners, its wake-up eventfd and every peer's socket.
+ * It accepts peers, reads and dispatches their messages, answers requests
+ * that reach our memory, sends heartbeats and notices dead peers.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "auth.h"
+#include "config.h"
+#include "conn.h"
+#include "tls.h"
+
+/* ------------------------------------------------------------ receiving */
+
+/* A protocol violation: drop the connection (never trust the rest). */
+static void proto_error_locked(hixl_peer_t *p, const char *what, unsigned type)
+{
+  hixl_warn("peer %s: protocol error: %s (%s); dropping it", p->name, what,
+            hixl_wire_type_name(type));
+  hixl__peer_fail_locked(p, HIXL_PEER_LOST, "protocol error");
+}
+
+/* Dispatch one message from p.  Called with ctx->lock held; may leave a
+ * reply in *out (sent by the caller after unlocking). */
+static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t *out, int *out_fds,
+                            int *n_out, hixl_peer_t **reply_to)
+{
+  hixl_ctx_t *ctx = p->ctx;
+  int fd = m->nfds ? fds[0] : -1;
+  *reply_to = p;
+  if (atomic_load(&p->state) == HIXL_PEER_CONNECTING && p->inbound) {
+    if (p->unix_pending && m->type == HIXL_MSG_SHM_BIND && m->nfds == 3) {
+      hixl_peer_t *bound = hixl__handle_bind_locked(p, m, fds, 3, out, out_fds, n_out);
+      if (bound) {
+        /* UP only once the ACK is on the wire (peer_readable): nothing of
+         * ours may reach the initiator before it. */
+        *reply_to = bound;
+      } else {
+        hixl_warn("unix connection with an unknown or failed SHM_BIND: dropping it");
+        for (int i = 0; i < m->nfds; i++)
+          close(fds[i]);
+      }
+      return;
+    }
+    if (!p->unix_pending && p->ops && p->ops->needs_bind && p->ops->bind_type &&
+        m->type == p->ops->bind_type && m->nfds == 0) {
+      /* An in-band bind (verbs, fabric): the transport answers. */
+      p->ops->accept(p, m, out);
+      if (out->type == 0)
+        proto_error_locked(p, "bind refused", m->type);
+      return;
+    }
+    if (!p->unix_pending && p->hs_stage == 0 && m->type == HIXL_MSG_HELLO && m->nfds == 0 &&
+        m->blob_len == HIXL_AUTH_NONCE) {
+      hixl__handle_hello_locked(p, m, out);
+      return;
+    }
+    if (!p->unix_pending && p->hs_stage == 1 && m->type == HIXL_MSG_AUTH && m->nfds == 0) {
+      hixl__handle_auth_locked(p, m, out);
+      if (out->status != HIXL_OK)
+        p->unix_pending = true; /* drop quietly after the ack */
+      return;
+    }
+    for (int i = 0; i < m->nfds; i++)
+      close(fds[i]);
+    proto_error_locked(p, "unexpected message during handshake", m->type);
+    return;
+  }
+  if (atomic_load(&p->state) != HIXL_PEER_UP) {
+    for (int i = 0; i < m->nfds; i++)
+      close(fds[i]);
+    return;
+  }
+  /* Only FD_REPLY, DEV_IPC_REPLY and SHM_STAGE_REPLY may carry an fd once
+   * connected. */
+  if (m->nfds > (m->type == HIXL_MSG_FD_REPLY || m->type == HIXL_MSG_DEV_IPC_REPLY ||
+                         m->type == HIXL_MSG_SHM_STAGE_REPLY
+                     ? 1
+                     : 0)) {
+    for (int i = 0; i < m->nfds; i++)
+      close(fds[i]);
+    proto_error_locked(p, "unexpected file descriptors", m->type);
+    return;
+  }
+  switch (m->type) {
+  case HIXL_MSG_HEARTBEAT:
+    if (m->u32[0] & 1) { /* a probe: the peer's timeout is shorter than our pace */
+      hixl_msg_t hb = {.type = HIXL_MSG_HEARTBEAT};
+      hixl__send(p, &hb, NULL, 0);
+    }
+    return;
+  case HIXL_MSG_BYE: hixl__peer_fail_locked(p, HIXL_PEER_CLOSED, "peer disconnected"); return;
+  case HIXL_MSG_LOOKUP_REPLY:
+  case HIXL_MSG_FD_REPLY:
+  case HIXL_MSG_DEV_IPC_REPLY:
+  case HIXL_MSG_ATOMIC_REPLY:
+  case HIXL_MSG_VERBS_MR_REPLY:
+  case HIXL_MSG_FABRIC_MR_REPLY:
+  case HIXL_MSG_REGION_GONE_ACK:
+  case HIXL_MSG_SHM_STAGE_REPLY: hixl__complete_pending_locked(p, m, fd); return;
+  case HIXL_MSG_SHM_STAGE_REQ:
+    /* shm without CMA: the owner-side copies (src/shm/stage.c). */
+    hixl__shm_stage_serve(p, m, out, out_fds, n_out);
+    return;
+  case HIXL_MSG_SHM_COPY:
+    hixl__shm_copy_serve(p, m); /* no reply: the outcome is in the staging header */
+    return;
+  case HIXL_MSG_LOOKUP:
+  case HIXL_MSG_FD_REQ:
+  case HIXL_MSG_DEV_IPC_REQ:
+  case HIXL_MSG_ATOMIC:
+  case HIXL_MSG_VERBS_MR:
+  case HIXL_MSG_FABRIC_MR: hixl__serve(p, m, out, out_fds, n_out); return;
+  case HIXL_MSG_REGION_GONE:
+    /* Peers without the owner's shared table (verbs) learn it this way. */
+    for (hixl_rmr_t *r = p->rmrs; r; r = r->next)
+      if (r->slot == m->u32[0] && r->rkey == m->u64[0])
+        atomic_store(&r->gone, true);
+    /* Acknowledged: the owner's hixl_mr_dereg returns only after this, so
+     * an operation we issue after it fails cleanly here. */
+    memset(out, 0, sizeof(*out));
+    out->type = HIXL_MSG_REGION_GONE_ACK;
+    out->status = HIXL_OK;
+    return;
+  case HIXL_MSG_WORLD_BARRIER:
+    if (m->u64[1] > p->barrier_epoch)
+      p->barrier_epoch = m->u64[1];
+    pthread_cond_broadcast(&ctx->cond);
+    return;
+  case HIXL_MSG_WORLD_XCHG:
+    if (m->blob_len > sizeof(p->xchg_blob)) {
+      proto_error_locked(p, "exchange blob too long", m->type);
+      return;
+    }
+    memcpy(p->xchg_blob, m->blob, m->blob_len);
+    p->xchg_len = m->blob_len;
+    p->xchg_epoch = m->u64[1];
+    pthread_cond_broadcast(&ctx->cond);
+    return;
+  default: proto_error_locked(p, "unexpected message", m->type); return;
+  }
+}
+
+/* Read what p's socket has and handle every whole message.  Control thread. */
+static void peer_readable(hixl_ctx_t *ctx, hixl_peer_t *p)
+{
+  if (p->rx == NULL && (p->rx = malloc(RX_CAP)) == NULL)
+    return;
+  bool tls = p->tls && p->fd == p->tls_fd;
+  if (tls && !p->tls_ready && p->inbound) {
+    /* The TLS handshake, a step per readable event (its deadline is the
+     * handshake's: from the accept). */
+    int r = hixl__tls_handshake(p->tls, p->name);
+    if (r == 0)
+      return;
+    if (r < 0) {
+      pthread_mutex_lock(&ctx->lock);
+      hixl_warn("%s", hixl_last_error());
+      hixl__peer_fail_locked(p, HIXL_PEER_LOST, "TLS handshake failed");
+      pthread_mutex_unlock(&ctx->lock);
+      return;
+    }
+    p->tls_ready = true;
+  }
+  for (;;) {
+    union {
+      char buf[CMSG_SPACE(sizeof(int) * 8)];
+      struct cmsghdr align;
+    } cm;
+    struct iovec iov = {p->rx + p->rx_len, RX_CAP - p->rx_len};
+    struct msghdr mh = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf, .msg_controllen = sizeof(cm.buf)};
+    ssize_t n;
+    if (tls) {
+      mh.msg_controllen = 0; /* TCP: no fds */
+      n = hixl__tls_recv(p->tls, iov.iov_base, iov.iov_len);
+      if (n < 0 && n != -EAGAIN)
+        hixl_warn("peer %s: TLS: %s", p->name, hixl__tls_strerror(n));
+      errno = n == -EAGAIN ? EAGAIN : EPROTO;
+      n = n < 0 ? -1 : n;
+    } else {
+      n = recvmsg(p->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    }
+    if (n < 0 && errno == EINTR)
+      continue;
+    pthread_mutex_lock(&ctx->lock);
+    if (n > 0) {
+      for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+          continue;
+        int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+        int got[8];
+        memcpy(got, CMSG_DATA(c), sizeof(int) * (size_t)(k > 8 ? 8 : k));
+        for (int i = 0; i < k && i < 8; i++) {
+          if (p->n_rx_fds < 8)
+            p->rx_fds[p->n_rx_fds++] = got[i];
+          else
+            close(got[i]);
+        }
+      }
+    }
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+      hixl__peer_fail_locked(p, HIXL_PEER_LOST, n == 0 ? "connection closed" : strerror(errno));
+      pthread_mutex_unlock(&ctx->lock);
+      return;
+    }
+    if (n < 0) {
+      pthread_mutex_unlock(&ctx->lock);
+      return;
+    }
+    p->rx_len += (size_t)n;
+    p->last_rx_ns = hixl__now_ns();
+    for (;;) {
+      size_t need = 0;
+      int r = hixl_wire_frame(p->rx, p->rx_len, &need);
+      if (r == HIXL_WIRE_SHORT)
+        break;
+      hixl_msg_t m;
+      if (r == HIXL_WIRE_BAD || hixl_wire_decode(p->rx, need, &m) != HIXL_WIRE_OK) {
+        proto_error_locked(p, "malformed message", 0);
+        pthread_mutex_unlock(&ctx->lock);
+        return;
+      }
+      if (m.nfds > p->n_rx_fds) {
+        proto_error_locked(p, "message announces fds that did not arrive", m.type);
+        pthread_mutex_unlock(&ctx->lock);
+        return;
+      }
+      int fds[8]; /* m.nfds <= n_rx_fds <= 8 */
+      memcpy(fds, p->rx_fds, sizeof(int) * m.nfds);
+      memmove(p->rx_fds, p->rx_fds + m.nfds, sizeof(int) * (size_t)(p->n_rx_fds - m.nfds));
+      p->n_rx_fds -= m.nfds;
+      memmove(p->rx, p->rx + need, p->rx_len - need);
+      p->rx_len -= need;
+
+      hixl_msg_t out;
+      out.type = 0;
+      int out_fds[4], n_out = 0;
+      hixl_peer_t *reply_to = p;
+      dispatch_locked(p, &m, fds, &out, out_fds, &n_out, &reply_to);
+      if (out.type != 0) {
+        out.seq = m.seq;
+        pthread_mutex_unlock(&ctx->lock);
+        hixl_status_t sst = hixl__send(reply_to, &out, out_fds, n_out);
+        for (int i = 0; i < n_out; i++)
+          close(out_fds[i]);
+        pthread_mutex_lock(&ctx->lock);
+        /* A handshake that completed with this ACK: the peer is usable now
+         * (shm after SHM_BIND; a transport that needs no bind after HELLO). */
+        bool done = (out.type == HIXL_MSG_SHM_BIND_ACK ||
+                     (reply_to->ops && reply_to->ops->bind_reply_type &&
+                      out.type == reply_to->ops->bind_reply_type) ||
+                     (out.type == HIXL_MSG_HELLO_ACK && reply_to->ops &&
+                      !reply_to->ops->needs_bind && !reply_to->unix_pending)) &&
+                    out.status == HIXL_OK;
+        if (done && sst == HIXL_OK && atomic_load(&reply_to->state) == HIXL_PEER_CONNECTING) {
+          atomic_store(&reply_to->state, HIXL_PEER_UP);
+          pthread_cond_broadcast(&ctx->cond);
+        }
+        /* A refused handshake: the connection has no further use. */
+        if (out.type == HIXL_MSG_HELLO_ACK && out.status != HIXL_OK)
+          hixl__peer_fail_locked(reply_to, HIXL_PEER_CLOSED, "handshake refused");
+      }
+      if (reply_to != p || atomic_load(&p->state) >= HIXL_PEER_LOST) {
+        /* p's socket moved to the peer it bound, or p failed. */
+        pthread_mutex_unlock(&ctx->lock);
+        return;
+      }
+    }
+    pthread_mutex_unlock(&ctx->lock);
+  }
+}
+
+/* ------------------------------------------------------ control thread */
+
+void hixl__set_sock_opts(int fd, int timeout_ms, bool tcp)
+{
+  int one = 1;
+  if (tcp)
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
+/* Take a failed peer's socket out of epoll and close it (the handle stays
+ * until housekeeping frees it).  ctx->lock held. */
+static void close_sock_locked(hixl_ctx_t *ctx, hixl_peer_t *p)
+{
+  epoll_ctl(ctx->epoll_fd, EPOLL_CTL_DEL, p->fd, NULL);
+  pthread_mutex_lock(&p->send_lock);
+  close(p->fd);
+  p->fd = -1;
+  hixl__outq_clear(p);
+  hixl__tls_free(p->tls); /* no sender can use it: fd is -1 under send_lock */
+  p->tls = NULL;
+  pthread_mutex_unlock(&p->send_lock);
+}
+
+/* The inbound connection longest in its handshake (not authenticated
+ * yet), and how many there are.  ctx->lock held. */
+static hixl_peer_t *oldest_handshake_locked(hixl_ctx_t *ctx, int *n_p)
+{
+  hixl_peer_t *old = NULL;
+  int n = 0;
+  for (hixl_peer_t *p = ctx->peers; p; p = p->next)
+    if (p->inbound && p->fd >= 0 && atomic_load(&p->state) == HIXL_PEER_CONNECTING &&
+        p->ops == NULL && p->hs_stage < 2) {
+      n++;
+      if (old == NULL || p->born_ns < old->born_ns)
+        old = p;
+    }
+  *n_p = n;
+  return old;
+}
+
+/* Out of descriptors: a listener stays readable while accept fails, and
+ * epoll would wake us for it forever (a control thread at 100% of a CPU,
+ * refusing everyone).  Shed the oldest connection still in its handshake
+ * (its descriptor frees at once) and take the listeners out of epoll for a
+ * moment -- longer when there was nothing to shed. */
+static void out_of_fds(hixl_ctx_t *ctx, int err)
+{
+  int64_t now = hixl__now_ns();
+  pthread_mutex_lock(&ctx->lock);
+  int n;
+  hixl_peer_t *old = oldest_handshake_locked(ctx, &n);
+  if (old) {
+    hixl__peer_fail_locked(old, HIXL_PEER_LOST, "shed: out of file descriptors");
+    close_sock_locked(ctx, old);
+  }
+  pthread_mutex_unlock(&ctx->lock);
+  if (now - ctx->emfile_warned_ns > 1000000000) {
+    struct rlimit rl;
+    getrlimit(RLIMIT_NOFILE, &rl);
+    hixl_warn("accept: %s (RLIMIT_NOFILE %llu; raise it with ulimit -n): %s", strerror(err),
+              (unsigned long long)rl.rlim_cur,
+              old ? "shedding the oldest connections still in their handshake"
+                  : "pausing new connections");
+    ctx->emfile_warned_ns = now;
+  }
+  ctx->accept_paused_until = now + (old ? 10 : 100) * 1000000ll;
+  if (!(ctx->accept_paused & 1) && ctx->listen_fd >= 0 &&
+      epoll_ctl(ctx->epoll_fd, EPOLL_CTL_DEL, ctx->listen_fd, NULL) == 0)
+    ctx->accept_paused |= 1;
+  if (!(ctx->accept_paused & 2) && ctx->unix_fd >= 0 &&
+      epoll_ctl(ctx->epoll_fd, EPOLL_CTL_DEL, ctx->unix_fd, NULL) == 0)
+    ctx->accept_paused |= 2;
+}
+
+static void accept_resume(hixl_ctx_t *ctx, int64_t now)
+{
+  if (!ctx->accept_paused || now < ctx->accept_paused_until)
+    return;
+  struct epoll_event ev = {.events = EPOLLIN};
+  if (ctx->accept_paused & 1) {
+    ev.data.ptr = &ctx->listen_fd;
+    epoll_ctl(ctx->epoll_fd, EPOLL_CTL_ADD, ctx->listen_fd, &ev);
+  }
+  if (ctx->accept_paused & 2) {
+    ev.data.ptr = &ctx->unix_fd;
+    epoll_ctl(ctx->epoll_fd, EPOLL_CTL_ADD, ctx->unix_fd, &ev);
+  }
+  ctx->accept_paused = 0;
+}
+
+static void accept_all(hixl_ctx_t *ctx, int lfd, bool is_unix)
+{
+  for (;;) {
+    int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE)
+        out_of_fds(ctx, errno);
+      return;
+    }
+    hixl__set_sock_opts(fd, ctx->cfg.timeout_ms, !is_unix);
+    pthread_mutex_lock(&ctx->lock);
+    /* A cap on connections not authenticated yet: the oldest goes. */
+    int n;
+    hixl_peer_t *old = oldest_handshake_locked(ctx, &n);
+    if (old && n >= ctx->max_handshakes) {
+      hixl__peer_fail_locked(old, HIXL_PEER_LOST,
+                             "shed: too many connections in their "
+                             "handshake (HIXL_MAX_HANDSHAKES)");
+      close_sock_locked(ctx, old);
+    }
+    hixl_peer_t *p = hixl__peer_new(ctx, fd, true);
+    if (p == NULL) {
+      pthread_mutex_unlock(&ctx->lock);
+      close(fd);
+      continue;
+    }
+    p->unix_pending = is_unix;
+    snprintf(p->name, sizeof(p->name), "%s", is_unix ? "unix-accept" : "tcp-accept");
+    if (!is_unix && ctx->tls && (p->tls = hixl__tls_session(ctx, fd, true)) == NULL) {
+      hixl_warn("refused a connection: %s", hixl_last_error());
+      pthread_mutex_unlock(&ctx->lock);
+      hixl__peer_free(p);
+      continue;
+    }
+    p->tls_fd = p->tls ? fd : -1;
+    if (p->tls) /* GnuTLS reads with recv(): it must not block the control thread */
+      fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    p->next = ctx->peers;
+    ctx->peers = p;
+    p->polled = true;
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = p};
+    epoll_ctl(ctx->epoll_fd, EPOLL_CTL_ADD, fd, &ev);
+    pthread_mutex_unlock(&ctx->lock);
+  }
+}
+
+/* How long a peer may stay silent before it is declared lost: the
+ * context's timeout, but never under HIXL_LIVENESS_FLOOR_MS -- the timeout
+ * of calls (a connect, a wait) may be tiny, a peer is not dead because a
+ * loaded machine delayed its heartbeat by a few milliseconds. */
+static int liveness_ms(const hixl_ctx_t *ctx)
+{
+  return ctx->cfg.timeout_ms < HIXL_LIVENESS_FLOOR_MS ? HIXL_LIVENESS_FLOOR_MS
+                                                      : ctx->cfg.timeout_ms;
+}
+
+/* Close sockets of failed peers; free connections nobody can see.  Also
+ * heartbeats.  Control thread, ctx->lock held. */
+static void housekeeping_locked(hixl_ctx_t *ctx, int64_t now)
+{
+  int64_t timeout_ns = (int64_t)liveness_ms(ctx) * 1000000;
+  int64_t hb_ns = timeout_ns / 4;
+  hixl_peer_t **pp = &ctx->peers;
+  while (*pp) {
+    hixl_peer_t *p = *pp;
+    int st = atomic_load(&p->state);
+    bool stalled = false;
+    if (st == HIXL_PEER_UP && !p->self) {
+      /* Messages queued for it and none taken for the liveness period: it
+       * is alive enough to send but does not read (or is wedged). */
+      pthread_mutex_lock(&p->send_lock);
+      stalled = p->oq_head && now - p->oq_progress_ns > timeout_ns;
+      size_t queued = p->oq_bytes;
+      pthread_mutex_unlock(&p->send_lock);
+      if (stalled) {
+        char why[96];
+        snprintf(why, sizeof(why),
+                 "it has not read its control connection for %d ms (%zu bytes "
+                 "wait)",
+                 liveness_ms(ctx), queued);
+        hixl_warn("peer %s: %s; dropping it", p->name, why);
+        hixl__peer_fail_locked(p, HIXL_PEER_LOST, why);
+        st = HIXL_PEER_LOST;
+      }
+    }
+    if (st == HIXL_PEER_UP && !p->self) {
+      if (now - p->last_rx_ns > timeout_ns) {
+        char why[64];
+        snprintf(why, sizeof(why), "no heartbeat for %d ms", liveness_ms(ctx));
+        hixl__peer_fail_locked(p, HIXL_PEER_LOST, why);
+        st = HIXL_PEER_LOST;
+      } else {
+        /* Each side sends heartbeats at a quarter of its own timeout, and
+         * the peer's may be much longer than ours: once it has been silent
+         * for half of our timeout, probe it (it answers at once), so a live
+         * peer is never declared dead for its slower pace. */
+        bool probe = now - p->last_rx_ns > timeout_ns / 2;
+        if (now - atomic_load_explicit(&p->last_tx_ns, memory_order_relaxed) >
+            (probe ? hb_ns / 2 : hb_ns)) {
+          hixl_msg_t hb = {.type = HIXL_MSG_HEARTBEAT};
+          hb.u32[0] = probe;
+          hixl__send(p, &hb, NULL, 0);
+        }
+      }
+    } else if (st == HIXL_PEER_CONNECTING && p->inbound && now - p->born_ns > timeout_ns) {
+      /* From the accept, not the last byte: trickling bytes buys nothing. */
+      hixl__peer_fail_locked(p, HIXL_PEER_LOST, "handshake timed out");
+      st = HIXL_PEER_LOST;
+    }
+    if (st >= HIXL_PEER_LOST && p->pending)
+      hixl__fail_pending_locked(p); /* lost asynchronously (hixl__peer_lost_async) */
+    if (st >= HIXL_PEER_LOST && p->lost_ns == 0)
+      p->lost_ns = now;
+    if (st >= HIXL_PEER_LOST && p->fd >= 0) {
+      close_sock_locked(ctx, p);
+      pthread_cond_broadcast(&ctx->cond);
+    }
+    /* A lost peer's mappings are released after a grace period, when no
+     * operation that passed its state check before the loss can still be
+     * copying into them, and once its notifications were taken.  The handle
+     * itself stays (its ops say PEER_LOST) until the context goes. */
+    if (st >= HIXL_PEER_LOST && p->ops && p->ops != &hixl__closed_ops && !p->unix_pending &&
+        now - p->lost_ns > RELEASE_GRACE_NS(ctx) &&
+        (p->inbox == NULL || !hixl_ring_maybe_nonempty(p->inbox))) {
+      for (hixl_rmr_t *r = p->rmrs; r; r = r->next)
+        p->ops->rmr_detach(r);
+      p->ops->peer_close(p);
+      p->ops = &hixl__closed_ops;
+      free(p->rx);
+      p->rx = NULL;
+      p->rx_len = 0;
+    }
+    if (st >= HIXL_PEER_LOST && p->inbound && (p->unix_pending || p->ops == NULL)) {
+      /* Never visible to the user: free now. */
+      *pp = p->next;
+      hixl__peer_free(p);
+      continue;
+    }
+    pp = &p->next;
+  }
+}
+
+static void *ctl_main(void *arg)
+{
+  hixl_ctx_t *ctx = arg;
+  struct epoll_event evs[32];
+  int64_t last_hk = 0;
+  while (!atomic_load(&ctx->stopping)) {
+    int hb_ms = liveness_ms(ctx) / 4;
+    if (hb_ms < 10)
+      hb_ms = 10;
+    if (hb_ms > 1000)
+      hb_ms = 1000;
+    int wait_ms = atomic_load(&ctx->tp_backlog) > 0 ? 1 : hb_ms;
+    if (ctx->accept_paused && wait_ms > 10)
+      wait_ms = 10; /* listeners back in epoll on time */
+    int n = epoll_wait(ctx->epoll_fd, evs, 32, wait_ms);
+    accept_resume(ctx, hixl__now_ns());
+    for (int i = 0; i < n; i++) {
+      void *ptr = evs[i].data.ptr;
+      if (ptr == &ctx->listen_fd) {
+        accept_all(ctx, ctx->listen_fd, false);
+      } else if (ptr == &ctx->unix_fd) {
+        accept_all(ctx, ctx->unix_fd, true);
+      } else if (ptr == &ctx->wake_fd) {
+        uint64_t v;
+        ssize_t r = read(ctx->wake_fd, &v, sizeof(v));
+        (void)r;
+      } else if ((int *)ptr >= ctx->tp_fd && (int *)ptr < ctx->tp_fd + HIXL_TP_COUNT) {
+        /* handled below, with the periodic tick */
+      } else {
+        hixl_peer_t *p = ptr;
+        /* The event may be stale: p might have been freed by the
+         * housekeeping of an earlier event in this batch only if its fd was
+         * removed from epoll first, which drops pending events for it. */
+        if (p->fd >= 0 && (evs[i].events & EPOLLOUT))
+          hixl__peer_writable(p);
+        if (p->fd >= 0 && (evs[i].events & ~(uint32_t)EPOLLOUT))
+          peer_readable(ctx, p);
+      }
+    }
+    /* Target-side transport work (verbs receive completions): on its event
+     * and at every tick, so nothing waits longer than a tick. */
+    for (size_t t = 0; t < hixl__n_transports; t++)
+      if (ctx->tp_ready & (1u << hixl__transports[t]->id))
+        hixl__transports[t]->on_event(ctx);
+    int64_t now = hixl__now_ns();
+    pthread_mutex_lock(&ctx->lock);
+    /* Sockets of failed peers close promptly; heartbeats at their pace. */
+    if (n > 0 || now - last_hk >= (int64_t)hb_ms * 1000000) {
+      housekeeping_locked(ctx, now);
+      last_hk = now;
+    }
+    pthread_mutex_unlock(&ctx->lock);
+  }
+  return NULL;
+}
+
+static hixl_status_t listen_tcp(hixl_ctx_t *ctx)
+{
+  /* Connections in their handshake (not authenticated yet) are capped:
+   * past the cap the oldest is shed (HIXL_MAX_HANDSHAKES, default 256). */
+  long mh = 256;
+  const char *mhs = getenv("HIXL_MAX_HANDSHAKES");
+  if (mhs && hixl__parse_int(mhs, 1, 1 << 20, &mh) != 0)
+    return hixl__err(HIXL_ERR_INVALID, "HIXL_MAX_HANDSHAKES=\"%s\": expected 1..1048576", mhs);
+  ctx->max_handshakes = (int)mh;
+  /* Authenticated inbound peers at once (each costs memory). */
+  long mp = 1024;
+  const char *mps = getenv("HIXL_MAX_PEERS");
+  if (mps && hixl__parse_int(mps, 1, 1 << 20, &mp) != 0)
+    return hixl__err(HIXL_ERR_INVALID, "HIXL_MAX_PEERS=\"%s\": expected 1..1048576", mps);
+  ctx->max_peers = (int)mp;
+  /* Control messages queued for one peer that does not read, at most. */
+  long mq = 4 << 20;
+  const char *mqs = getenv("HIXL_MAX_PEER_QUEUE");
+  if (mqs && hixl__parse_int(mqs, 4096, 1L << 30, &mq) != 0)
+    return hixl__err(HIXL_ERR_INVALID,
+                     "HIXL_MAX_PEER_QUEUE=\"%s\": expected 4096..1073741824 "
+                     "(bytes)",
+                     mqs);
+  ctx->max_outq = (size_t)mq;
+  hixl_status_t tst = hixl__tls_init(ctx);
+  if (tst != HIXL_OK)
+    return tst;
+  char host[128], port[16];
+  const char *listen_addr = ctx->cfg.listen ? ctx->cfg.listen : ":0";
+  hixl_status_t st = hixl__parse_hostport(listen_addr, host, sizeof(host), port, sizeof(port));
+  if (st != HIXL_OK)
+    return st;
+  struct addrinfo hints = {
+      .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+  struct addrinfo *res;
+  int rc = getaddrinfo(host[0] ? host : NULL, port, &hints, &res);
+  if (rc != 0)
+    return hixl__err(HIXL_ERR_INVALID, "cannot resolve listen address \"%s\": %s", listen_addr,
+                     gai_strerror(rc));
+  int fd = -1, err = 0;
+  for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+    if (host[0] == 0 && ai->ai_family != AF_INET)
+      continue; /* any address: IPv4 wildcard, the common case */
+    fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+      continue;
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 256) == 0)
+      break;
+    err = errno;
+    close(fd);
+    fd = -1;
+  }
+  freeaddrinfo(res);
+  if (fd < 0)
+    return hixl__err(HIXL_ERR_TRANSPORT, "cannot listen on \"%s\": %s", listen_addr,
+                     strerror(err ? err : EADDRNOTAVAIL));
+  ctx->listen_fd = fd;
+  struct sockaddr_storage ss;
+  socklen_t sl = sizeof(ss);
+  getsockname(fd, (struct sockaddr *)&ss, &sl);
+  char num[64], serv[16];
+  getnameinfo((struct sockaddr *)&ss, sl, num, sizeof(num), serv, sizeof(serv),
+              NI_NUMERICHOST | NI_NUMERICSERV);
+  if (host[0] == 0 || strcmp(num, "0.0.0.0") == 0 || strcmp(num, "::") == 0)
+    hixl__primary_ip(num, sizeof(num));
+  if (strchr(num, ':'))
+    snprintf(ctx->address, sizeof(ctx->address), "[%s]:%s", num, serv);
+  else
+    snprintf(ctx->address, sizeof(ctx->address), "%s:%s", num, serv);
+  return HIXL_OK;
+}
+
+static hixl_status_t listen_unix(hixl_ctx_t *ctx)
+{
+  /* Abstract namespace: no file to clean up; scoped to the network
+   * namespace, which is what "same host" means for us. */
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  size_t len = strlen(ctx->unix_name + 1); /* named at hixl_ctx_create */
+  memcpy(sa.sun_path, ctx->unix_name, sizeof(ctx->unix_name));
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0 ||
+      bind(fd, (struct sockaddr *)&sa,
+           (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + len)) != 0 ||
+      listen(fd, 256) != 0) {
+    int e = errno;
+    if (fd >= 0)
+      close(fd);
+    return hixl__err(HIXL_ERR_TRANSPORT, "cannot listen on unix socket: %s", strerror(e));
+  }
+  ctx->unix_fd = fd;
+  return HIXL_OK;
+}
+
+hixl_status_t hixl__ctl_start(hixl_ctx_t *ctx)
+{
+  hixl_status_t st = listen_tcp(ctx);
+  if (st != HIXL_OK)
+    return st;
+  if ((st = listen_unix(ctx)) != HIXL_OK)
+    return st;
+  ctx->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+  ctx->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (ctx->epoll_fd < 0 || ctx->wake_fd < 0)
+    return hixl__err(HIXL_ERR_TRANSPORT, "epoll/eventfd: %s", strerror(errno));
+  struct epoll_event ev = {.events = EPOLLIN};
+  ev.data.ptr = &ctx->listen_fd;
+  epoll_ctl(ctx->epoll_fd, EPOLL_CTL_ADD, ctx->listen_fd, &ev);
+  ev.data.ptr = &ctx->unix_fd;
+  epoll_ctl(ctx->epoll_fd, EPOLL_CTL_ADD, ctx->unix_fd, &ev);
+  ev.data.ptr = &ctx->wake_fd;
+  epoll_ctl(ctx->epoll_fd, EPOLL_CTL_ADD, ctx->wake_fd, &ev);
+  for (int i = 0; i < HIXL_TP_COUNT; i++)
+    if (ctx->tp_fd[i] >= 0) {
+      ev.data.ptr = &ctx->tp_fd[i];
+      epoll_ctl(ctx->epoll_fd, EPOLL_CTL_ADD, ctx->tp_fd[i], &ev);
+    }
+  if (pthread_create(&ctx->ctl_thread, NULL, ctl_main, ctx) != 0)
+    return hixl__err(HIXL_ERR_NOMEM, "cannot start the control thread");
+  ctx->ctl_started = true;
+  return HIXL_OK;
+}
+
+void hixl__ctl_stop(hixl_ctx_t *ctx)
+{
+  if (ctx->ctl_started) {
+    atomic_store(&ctx->stopping, true);
+    hixl__wake(ctx);
+    pthread_join(ctx->ctl_thread, NULL);
+    ctx->ctl_started = false;
+  }
+}

@@ -1,0 +1,516 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The handshake (the control plane: conn.h; the protocol in auth.h and
+ * docs/architecture.md): the target's side (HELLO, AUTH, the transport's
+ * choice, the shm bind on the unix socket), run by the control thread, and
+ * the initiator's, run by hixl_connect in the caller's thread.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "auth.h"
+#include "config.h"
+#include "conn.h"
+#include "tls.h"
+
+/* "shm,verbs" for a bit set of HIXL_TP_* (a buffer of the calling thread). */
+static const char *tp_list(uint32_t bits)
+{
+  static __thread char buf[64];
+  return hixl__tp_join(buf, sizeof(buf), NULL, 0, bits);
+}
+
+static const hixl_transport_ops_t *pick_transport_locked(hixl_ctx_t *ctx, const hixl_msg_t *hello)
+{
+  uint8_t order[HIXL_TP_COUNT];
+  int n;
+  uint32_t mask;
+  if (hixl__parse_transports(hello->str[0], order, &n, &mask) != HIXL_OK)
+    return NULL;
+  for (int i = 0; i < n; i++) {
+    if (!(ctx->tp_allowed & (1u << order[i])))
+      continue;
+    for (size_t t = 0; t < hixl__n_transports; t++) {
+      const hixl_transport_ops_t *ops = hixl__transports[t];
+      if (ops->id == order[i] && ops->id != HIXL_TP_SELF && (ctx->tp_ready & (1u << ops->id)) &&
+          (hello->u32[0] & (1u << ops->id)) && ops->usable(ctx, hello))
+        return ops;
+    }
+  }
+  return NULL;
+}
+
+/* The identity fields of AUTH as its proof covers them (auth.h): fixed
+ * little-endian layout, the transport list with its NUL. */
+static size_t auth_identity(const hixl_msg_t *m, uint8_t *buf)
+{
+  size_t n = 0;
+  for (int i = 0; i < 4; i++)
+    buf[n++] = (uint8_t)(m->u32[0] >> (8 * i));
+  for (int i = 0; i < 8; i++)
+    buf[n++] = (uint8_t)(m->u64[0] >> (8 * i));
+  memcpy(buf + n, m->host_id, 32);
+  n += 32;
+  for (int i = 0; i < 4; i++)
+    buf[n++] = (uint8_t)(m->u32[1] >> (8 * i));
+  for (int i = 0; i < 8; i++)
+    buf[n++] = (uint8_t)(m->u64[1] >> (8 * i));
+  size_t sl = strnlen(m->str[0], HIXL_WIRE_STR - 1);
+  memcpy(buf + n, m->str[0], sl);
+  n += sl;
+  buf[n++] = 0;
+  return n;
+}
+#define AUTH_IDENTITY_MAX (4 + 8 + 32 + 4 + 8 + HIXL_WIRE_STR)
+
+/* Target side of HELLO: answer with our nonce and our proof.  Nothing about
+ * us goes out before the initiator has proved it knows the token. */
+void hixl__handle_hello_locked(hixl_peer_t *p, const hixl_msg_t *m, hixl_msg_t *out)
+{
+  hixl_ctx_t *ctx = p->ctx;
+  memset(out, 0, sizeof(*out));
+  out->type = HIXL_MSG_AUTH_CHALLENGE;
+  memcpy(p->auth_nonce, m->blob, HIXL_AUTH_NONCE);
+  hixl__auth_nonce(p->auth_nonce + HIXL_AUTH_NONCE);
+  memcpy(out->blob, p->auth_nonce + HIXL_AUTH_NONCE, HIXL_AUTH_NONCE);
+  hixl__auth_proof(ctx->cfg.auth_token, HIXL_AUTH_LABEL_TARGET, p->auth_nonce,
+                   p->auth_nonce + HIXL_AUTH_NONCE, NULL, 0, out->blob + HIXL_AUTH_NONCE);
+  out->blob_len = HIXL_AUTH_NONCE + HIXL_AUTH_PROOF;
+  p->hs_stage = 1;
+}
+
+/* Target side of AUTH.  Returns the ack to send (status set). */
+void hixl__handle_auth_locked(hixl_peer_t *p, const hixl_msg_t *m, hixl_msg_t *ack)
+{
+  hixl_ctx_t *ctx = p->ctx;
+  memset(ack, 0, sizeof(*ack));
+  ack->type = HIXL_MSG_HELLO_ACK;
+  p->hs_stage = 2;
+  uint8_t id[AUTH_IDENTITY_MAX], want[HIXL_AUTH_PROOF];
+  size_t idn = auth_identity(m, id);
+  hixl__auth_proof(ctx->cfg.auth_token, HIXL_AUTH_LABEL_INITIATOR, p->auth_nonce,
+                   p->auth_nonce + HIXL_AUTH_NONCE, id, idn, want);
+  if (m->blob_len != HIXL_AUTH_PROOF || !hixl__auth_equal(want, m->blob)) {
+    /* No identity in a refusal: the initiator has proved nothing. */
+    ack->status = HIXL_ERR_AUTH;
+    snprintf(ack->str[1], sizeof(ack->str[1]), "auth token rejected");
+    hixl_warn("rejected a connection: wrong auth token");
+    return;
+  }
+  ack->u64[0] = ctx->id;
+  memcpy(ack->host_id, ctx->host_id, 32);
+  ack->u32[1] = (uint32_t)getpid();
+  p->remote_ctx_id = m->u64[0];
+  p->remote_pid = (pid_t)m->u32[1];
+  p->tag = m->u64[1];
+  if (m->u64[0] == ctx->id) {
+    /* Our own context: the initiator makes a self peer; this connection
+     * only carried the handshake. */
+    ack->u32[0] = HIXL_TP_SELF;
+    p->unix_pending = true; /* not a user-visible peer: free it at EOF */
+    return;
+  }
+  /* Every authenticated inbound peer costs memory (shm: an inbox ring, the
+   * mapped table; verbs: QPs): without a token anyone authenticates, so the
+   * number is capped (HIXL_MAX_PEERS). */
+  int n_in = 0;
+  for (hixl_peer_t *q = ctx->peers; q; q = q->next)
+    if (q->inbound && q->ops && !q->unix_pending && atomic_load(&q->state) <= HIXL_PEER_UP)
+      n_in++;
+  if (n_in >= ctx->max_peers) {
+    ack->status = HIXL_ERR_AGAIN;
+    snprintf(ack->str[1], sizeof(ack->str[1]),
+             "%s already serves %d peers (HIXL_MAX_PEERS); retry later", ctx->address, n_in);
+    hixl_warn("refused a peer: %d inbound peers already (HIXL_MAX_PEERS)", n_in);
+    return;
+  }
+  const hixl_transport_ops_t *ops = pick_transport_locked(ctx, m);
+  if (ops == NULL) {
+    ack->status = HIXL_ERR_UNSUPPORTED;
+    bool same_host = memcmp(ctx->host_id, m->host_id, sizeof(ctx->host_id)) == 0;
+    snprintf(ack->str[1], sizeof(ack->str[1]),
+             "no common transport (initiator allows \"%s\" and can use \"%s\"; %s host; here "
+             "\"%s\" is usable)",
+             m->str[0][0] ? m->str[0] : "all", tp_list(m->u32[0]), same_host ? "same" : "different",
+             ctx->tp_names);
+    return;
+  }
+  ack->u32[0] = (uint32_t)ops->id;
+  p->ops = ops;
+  p->cookie = hixl__random64();
+  ack->u64[1] = p->cookie;
+  snprintf(ack->str[0], sizeof(ack->str[0]), "%s", ctx->unix_name + 1);
+  snprintf(p->name, sizeof(p->name), "inbound#%u(pid %d)", ++ctx->n_inbound, (int)p->remote_pid);
+}
+
+/* Target side of SHM_BIND, arriving on an accepted unix connection u: find
+ * the inbound peer it binds and move the connection over to it. */
+hixl_peer_t *hixl__handle_bind_locked(hixl_peer_t *u, const hixl_msg_t *m, int *fds, int nfds,
+                                      hixl_msg_t *ack, int *out_fds, int *n_out)
+{
+  hixl_ctx_t *ctx = u->ctx;
+  hixl_peer_t *p;
+  for (p = ctx->peers; p; p = p->next)
+    if (p->inbound && !p->unix_pending && atomic_load(&p->state) == HIXL_PEER_CONNECTING &&
+        p->cookie == m->u64[0] && p->remote_ctx_id == m->u64[1] && p->ops == &hixl__shm_ops)
+      break;
+  memset(ack, 0, sizeof(*ack));
+  ack->type = HIXL_MSG_SHM_BIND_ACK;
+  if (p == NULL) {
+    ack->status = HIXL_ERR_AUTH;
+    return NULL;
+  }
+  /* Who is really at the other end (SO_PEERCRED): its pid for CMA, its uid
+   * against the policy -- never what its HELLO claimed. */
+  hixl_status_t st = hixl__shm_bind_cred(p, u->fd);
+  if (st == HIXL_OK)
+    st = hixl__shm_accept(p, fds, nfds, out_fds, n_out);
+  ack->status = st;
+  if (st != HIXL_OK)
+    return NULL;
+  /* Swap sockets: the TCP one has done its job (with anything still queued
+   * for it). */
+  pthread_mutex_lock(&p->send_lock);
+  epoll_ctl(ctx->epoll_fd, EPOLL_CTL_DEL, p->fd, NULL);
+  close(p->fd);
+  hixl__outq_clear(p);
+  hixl__tls_free(p->tls);
+  p->tls = NULL;
+  p->fd = u->fd;
+  u->fd = -1;
+  struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = p};
+  epoll_ctl(ctx->epoll_fd, EPOLL_CTL_MOD, p->fd, &ev);
+  pthread_mutex_unlock(&p->send_lock);
+  atomic_store(&u->state, HIXL_PEER_CLOSED);
+  return p;
+}
+
+/* ------------------------------------------------------ initiator side */
+
+/* Blocking exchange on a socket not yet owned by the control thread. */
+hixl_status_t hixl__recv_sync(int fd, hixl_msg_t *m, int *fds, int max_fds, int64_t deadline,
+                              const char *who)
+{
+  uint8_t buf[RX_CAP];
+  size_t have = 0, need = HIXL_WIRE_HDR;
+  int nf = 0;
+  for (;;) {
+    int r = hixl_wire_frame(buf, have, &need);
+    if (r == HIXL_WIRE_BAD)
+      return hixl__err(HIXL_ERR_TRANSPORT, "%s: malformed handshake reply", who);
+    if (r == HIXL_WIRE_OK)
+      break;
+    int ms = deadline == INT64_MAX ? -1 : (int)((deadline - hixl__now_ns()) / 1000000);
+    if (ms < 0 && deadline != INT64_MAX)
+      ms = 0;
+    struct pollfd pfd = {fd, POLLIN, 0};
+    int pr = poll(&pfd, 1, ms);
+    if (pr == 0)
+      return hixl__err(HIXL_ERR_TIMEOUT, "%s: no handshake reply in time", who);
+    if (pr < 0 && errno == EINTR)
+      continue;
+    union {
+      char b[CMSG_SPACE(sizeof(int) * 4)];
+      struct cmsghdr align;
+    } cm;
+    struct iovec iov = {buf + have, need - have};
+    struct msghdr mh = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b, .msg_controllen = sizeof(cm.b)};
+    ssize_t n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR))
+      continue;
+    for (struct cmsghdr *c = n > 0 ? CMSG_FIRSTHDR(&mh) : NULL; c; c = CMSG_NXTHDR(&mh, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+        continue;
+      int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+      int got[4];
+      memcpy(got, CMSG_DATA(c), sizeof(int) * (size_t)(k > 4 ? 4 : k));
+      for (int i = 0; i < k && i < 4; i++) {
+        if (nf < max_fds)
+          fds[nf++] = got[i];
+        else
+          close(got[i]);
+      }
+    }
+    if (n <= 0) {
+      for (int i = 0; i < nf; i++)
+        close(fds[i]);
+      return hixl__err(HIXL_ERR_PEER_LOST, "%s closed the connection during the handshake", who);
+    }
+    have += (size_t)n;
+  }
+  if (hixl_wire_decode(buf, need, m) != HIXL_WIRE_OK || m->nfds != nf) {
+    for (int i = 0; i < nf; i++)
+      close(fds[i]);
+    return hixl__err(HIXL_ERR_TRANSPORT, "%s: malformed handshake reply", who);
+  }
+  return HIXL_OK;
+}
+
+hixl_status_t hixl__peer_recv_sync(hixl_peer_t *peer, hixl_msg_t *m, int64_t deadline)
+{
+  if (peer->tls == NULL || peer->fd != peer->tls_fd)
+    return hixl__recv_sync(peer->fd, m, NULL, 0, deadline, peer->name);
+  uint8_t buf[RX_CAP];
+  size_t have = 0, need = HIXL_WIRE_HDR;
+  for (;;) {
+    int r = hixl_wire_frame(buf, have, &need);
+    if (r == HIXL_WIRE_BAD)
+      return hixl__err(HIXL_ERR_TRANSPORT, "%s: malformed handshake reply", peer->name);
+    if (r == HIXL_WIRE_OK)
+      break;
+    ssize_t n = hixl__tls_recv(peer->tls, buf + have, need - have);
+    if (n > 0) {
+      have += (size_t)n;
+      continue;
+    }
+    if (n == 0)
+      return hixl__err(HIXL_ERR_PEER_LOST, "%s closed the connection during the handshake",
+                       peer->name);
+    if (n != -EAGAIN)
+      return hixl__err(HIXL_ERR_TRANSPORT, "%s: TLS: %s", peer->name, hixl__tls_strerror(n));
+    int ms = (int)((deadline - hixl__now_ns()) / 1000000);
+    struct pollfd pfd = {peer->fd, POLLIN, 0};
+    if (ms <= 0 || poll(&pfd, 1, ms) == 0)
+      return hixl__err(HIXL_ERR_TIMEOUT, "%s: no handshake reply in time", peer->name);
+  }
+  if (hixl_wire_decode(buf, need, m) != HIXL_WIRE_OK || m->nfds != 0)
+    return hixl__err(HIXL_ERR_TRANSPORT, "%s: malformed handshake reply", peer->name);
+  return HIXL_OK;
+}
+
+/* The initiator's TLS handshake, within the deadline (the socket stays
+ * non-blocking from here on: sends poll, receives poll). */
+static hixl_status_t tls_client(hixl_peer_t *p, int64_t deadline, const char *addr)
+{
+  fcntl(p->fd, F_SETFL, fcntl(p->fd, F_GETFL) | O_NONBLOCK);
+  if ((p->tls = hixl__tls_session(p->ctx, p->fd, false)) == NULL)
+    return HIXL_ERR_NOMEM;
+  p->tls_fd = p->fd;
+  for (;;) {
+    int r = hixl__tls_handshake(p->tls, addr);
+    if (r > 0) {
+      /* Done: calling gnutls_handshake again on a TLS 1.3 session would
+       * send a KeyUpdate (from the control thread, beside senders). */
+      p->tls_ready = true;
+      return HIXL_OK;
+    }
+    if (r < 0)
+      return HIXL_ERR_AUTH;
+    int ms = (int)((deadline - hixl__now_ns()) / 1000000);
+    /* The direction GnuTLS is waiting for (a full socket: output). */
+    struct pollfd pfd = {p->fd, hixl__tls_wants_write(p->tls) ? POLLOUT : POLLIN, 0};
+    if (ms <= 0 || poll(&pfd, 1, ms) == 0)
+      return hixl__err(HIXL_ERR_TIMEOUT,
+                       "%s: TLS handshake timed out (does it run with "
+                       "HIXL_TLS=1?)",
+                       addr);
+  }
+}
+
+static hixl_status_t connect_with_deadline(int fd, const struct sockaddr *sa, socklen_t sl,
+                                           int64_t deadline, const char *addr)
+{
+  if (connect(fd, sa, sl) == 0)
+    return HIXL_OK;
+  if (errno != EINPROGRESS)
+    return hixl__err(HIXL_ERR_PEER_LOST, "cannot connect to %s: %s", addr, strerror(errno));
+  for (;;) {
+    int ms = deadline == INT64_MAX ? -1 : (int)((deadline - hixl__now_ns()) / 1000000);
+    if (ms < 0 && deadline != INT64_MAX)
+      ms = 0;
+    struct pollfd pfd = {fd, POLLOUT, 0};
+    int pr = poll(&pfd, 1, ms);
+    if (pr < 0 && errno == EINTR)
+      continue;
+    if (pr == 0)
+      return hixl__err(HIXL_ERR_TIMEOUT, "connecting to %s timed out", addr);
+    int err = 0;
+    socklen_t el = sizeof(err);
+    getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
+    if (err)
+      return hixl__err(HIXL_ERR_PEER_LOST, "cannot connect to %s: %s", addr, strerror(err));
+    return HIXL_OK;
+  }
+}
+
+static hixl_status_t tcp_connect(const char *addr, int64_t deadline, int *fd_p)
+{
+  char host[128], port[16];
+  hixl_status_t st = hixl__parse_hostport(addr, host, sizeof(host), port, sizeof(port));
+  if (st != HIXL_OK)
+    return st;
+  if (host[0] == 0 || strcmp(port, "0") == 0)
+    return hixl__err(HIXL_ERR_INVALID, "cannot connect to \"%s\": need a host and a port", addr);
+  struct addrinfo hints = {
+      .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
+  struct addrinfo *res;
+  int rc = getaddrinfo(host, port, &hints, &res);
+  if (rc != 0)
+    return hixl__err(HIXL_ERR_INVALID, "cannot resolve \"%s\": %s", addr, gai_strerror(rc));
+  st = HIXL_ERR_PEER_LOST;
+  for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+      continue;
+    st = connect_with_deadline(fd, ai->ai_addr, ai->ai_addrlen, deadline, addr);
+    if (st == HIXL_OK) {
+      fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+      *fd_p = fd;
+      break;
+    }
+    close(fd);
+  }
+  freeaddrinfo(res);
+  return st;
+}
+
+hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeout_ms, uint64_t tag,
+                                   hixl_peer_t **peer_p)
+{
+  if (ctx == NULL || addr == NULL || peer_p == NULL)
+    return hixl__err(HIXL_ERR_INVALID, "hixl_connect: NULL %s",
+                     ctx == NULL    ? "ctx"
+                     : addr == NULL ? "addr"
+                                    : "peer_p");
+  int64_t deadline = hixl__deadline(timeout_ms);
+  int fd = -1;
+  hixl_status_t st = tcp_connect(addr, deadline, &fd);
+  if (st != HIXL_OK)
+    return st;
+  hixl__set_sock_opts(fd, ctx->cfg.timeout_ms, true);
+
+  hixl_peer_t *p = hixl__peer_new(ctx, fd, false);
+  if (p == NULL) {
+    close(fd);
+    return hixl__err(HIXL_ERR_NOMEM, "no memory for a peer");
+  }
+  snprintf(p->name, sizeof(p->name), "%s", addr);
+  if (ctx->tls && (st = tls_client(p, deadline, addr)) != HIXL_OK)
+    goto fail;
+  /* The handshake (auth.h): our nonce; the target's nonce and proof, checked
+   * before anything of ours goes out; our identity and proof. */
+  hixl_msg_t hello = {.type = HIXL_MSG_HELLO}, chal, ack;
+  uint8_t nonces[2 * HIXL_AUTH_NONCE], proof[HIXL_AUTH_PROOF];
+  hixl__auth_nonce(nonces);
+  memcpy(hello.blob, nonces, HIXL_AUTH_NONCE);
+  hello.blob_len = HIXL_AUTH_NONCE;
+  if ((st = hixl__send(p, &hello, NULL, 0)) != HIXL_OK ||
+      (st = hixl__peer_recv_sync(p, &chal, deadline)) != HIXL_OK) {
+    if (st == HIXL_ERR_PEER_LOST && !ctx->tls)
+      st = hixl__err(st,
+                     "%s closed the connection at HELLO (does it require TLS? HIXL_TLS must "
+                     "be the same on both sides)",
+                     addr);
+    goto fail;
+  }
+  /* Nothing but a challenge: an unproven answer does not get to choose our
+   * error or our message. */
+  if (chal.type != HIXL_MSG_AUTH_CHALLENGE || chal.blob_len != HIXL_AUTH_NONCE + HIXL_AUTH_PROOF) {
+    st = hixl__err(HIXL_ERR_TRANSPORT, "%s answered the handshake with %s", addr,
+                   hixl_wire_type_name(chal.type));
+    goto fail;
+  }
+  memcpy(nonces + HIXL_AUTH_NONCE, chal.blob, HIXL_AUTH_NONCE);
+  hixl__auth_proof(ctx->cfg.auth_token, HIXL_AUTH_LABEL_TARGET, nonces, nonces + HIXL_AUTH_NONCE,
+                   NULL, 0, proof);
+  if (!hixl__auth_equal(proof, chal.blob + HIXL_AUTH_NONCE)) {
+    st = hixl__err(HIXL_ERR_AUTH,
+                   "%s did not prove it knows our auth token (it has another one, or it is "
+                   "not the target we meant): nothing more was sent to it",
+                   addr);
+    goto fail;
+  }
+  hixl_msg_t auth = {.type = HIXL_MSG_AUTH};
+  auth.u32[0] = ctx->tp_ready; /* what we can do, for the target's choice */
+  auth.u64[0] = ctx->id;
+  memcpy(auth.host_id, ctx->host_id, 32);
+  auth.u32[1] = (uint32_t)getpid();
+  auth.u64[1] = tag;
+  /* Our preference order, by name. */
+  hixl__tp_join(auth.str[0], sizeof(auth.str[0]), ctx->tp_order, ctx->n_tp_order, ~0u);
+  uint8_t id[AUTH_IDENTITY_MAX];
+  size_t idn = auth_identity(&auth, id);
+  hixl__auth_proof(ctx->cfg.auth_token, HIXL_AUTH_LABEL_INITIATOR, nonces, nonces + HIXL_AUTH_NONCE,
+                   id, idn, auth.blob);
+  auth.blob_len = HIXL_AUTH_PROOF;
+  if ((st = hixl__send(p, &auth, NULL, 0)) != HIXL_OK ||
+      (st = hixl__peer_recv_sync(p, &ack, deadline)) != HIXL_OK)
+    goto fail;
+  if (ack.type != HIXL_MSG_HELLO_ACK) {
+    st = hixl__err(HIXL_ERR_TRANSPORT, "%s answered the handshake with %s", addr,
+                   hixl_wire_type_name(ack.type));
+    goto fail;
+  }
+  if (ack.status != HIXL_OK) {
+    st = hixl__err(ack.status < 0 && ack.status >= HIXL_ERR_NO_DEVICE ? ack.status
+                                                                      : HIXL_ERR_TRANSPORT,
+                   "%s refused the connection: %s", addr,
+                   ack.str[1][0] ? ack.str[1] : hixl_strerror(ack.status));
+    goto fail;
+  }
+  p->remote_ctx_id = ack.u64[0];
+  p->remote_pid = (pid_t)ack.u32[1];
+  if (ack.u32[0] == HIXL_TP_SELF) {
+    hixl__peer_free(p);
+    hixl_peer_t *self = hixl__self_peer(ctx);
+    if (self == NULL)
+      return hixl__err(HIXL_ERR_NOMEM, "no memory for a self peer");
+    *peer_p = self;
+    return HIXL_OK;
+  }
+  const hixl_transport_ops_t *ops = NULL;
+  for (size_t t = 0; t < hixl__n_transports; t++)
+    if ((uint32_t)hixl__transports[t]->id == ack.u32[0])
+      ops = hixl__transports[t];
+  if (ops == NULL || !(ctx->tp_allowed & (1u << ack.u32[0]))) {
+    st = hixl__err(HIXL_ERR_UNSUPPORTED, "%s chose transport %u, which we do not allow", addr,
+                   ack.u32[0]);
+    goto fail;
+  }
+  p->ops = ops;
+  if ((st = ops->connect(p, &ack, deadline)) != HIXL_OK) {
+    p->ops = NULL;
+    goto fail;
+  }
+  if (p->tls && p->fd != p->tls_fd) { /* shm moved to its unix socket */
+    hixl__tls_free(p->tls);
+    p->tls = NULL;
+  }
+  pthread_mutex_lock(&ctx->lock);
+  atomic_store(&p->state, HIXL_PEER_UP);
+  p->last_rx_ns = hixl__now_ns();
+  p->next = ctx->peers;
+  ctx->peers = p;
+  pthread_mutex_lock(&p->send_lock);
+  p->polled = true;
+  struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = p};
+  epoll_ctl(ctx->epoll_fd, EPOLL_CTL_ADD, p->fd, &ev);
+  pthread_mutex_unlock(&p->send_lock);
+  pthread_mutex_unlock(&ctx->lock);
+  hixl_info("connected to %s over %s", addr, ops->name);
+  *peer_p = p;
+  return HIXL_OK;
+fail:
+  hixl__peer_free(p);
+  return st;
+}
+
+hixl_status_t hixl_connect(hixl_ctx_t *ctx, const char *addr, int timeout_ms, hixl_peer_t **peer_p)
+{
+  return hixl__connect_tagged(ctx, addr, timeout_ms, 0, peer_p);
+}

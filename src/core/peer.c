@@ -1,0 +1,219 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Peers' lifetime (the control plane: conn.h): creating a peer record,
+ * failing a peer and what waits on it, the self peer, hixl_disconnect and
+ * freeing every peer at context destruction.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "auth.h"
+#include "config.h"
+#include "conn.h"
+#include "tls.h"
+
+int hixl__ctx_timeout(const hixl_ctx_t *ctx) { return ctx->cfg.timeout_ms; }
+
+void hixl__wake(hixl_ctx_t *ctx)
+{
+  uint64_t one = 1;
+  ssize_t r = write(ctx->wake_fd, &one, sizeof(one));
+  (void)r; /* a full eventfd already wakes the thread */
+}
+
+hixl_peer_t *hixl__peer_new(hixl_ctx_t *ctx, int fd, bool inbound)
+{
+  hixl_peer_t *p = calloc(1, sizeof(*p));
+  if (p == NULL)
+    return NULL;
+  p->magic = HIXL_MAGIC_PEER;
+  p->ctx = ctx;
+  p->fd = fd;
+  p->tls_fd = -1;
+  p->inbound = inbound;
+  atomic_init(&p->state, HIXL_PEER_CONNECTING);
+  pthread_mutex_init(&p->send_lock, NULL);
+  p->last_rx_ns = hixl__now_ns();
+  p->born_ns = p->last_rx_ns;
+  atomic_init(&p->last_tx_ns, p->last_rx_ns);
+  return p;
+}
+
+/* A control message waiting in a peer's output queue. */
+
+/* Drop what is queued for p (its socket is going away).  send_lock held. */
+void hixl__outq_clear(hixl_peer_t *p)
+{
+  while (p->oq_head) {
+    hixl_outmsg_t *q = p->oq_head;
+    p->oq_head = q->next;
+    for (int i = 0; i < q->nfds; i++)
+      close(q->fds[i]);
+    free(q);
+  }
+  p->oq_tail = NULL;
+  p->oq_bytes = 0;
+}
+
+void hixl__peer_free(hixl_peer_t *p)
+{
+  hixl__outq_clear(p);
+  hixl__tls_free(p->tls);
+  if (p->ops)
+    p->ops->peer_close(p);
+  for (int i = 0; i < p->n_rx_fds; i++)
+    close(p->rx_fds[i]);
+  if (p->fd >= 0)
+    close(p->fd);
+  free(p->rx);
+  pthread_mutex_destroy(&p->send_lock);
+  p->magic = HIXL_MAGIC_DEAD;
+  free(p);
+}
+
+void hixl__peer_lost_async(hixl_peer_t *p, const char *why)
+{
+  int up = HIXL_PEER_UP;
+  if (atomic_compare_exchange_strong(&p->state, &up, HIXL_PEER_LOST)) {
+    hixl_info("peer %s lost: %s", p->name, why);
+    hixl__wake(p->ctx);         /* the control thread fails its pending calls */
+    hixl__wake_waiters(p->ctx); /* waits on this peer end */
+  }
+}
+
+/* Fail every control call waiting on p; ctx->lock held. */
+void hixl__fail_pending_locked(hixl_peer_t *p)
+{
+  hixl_pending_t *pd = p->pending;
+  p->pending = NULL;
+  while (pd) {
+    hixl_pending_t *next = pd->next;
+    pd->status = HIXL_ERR_PEER_LOST;
+    pd->done = true;
+    if (pd->req) {
+      hixl__req_complete(pd->req, HIXL_ERR_PEER_LOST, 0);
+      free(pd);
+    }
+    pd = next;
+  }
+  pthread_cond_broadcast(&p->ctx->cond);
+}
+
+void hixl__peer_fail_locked(hixl_peer_t *p, int state, const char *why)
+{
+  int old = atomic_load(&p->state);
+  if (old == HIXL_PEER_LOST || old == HIXL_PEER_CLOSED)
+    return;
+  atomic_store(&p->state, state);
+  p->lost_ns = hixl__now_ns();
+  if (!p->unix_pending && old == HIXL_PEER_UP)
+    hixl_info("peer %s %s: %s", p->name, state == HIXL_PEER_LOST ? "lost" : "closed", why);
+  hixl__fail_pending_locked(p);
+  /* Let the transport fail what is in flight now, not when its own retries
+   * run out (verbs: the QPs go to ERROR and flush). */
+  if (old == HIXL_PEER_UP && p->ops && p->ops->peer_lost)
+    p->ops->peer_lost(p);
+  hixl__wake(p->ctx);
+  hixl__wake_waiters(p->ctx); /* waits on this peer end */
+}
+
+hixl_peer_t *hixl__self_peer(hixl_ctx_t *ctx)
+{
+  hixl_peer_t *p = hixl__peer_new(ctx, -1, false);
+  if (p == NULL)
+    return NULL;
+  p->self = true;
+  p->ops = &hixl__self_ops;
+  p->remote_ctx_id = ctx->id;
+  p->remote_pid = getpid();
+  snprintf(p->name, sizeof(p->name), "self(%s)", ctx->address);
+  if (hixl__self_init(p) != HIXL_OK) {
+    p->ops = NULL;
+    hixl__peer_free(p);
+    return NULL;
+  }
+  pthread_mutex_lock(&ctx->lock);
+  atomic_store(&p->state, HIXL_PEER_UP);
+  p->next = ctx->peers;
+  ctx->peers = p;
+  pthread_mutex_unlock(&ctx->lock);
+  return p;
+}
+
+hixl_status_t hixl_disconnect(hixl_peer_t *peer)
+{
+  if (peer == NULL || peer->magic != HIXL_MAGIC_PEER)
+    return hixl__err(HIXL_ERR_INVALID, "hixl_disconnect: %s peer",
+                     peer == NULL ? "NULL" : "invalid or freed");
+  hixl_ctx_t *ctx = peer->ctx;
+  if (atomic_load(&peer->state) == HIXL_PEER_UP && peer->fd >= 0) {
+    hixl_msg_t bye = {.type = HIXL_MSG_BYE};
+    hixl__send(peer, &bye, NULL, 0);
+  }
+  pthread_mutex_lock(&ctx->lock);
+  hixl__peer_fail_locked(peer, HIXL_PEER_CLOSED, "disconnected by us");
+  /* Closed by the user, even if the peer's EOF (after our BYE) won the race
+   * and marked it lost first: later calls say "disconnected". */
+  atomic_store(&peer->state, HIXL_PEER_CLOSED);
+  /* The control thread closes the socket; wait for it so that nothing
+   * reads from a peer we are about to tear down. */
+  while (peer->fd >= 0 && !peer->self) {
+    hixl__wake(ctx);
+    hixl__cond_wait_until(ctx, hixl__deadline(100), 100);
+  }
+  /* Release transport resources now; keep the handle (state CLOSED) so a
+   * use after disconnect is reported as PEER_LOST, not a crash.  It is freed
+   * with the context. */
+  if (peer->ops) {
+    for (hixl_rmr_t *r = peer->rmrs; r; r = r->next)
+      peer->ops->rmr_detach(r);
+    peer->ops->peer_close(peer);
+    peer->ops = &hixl__closed_ops;
+  }
+  pthread_mutex_unlock(&ctx->lock);
+  return HIXL_OK;
+}
+
+const char *hixl_peer_transport(const hixl_peer_t *peer)
+{
+  if (peer == NULL || peer->magic != HIXL_MAGIC_PEER || peer->ops == NULL)
+    return NULL;
+  return peer->ops->name;
+}
+
+/* Free every peer; the control thread is stopped.  For hixl_ctx_destroy. */
+void hixl__peers_destroy(hixl_ctx_t *ctx)
+{
+  while (ctx->peers) {
+    hixl_peer_t *p = ctx->peers;
+    ctx->peers = p->next;
+    if (atomic_load(&p->state) == HIXL_PEER_UP && p->fd >= 0 && !p->inbound) {
+      hixl_msg_t bye = {.type = HIXL_MSG_BYE};
+      hixl__send(p, &bye, NULL, 0);
+    }
+    hixl__peer_fail_locked(p, HIXL_PEER_CLOSED, "context destroyed");
+    while (p->rmrs) {
+      hixl_rmr_t *r = p->rmrs;
+      p->rmrs = r->next;
+      if (p->ops)
+        p->ops->rmr_detach(r);
+      r->magic = HIXL_MAGIC_DEAD;
+      free(r);
+    }
+    hixl__peer_free(p);
+  }
+}
