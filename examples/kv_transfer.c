@@ -740,7 +740,15 @@ static int decode(cfg_t c, int addr_fd, hixl_ctx_t *shared)
   fflush(stdout);
   /* Every layer was checked, so prefill's writes are all done: stop it. */
   CHECK(hixl_notify(pre, IMM_STOP, 0, NULL));
-  CHECK(hixl_fence(ctx, pre, -1));
+  /* Prefill disconnects as soon as it takes STOP, which can be before this
+   * fence looks: then the fence cannot confirm delivery and says the peer
+   * is gone (docs/semantics.md), which here means it stopped. */
+  hixl_status_t st = hixl_fence(ctx, pre, -1);
+  if (st != HIXL_OK && st != HIXL_ERR_PEER_LOST) {
+    fprintf(stderr, "%s: hixl_fence after STOP failed: %s (%s)\n", g_role, hixl_strerror(st),
+            hixl_last_error());
+    exit(1);
+  }
   close(fd);
   hixl_rmr_release(slots);
   if (shared == NULL)
