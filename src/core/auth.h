@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Mutual authentication of the control connection (conn.c) without the
+ * Mutual authentication of the control connection (handshake.c) without the
  * token ever crossing the wire: a challenge-response over two fresh nonces
  * with HMAC-SHA256 keyed by the token (nettle, Debian's vetted
  * implementation; no hand-written crypto).

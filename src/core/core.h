@@ -35,7 +35,7 @@ hixl_status_t hixl__wait_completed(hixl_peer_t *p, uint64_t target, int64_t dead
 /* Transports whose peers do not read our region table: told of deregs. */
 static inline bool hixl__tp_remote_keys(const hixl_transport_ops_t *ops)
 {
-  return ops && (ops->id == HIXL_TP_VERBS || ops->id == HIXL_TP_FABRIC);
+  return ops && ops->mr_key != NULL;
 }
 /* What a peer's ops become after hixl_disconnect: every op PEER_LOST. */
 extern const hixl_transport_ops_t hixl__closed_ops;
@@ -48,7 +48,7 @@ const char *hixl__tp_join(char *buf, size_t cap, const uint8_t *order, int n, ui
 extern const hixl_transport_ops_t *const hixl__transports[];
 extern const size_t hixl__n_transports;
 
-/* conn.c: the control plane. */
+/* The control plane (conn.h: peer.c, call.c, handshake.c, ctl.c). */
 hixl_status_t hixl__ctl_start(hixl_ctx_t *ctx);
 void hixl__ctl_stop(hixl_ctx_t *ctx);
 hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeout_ms, uint64_t tag,

@@ -37,6 +37,24 @@ static void proto_error_locked(hixl_peer_t *p, const char *what, unsigned type)
   hixl__peer_fail_locked(p, HIXL_PEER_LOST, "protocol error");
 }
 
+/* The transport whose bind comes on the unix socket as a message of type. */
+static const hixl_transport_ops_t *unix_bind_ops(unsigned type)
+{
+  for (size_t t = 0; t < hixl__n_transports; t++)
+    if (hixl__transports[t]->bind_unix && hixl__transports[t]->bind_type == type)
+      return hixl__transports[t];
+  return NULL;
+}
+
+/* p's transport's own message of this type, or NULL. */
+static const hixl_tp_msg_t *tp_msg(const hixl_peer_t *p, unsigned type)
+{
+  for (const hixl_tp_msg_t *t = p->ops ? p->ops->msgs : NULL; t && t->type; t++)
+    if (t->type == type)
+      return t;
+  return NULL;
+}
+
 /* Dispatch one message from p.  Called with ctx->lock held; may leave a
  * reply in *out (sent by the caller after unlocking). */
 static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t *out, int *out_fds,
@@ -46,14 +64,16 @@ static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t 
   int fd = m->nfds ? fds[0] : -1;
   *reply_to = p;
   if (atomic_load(&p->state) == HIXL_PEER_CONNECTING && p->inbound) {
-    if (p->unix_pending && m->type == HIXL_MSG_SHM_BIND && m->nfds == 3) {
-      hixl_peer_t *bound = hixl__handle_bind_locked(p, m, fds, 3, out, out_fds, n_out);
+    const hixl_transport_ops_t *ub = p->unix_pending ? unix_bind_ops(m->type) : NULL;
+    if (ub && m->nfds == ub->bind_fds) {
+      hixl_peer_t *bound = hixl__handle_bind_locked(p, ub, m, fds, m->nfds, out, out_fds, n_out);
       if (bound) {
         /* UP only once the ACK is on the wire (peer_readable): nothing of
          * ours may reach the initiator before it. */
         *reply_to = bound;
       } else {
-        hixl_warn("unix connection with an unknown or failed SHM_BIND: dropping it");
+        hixl_warn("unix connection with an unknown or failed %s: dropping it",
+                  hixl_wire_type_name(m->type));
         for (int i = 0; i < m->nfds; i++)
           close(fds[i]);
       }
@@ -62,7 +82,8 @@ static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t 
     if (!p->unix_pending && p->ops && p->ops->needs_bind && p->ops->bind_type &&
         m->type == p->ops->bind_type && m->nfds == 0) {
       /* An in-band bind (verbs, fabric): the transport answers. */
-      p->ops->accept(p, m, out);
+      memset(out, 0, sizeof(*out));
+      p->ops->accept(p, m, NULL, 0, p->fd, out, out_fds, n_out);
       if (out->type == 0)
         proto_error_locked(p, "bind refused", m->type);
       return;
@@ -88,12 +109,13 @@ static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t 
       close(fds[i]);
     return;
   }
-  /* Only FD_REPLY, DEV_IPC_REPLY and SHM_STAGE_REPLY may carry an fd once
-   * connected. */
-  if (m->nfds > (m->type == HIXL_MSG_FD_REPLY || m->type == HIXL_MSG_DEV_IPC_REPLY ||
-                         m->type == HIXL_MSG_SHM_STAGE_REPLY
-                     ? 1
-                     : 0)) {
+  /* Once connected, only FD_REPLY, DEV_IPC_REPLY and the transport's own
+   * messages that say so may carry an fd. */
+  const hixl_tp_msg_t *tm = tp_msg(p, m->type);
+  int max_fds = m->type == HIXL_MSG_FD_REPLY || m->type == HIXL_MSG_DEV_IPC_REPLY ? 1
+                : tm                                                              ? tm->max_fds
+                                                                                  : 0;
+  if (m->nfds > max_fds) {
     for (int i = 0; i < m->nfds; i++)
       close(fds[i]);
     proto_error_locked(p, "unexpected file descriptors", m->type);
@@ -111,23 +133,13 @@ static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t 
   case HIXL_MSG_FD_REPLY:
   case HIXL_MSG_DEV_IPC_REPLY:
   case HIXL_MSG_ATOMIC_REPLY:
-  case HIXL_MSG_VERBS_MR_REPLY:
-  case HIXL_MSG_FABRIC_MR_REPLY:
-  case HIXL_MSG_REGION_GONE_ACK:
-  case HIXL_MSG_SHM_STAGE_REPLY: hixl__complete_pending_locked(p, m, fd); return;
-  case HIXL_MSG_SHM_STAGE_REQ:
-    /* shm without CMA: the owner-side copies (src/shm/stage.c). */
-    hixl__shm_stage_serve(p, m, out, out_fds, n_out);
-    return;
-  case HIXL_MSG_SHM_COPY:
-    hixl__shm_copy_serve(p, m); /* no reply: the outcome is in the staging header */
-    return;
+  case HIXL_MSG_TP_MR_REPLY:
+  case HIXL_MSG_REGION_GONE_ACK: hixl__complete_pending_locked(p, m, fd); return;
   case HIXL_MSG_LOOKUP:
   case HIXL_MSG_FD_REQ:
   case HIXL_MSG_DEV_IPC_REQ:
   case HIXL_MSG_ATOMIC:
-  case HIXL_MSG_VERBS_MR:
-  case HIXL_MSG_FABRIC_MR: hixl__serve(p, m, out, out_fds, n_out); return;
+  case HIXL_MSG_TP_MR: hixl__serve(p, m, out, out_fds, n_out); return;
   case HIXL_MSG_REGION_GONE:
     /* Peers without the owner's shared table (verbs) learn it this way. */
     for (hixl_rmr_t *r = p->rmrs; r; r = r->next)
@@ -154,7 +166,21 @@ static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t 
     p->xchg_epoch = m->u64[1];
     pthread_cond_broadcast(&ctx->cond);
     return;
-  default: proto_error_locked(p, "unexpected message", m->type); return;
+  default:
+    /* The transport's own messages (from peers on it only). */
+    if (tm && tm->serve == NULL) {
+      hixl__complete_pending_locked(p, m, fd);
+      return;
+    }
+    if (tm) {
+      memset(out, 0, sizeof(*out));
+      tm->serve(p, m, out, out_fds, n_out);
+      return;
+    }
+    for (int i = 0; i < m->nfds; i++)
+      close(fds[i]);
+    proto_error_locked(p, "unexpected message", m->type);
+    return;
   }
 }
 
@@ -263,9 +289,9 @@ static void peer_readable(hixl_ctx_t *ctx, hixl_peer_t *p)
           close(out_fds[i]);
         pthread_mutex_lock(&ctx->lock);
         /* A handshake that completed with this ACK: the peer is usable now
-         * (shm after SHM_BIND; a transport that needs no bind after HELLO). */
-        bool done = (out.type == HIXL_MSG_SHM_BIND_ACK ||
-                     (reply_to->ops && reply_to->ops->bind_reply_type &&
+         * (after its transport's bind; a transport that needs no bind, after
+         * HELLO). */
+        bool done = ((reply_to->ops && reply_to->ops->bind_reply_type &&
                       out.type == reply_to->ops->bind_reply_type) ||
                      (out.type == HIXL_MSG_HELLO_ACK && reply_to->ops &&
                       !reply_to->ops->needs_bind && !reply_to->unix_pending)) &&

@@ -157,30 +157,24 @@ void hixl__handle_auth_locked(hixl_peer_t *p, const hixl_msg_t *m, hixl_msg_t *a
   snprintf(p->name, sizeof(p->name), "inbound#%u(pid %d)", ++ctx->n_inbound, (int)p->remote_pid);
 }
 
-/* Target side of SHM_BIND, arriving on an accepted unix connection u: find
- * the inbound peer it binds and move the connection over to it. */
-hixl_peer_t *hixl__handle_bind_locked(hixl_peer_t *u, const hixl_msg_t *m, int *fds, int nfds,
-                                      hixl_msg_t *ack, int *out_fds, int *n_out)
+hixl_peer_t *hixl__handle_bind_locked(hixl_peer_t *u, const hixl_transport_ops_t *o,
+                                      const hixl_msg_t *m, int *fds, int nfds, hixl_msg_t *ack,
+                                      int *out_fds, int *n_out)
 {
   hixl_ctx_t *ctx = u->ctx;
   hixl_peer_t *p;
   for (p = ctx->peers; p; p = p->next)
     if (p->inbound && !p->unix_pending && atomic_load(&p->state) == HIXL_PEER_CONNECTING &&
-        p->cookie == m->u64[0] && p->remote_ctx_id == m->u64[1] && p->ops == &hixl__shm_ops)
+        p->cookie == m->u64[0] && p->remote_ctx_id == m->u64[1] && p->ops == o)
       break;
   memset(ack, 0, sizeof(*ack));
-  ack->type = HIXL_MSG_SHM_BIND_ACK;
+  ack->type = o->bind_reply_type;
   if (p == NULL) {
     ack->status = HIXL_ERR_AUTH;
     return NULL;
   }
-  /* Who is really at the other end (SO_PEERCRED): its pid for CMA, its uid
-   * against the policy -- never what its HELLO claimed. */
-  hixl_status_t st = hixl__shm_bind_cred(p, u->fd);
-  if (st == HIXL_OK)
-    st = hixl__shm_accept(p, fds, nfds, out_fds, n_out);
-  ack->status = st;
-  if (st != HIXL_OK)
+  o->accept(p, m, fds, nfds, u->fd, ack, out_fds, n_out);
+  if (ack->type == 0 || ack->status != HIXL_OK)
     return NULL;
   /* Swap sockets: the TCP one has done its job (with anything still queued
    * for it). */

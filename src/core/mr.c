@@ -509,17 +509,20 @@ void hixl__atomic_msg(const hixl_rmr_t *r, uint64_t off, int op, uint64_t a, uin
   m->u64[3] = b;
 }
 
-hixl_status_t hixl__rmr_key_call(hixl_rmr_t *r, uint16_t type, uint16_t reply_type,
-                                 const char *unreachable, hixl_msg_t *reply, int64_t deadline)
+hixl_status_t hixl__rmr_key_call(hixl_rmr_t *r, const char *unreachable, int64_t deadline)
 {
-  hixl_msg_t m = {.type = type};
+  hixl_msg_t m = {.type = HIXL_MSG_TP_MR}, reply;
   m.u32[0] = r->slot;
   m.u32[1] = r->access;
   m.u32[2] = r->flags;
   m.u64[0] = r->rkey;
   m.u64[1] = r->base;
   m.u64[2] = r->len;
-  hixl_status_t st = hixl__call(r->peer, &m, reply_type, reply, NULL, deadline);
+  hixl_status_t st = hixl__call(r->peer, &m, HIXL_MSG_TP_MR_REPLY, &reply, NULL, deadline);
+  if (st == HIXL_OK) {
+    r->tp_key[0] = reply.u64[0];
+    r->tp_key[1] = reply.u64[1];
+  }
   if (st == HIXL_ERR_NOT_REGISTERED)
     return hixl__err(st,
                      "hixl_rmr_unpack: peer %s has no live region matching the blob "
@@ -570,7 +573,7 @@ void hixl__serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out, int *o
     out->status = HIXL_ERR_NOT_REGISTERED;
     /* Only same-host peers may ask, and only for regions whose memfd they
      * may map (HIXL_REGF_MEMFD: the whole memfd, granting READ). */
-    if (peer->ops != &hixl__shm_ops)
+    if (!(peer->ops->caps & HIXL_TP_CAP_LOCAL_MAP))
       return;
     pthread_mutex_lock(&ctx->reg_lock);
     hixl_mr_t *mr = live_mr(ctx, m->u32[0], m->u64[0]);
@@ -597,7 +600,7 @@ void hixl__serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out, int *o
     /* A same-host peer maps a device region through the backend's IPC. */
     out->type = HIXL_MSG_DEV_IPC_REPLY;
     out->status = HIXL_ERR_NOT_REGISTERED;
-    if (peer->ops != &hixl__shm_ops)
+    if (!(peer->ops->caps & HIXL_TP_CAP_LOCAL_MAP))
       return;
     pthread_mutex_lock(&ctx->reg_lock);
     hixl_mr_t *mr = live_mr(ctx, m->u32[0], m->u64[0]);
@@ -643,24 +646,19 @@ void hixl__serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out, int *o
     pthread_mutex_unlock(&ctx->reg_lock);
     return;
   }
-  case HIXL_MSG_VERBS_MR:
-  case HIXL_MSG_FABRIC_MR: {
-    /* The transport key of a live region (verbs: its rkey; fabric: key and
-     * base), only for peers on that transport. */
-    bool fab = m->type == HIXL_MSG_FABRIC_MR;
-    out->type = fab ? HIXL_MSG_FABRIC_MR_REPLY : HIXL_MSG_VERBS_MR_REPLY;
+  case HIXL_MSG_TP_MR: {
+    /* The key of a live region on the peer's transport (its mr_key), for
+     * peers of transports with remote keys only. */
+    out->type = HIXL_MSG_TP_MR_REPLY;
     out->status = HIXL_ERR_NOT_REGISTERED;
+    if (peer->ops->mr_key == NULL)
+      return;
     pthread_mutex_lock(&ctx->reg_lock);
     hixl_mr_t *mr = live_mr(ctx, m->u32[0], m->u64[0]);
     /* The whole blob must match, as for peers that read our table. */
-    bool match = mr && peer->ops->id == (fab ? HIXL_TP_FABRIC : HIXL_TP_VERBS) &&
-                 hixl__reg_check(ctx->reg_table, m->u32[0], m->u64[0], m->u64[1], m->u64[2],
-                                 m->u32[1], m->u32[2]) == HIXL_OK;
-    bool have = match && (fab ? hixl__fabric_mr_key(mr, &out->u64[0], &out->u64[1])
-                              : mr->tp[HIXL_TP_VERBS] != NULL);
-    if (have && !fab)
-      out->u32[0] = hixl__verbs_mr_rkey(mr);
-    if (have)
+    bool match = mr && hixl__reg_check(ctx->reg_table, m->u32[0], m->u64[0], m->u64[1], m->u64[2],
+                                       m->u32[1], m->u32[2]) == HIXL_OK;
+    if (match && peer->ops->mr_key(mr, out->u64))
       out->status = HIXL_OK;
     else if (match && mr->device >= 0)
       out->status = HIXL_ERR_UNSUPPORTED; /* device memory our NIC / provider cannot reach */

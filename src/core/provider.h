@@ -115,10 +115,11 @@ struct hixl_rmr {
   uint32_t slot;
   uint32_t access;
   uint32_t flags;
-  uint32_t tp_rkey; /* verbs: the owner's ibv rkey */
-  uint64_t tp_key;  /* fabric: the owner's key, and the remote address of byte 0;
-                     * shm: the first word of the region's tag (shm_int.h) */
-  uint64_t tp_base;
+  /* The region's key on the peer's transport, opaque to the core (the
+   * owner's mr_key; verbs: [0] the ibv rkey; fabric: [0] the key, [1] the
+   * remote address of byte 0; shm: [0] the first word of the region's tag,
+   * shm_int.h). */
+  uint64_t tp_key[2];
   _Atomic bool gone;     /* the owner told us it deregistered the region */
   uint8_t *map;          /* shm: byte 0 of the region in our mapping, or NULL (CMA) */
   void *map_base;        /* what mmap returned (page-aligned) */
@@ -152,6 +153,26 @@ void hixl__req_part_done(hixl_req_t *req, hixl_status_t st);
 /* ------------------------------------------------------------ transports */
 
 enum { HIXL_AMO_FAA = 1, HIXL_AMO_CAS = 2 };
+
+/* Capabilities of a transport (hixl_transport_ops_t.caps). */
+enum {
+  /* Its peers are processes of this host that map our memory: they may ask
+   * for a region's memfd (FD_REQ) and device IPC handle (DEV_IPC_REQ). */
+  HIXL_TP_CAP_LOCAL_MAP = 1,
+};
+
+/* A control message a transport owns (hixl_transport_ops_t.msgs), from
+ * peers on that transport only. */
+typedef struct hixl_tp_msg {
+  uint16_t type;
+  uint8_t max_fds; /* descriptors it may carry */
+  /* NULL: a reply, which completes the call waiting for it.  Else serve it
+   * (control thread, ctx->lock held): fill *out (type 0: no reply) and the
+   * fds to pass, out_fds[0..*n_out), which the caller closes after
+   * sending. */
+  void (*serve)(hixl_peer_t *peer, const struct hixl_msg *m, struct hixl_msg *out, int *out_fds,
+                int *n_out);
+} hixl_tp_msg_t;
 enum { HIXL_TP_SELF = 0, HIXL_TP_SHM = 1, HIXL_TP_VERBS = 2, HIXL_TP_FABRIC = 3, HIXL_TP_COUNT };
 _Static_assert(HIXL_TP_COUNT == 4, "hixl_mr_t.tp has one slot per transport");
 
@@ -173,7 +194,17 @@ typedef struct hixl_transport_ops {
   int id;          /* HIXL_TP_* */
   bool async;      /* see above */
   bool needs_bind; /* the handshake continues after HELLO_ACK (a bind message) */
-  uint16_t bind_type, bind_reply_type; /* in-band bind messages (verbs, fabric), else 0 */
+  /* The bind message and its reply (both 0 when none).  In band (verbs,
+   * fabric): on the TCP control connection.  bind_unix (shm): on a new
+   * connection to the context's unix socket, with bind_fds descriptors;
+   * u64[0] is the cookie HELLO_ACK gave and u64[1] the initiator's
+   * context id, which find the peer it binds. */
+  uint16_t bind_type, bind_reply_type;
+  bool bind_unix;
+  uint8_t bind_fds;
+  unsigned caps; /* HIXL_TP_CAP_* */
+  /* This transport's own control messages (type 0 ends; NULL: none). */
+  const struct hixl_tp_msg *msgs;
   /* Context set-up: NO_DEVICE means "not on this machine" (not an error). */
   hixl_status_t (*ctx_init)(hixl_ctx_t *ctx);
   void (*ctx_fini)(hixl_ctx_t *ctx);
@@ -184,8 +215,13 @@ typedef struct hixl_transport_ops {
   bool (*usable)(hixl_ctx_t *ctx, const struct hixl_msg *hello_or_ack);
   /* Initiator side: set the peer up after HELLO_ACK. */
   hixl_status_t (*connect)(hixl_peer_t *peer, const struct hixl_msg *ack, int64_t deadline);
-  /* Target side of an in-band bind message (verbs): fill the reply. */
-  void (*accept)(hixl_peer_t *peer, const struct hixl_msg *m, struct hixl_msg *out);
+  /* Target side of this transport's bind message m (control thread,
+   * ctx->lock held): fill the reply out (type bind_reply_type and a
+   * status; type 0: refused, the connection is dropped).  fds[0..nfds):
+   * what came with a unix bind, consumed when the status is OK; sock: the
+   * socket it came on (who is at the other end: SO_PEERCRED). */
+  void (*accept)(hixl_peer_t *peer, const struct hixl_msg *m, int *fds, int nfds, int sock,
+                 struct hixl_msg *out, int *out_fds, int *n_out);
   /* Release transport state (peer lost, disconnected or destroyed). */
   void (*peer_close)(hixl_peer_t *peer);
   /* Optional: the peer was just lost or closed (ctx->lock held); fail what
@@ -240,6 +276,12 @@ typedef struct hixl_transport_ops {
    * held): wake its producer if it waits for room (shm: ring its doorbell
    * when its page says it waits; self: our own waiters). */
   void (*notif_consumed)(hixl_peer_t *peer);
+  /* Optional: transports whose peers do not read our region table (remote
+   * keys: verbs, fabric).  The key a peer needs for mr on this transport
+   * (TP_MR_REPLY, into its rmr->tp_key), or false when mr is not reachable
+   * through it (device memory the NIC or provider cannot reach).  Such
+   * peers are also told when a region is deregistered (REGION_GONE). */
+  bool (*mr_key)(const hixl_mr_t *mr, uint64_t key[2]);
 } hixl_transport_ops_t;
 
 /* Slots a transport without such a step fills with (transport.c). */
@@ -248,7 +290,8 @@ void hixl__tp_ctx_fini_none(hixl_ctx_t *ctx);
 hixl_status_t hixl__tp_mr_reg_none(hixl_mr_t *mr);
 void hixl__tp_mr_dereg_none(hixl_mr_t *mr);
 void hixl__tp_on_event_none(hixl_ctx_t *ctx);
-void hixl__tp_accept_none(hixl_peer_t *peer, const struct hixl_msg *m, struct hixl_msg *out);
+void hixl__tp_accept_none(hixl_peer_t *peer, const struct hixl_msg *m, int *fds, int nfds, int sock,
+                          struct hixl_msg *out, int *out_fds, int *n_out);
 /* put_imm of a synchronous transport: its put, then its notify. */
 hixl_status_t hixl__tp_put_imm_sync(hixl_peer_t *peer, const void *src, size_t len, hixl_rmr_t *rmr,
                                     uint64_t off, uint32_t imm, hixl_req_t *req);
@@ -264,33 +307,13 @@ extern const hixl_transport_ops_t hixl__verbs_ops;
 #ifdef HIXL_HAVE_FABRIC
 extern const hixl_transport_ops_t hixl__fabric_ops;
 #endif
-/* The verbs rkey of a region registered with verbs (verbs.c; 0 without). */
-uint32_t hixl__verbs_mr_rkey(const hixl_mr_t *mr);
-/* The fabric key and remote base of a region (fabric.c; false without). */
-bool hixl__fabric_mr_key(const hixl_mr_t *mr, uint64_t *key_p, uint64_t *base_p);
 hixl_status_t hixl__self_init(hixl_peer_t *peer);
-/* shm target side of SHM_BIND, first: who is at the other end of the unix
- * socket sock it came on (SO_PEERCRED, from the kernel), never what its
- * HELLO said.  Sets peer->remote_pid (where CMA goes, whom device IPC is
- * exported to) to that process's; AUTH (with the detail, logged) when its
- * uid is neither ours, nor root, nor one HIXL_SHM_ALLOW_UIDS allows. */
-hixl_status_t hixl__shm_bind_cred(hixl_peer_t *peer, int sock);
-/* shm target side: map the initiator's segments (fds), create ours.  The
- * fds are consumed on success only (the caller closes them otherwise). */
-hixl_status_t hixl__shm_accept(hixl_peer_t *peer, const int *fds, int nfds, int *out_fds,
-                               int *n_out);
-/* shm owner side when the kernel refuses CMA (src/shm/stage.c; control
- * thread, ctx->lock held): lend a peer a staging area (SHM_STAGE_REQ), and
- * perform one of its copies (SHM_COPY; drops ctx->lock while copying). */
-void hixl__shm_stage_serve(hixl_peer_t *peer, const struct hixl_msg *m, struct hixl_msg *out,
-                           int *out_fds, int *n_out);
-void hixl__shm_copy_serve(hixl_peer_t *peer, const struct hixl_msg *m);
 
 /* ------------------------------------------------------------------ peers */
 
 enum { HIXL_PEER_CONNECTING = 0, HIXL_PEER_UP = 1, HIXL_PEER_LOST = 2, HIXL_PEER_CLOSED = 3 };
 
-/* A control-plane call waiting for its reply (see conn.c). */
+/* A control-plane call waiting for its reply (call.c). */
 typedef struct hixl_pending {
   uint64_t seq;
   uint16_t reply_type;
@@ -315,7 +338,7 @@ struct hixl_peer {
   uint64_t fence_acked;      /* fence(NULL) reported this peer's loss */
   int fd;                    /* control socket (TCP, or unix once shm is bound); -1 when none */
   pthread_mutex_t send_lock; /* serializes writes on fd, guards the output queue */
-  /* Control messages the socket did not take at once (conn.c): sent by the
+  /* Control messages the socket did not take at once (call.c): sent by the
    * control thread when the socket drains (EPOLLOUT), so no sender ever
    * blocks on a peer that does not read; capped (HIXL_MAX_PEER_QUEUE), and a
    * peer whose queue makes no progress for the liveness period is dropped. */
@@ -453,7 +476,7 @@ struct hixl_ctx {
   _Atomic uint64_t pool_head; /* (aba tag << 32) | (index + 1), 0 = empty */
 };
 
-/* conn.c: the control connection, for transports. */
+/* The control connection, for transports (call.c, peer.c, handshake.c). */
 /* Send a message on peer's control socket (with fds); thread-safe. */
 hixl_status_t hixl__send(hixl_peer_t *peer, struct hixl_msg *m, const int *fds, int nfds);
 /* Call: send m, wait for a reply of reply_type (decoded into *reply, a
@@ -477,7 +500,7 @@ void hixl__peer_fail_locked(hixl_peer_t *peer, int state, const char *why);
 void hixl__peer_lost_async(hixl_peer_t *peer, const char *why);
 void hixl__wake(hixl_ctx_t *ctx);
 int hixl__ctx_timeout(const hixl_ctx_t *ctx);
-/* A peer silent for max(timeout_ms, this) is lost (conn.c: liveness_ms). */
+/* A peer silent for max(timeout_ms, this) is lost (ctl.c: liveness_ms). */
 #define HIXL_LIVENESS_FLOOR_MS 1000
 
 /* mr.c: checks of a peer's requests, and calls about remote regions. */
@@ -494,12 +517,11 @@ hixl_status_t hixl__serve_range_locked(hixl_ctx_t *ctx, uint32_t slot, uint64_t 
 /* The ATOMIC control message for an owner-executed atomic on r+off. */
 void hixl__atomic_msg(const hixl_rmr_t *r, uint64_t off, int op, uint64_t a, uint64_t b,
                       struct hixl_msg *m);
-/* Transports whose peers do not read our table (verbs, fabric): ask the
- * owner for r's transport key (type / reply_type: VERBS_MR or FABRIC_MR),
- * which checks the whole blob.  unreachable ends the message of an
- * UNSUPPORTED reply ("device memory <unreachable>"). */
-hixl_status_t hixl__rmr_key_call(hixl_rmr_t *r, uint16_t type, uint16_t reply_type,
-                                 const char *unreachable, struct hixl_msg *reply, int64_t deadline);
+/* Transports with remote keys (mr_key): ask the owner for r's key on our
+ * transport (TP_MR), which checks the whole blob, into r->tp_key.
+ * unreachable ends the message of an UNSUPPORTED reply ("device memory
+ * <unreachable>"). */
+hixl_status_t hixl__rmr_key_call(hixl_rmr_t *r, const char *unreachable, int64_t deadline);
 /* Run an atomic on our own memory (self, or a peer's ATOMIC request). */
 uint64_t hixl__amo_local(uint64_t *p, int op, uint64_t a, uint64_t b);
 

@@ -8,10 +8,11 @@
  * and libfabric data, and the unix socket of shm (same host, the kernel's).
  * See docs/security.md.
  *
- * Sessions are driven by conn.c on non-blocking sockets: one thread
- * receives (the control thread) while another sends under the peer's
- * send_lock, which GnuTLS allows.  A send that returned "again" is retried
- * with the same bytes (the queue head), as GnuTLS requires.
+ * Sessions are driven by the control plane (handshake.c, call.c, ctl.c) on
+ * non-blocking sockets: one thread receives (the control thread) while
+ * another sends under the peer's send_lock, which GnuTLS allows.  A send
+ * that returned "again" is retried with the same bytes (the queue head),
+ * as GnuTLS requires.
  */
 #ifndef HIXL_TLS_H
 #define HIXL_TLS_H

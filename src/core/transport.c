@@ -50,26 +50,10 @@ hixl_status_t hixl__tp_mr_reg_none(hixl_mr_t *mr)
 }
 void hixl__tp_mr_dereg_none(hixl_mr_t *mr) { (void)mr; }
 void hixl__tp_on_event_none(hixl_ctx_t *ctx) { (void)ctx; }
-#ifndef HIXL_HAVE_VERBS
-uint32_t hixl__verbs_mr_rkey(const hixl_mr_t *mr)
+void hixl__tp_accept_none(hixl_peer_t *peer, const hixl_msg_t *m, int *fds, int nfds, int sock,
+                          hixl_msg_t *out, int *out_fds, int *n_out)
 {
-  (void)mr;
-  return 0;
-}
-#endif
-#ifndef HIXL_HAVE_FABRIC
-bool hixl__fabric_mr_key(const hixl_mr_t *mr, uint64_t *key_p, uint64_t *base_p)
-{
-  (void)mr;
-  (void)key_p;
-  (void)base_p;
-  return false;
-}
-#endif
-void hixl__tp_accept_none(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out)
-{
-  (void)peer;
-  (void)m;
+  (void)peer, (void)m, (void)fds, (void)nfds, (void)sock, (void)out_fds, (void)n_out;
   out->type = 0; /* no reply: the caller drops the connection */
 }
 

@@ -19,11 +19,12 @@
 
 #define HIXL_WIRE_MAGIC 0x4c584948u /* "HIXL" */
 #define HIXL_WIRE_VERSION                                                                          \
-  6 /* 2: VERBS_QP carries the QP count; REGION_GONE_ACK; 3: DEV_IPC,                              \
+  7 /* 2: VERBS_QP carries the QP count; REGION_GONE_ACK; 3: DEV_IPC,                              \
      * FABRIC_*; 4: SHM_STAGE_*, SHM_COPY, HEARTBEAT probe flag;                                   \
      * 5: HELLO / AUTH_CHALLENGE / AUTH (the token never travels);                                 \
      * 6: SHM_BIND / SHM_BIND_ACK pass a third fd (the doorbell);                                  \
-     * the shm table ends with the doorbell page */
+     * the shm table ends with the doorbell page;                                                  \
+     * 7: TP_MR / TP_MR_REPLY instead of VERBS_MR and FABRIC_MR */
 #define HIXL_WIRE_HDR 24
 #define HIXL_WIRE_MAX 4096 /* payload bytes; every message is far smaller */
 #define HIXL_WIRE_STR 256  /* string field capacity, NUL included */
@@ -46,16 +47,14 @@ enum hixl_msg_type {
   HIXL_MSG_WORLD_XCHG,        /* world id, epoch, blob */
   HIXL_MSG_VERBS_QP,          /* initiator -> target: its QP (bind for verbs) */
   HIXL_MSG_VERBS_QP_REPLY,    /* status + the target's QP */
-  HIXL_MSG_VERBS_MR,          /* slot, rkey: the region's verbs rkey please */
-  HIXL_MSG_VERBS_MR_REPLY,    /* status, u32[0] verbs rkey */
+  HIXL_MSG_TP_MR,             /* a whole blob: the region's transport key please */
+  HIXL_MSG_TP_MR_REPLY,       /* status, the key (two words, the transport's) */
   HIXL_MSG_REGION_GONE,       /* u32[0] slot, u64[0] rkey: the owner deregistered it */
   HIXL_MSG_REGION_GONE_ACK,   /* status: the peer has marked it gone */
   HIXL_MSG_DEV_IPC_REQ,       /* slot, rkey: the device IPC handle of a region please */
   HIXL_MSG_DEV_IPC_REPLY,     /* status, handle (+ 1 fd for backends whose handle is one) */
   HIXL_MSG_FABRIC_BIND,       /* initiator -> target: its provider and endpoint name */
   HIXL_MSG_FABRIC_BIND_REPLY, /* status, the target's provider and endpoint name */
-  HIXL_MSG_FABRIC_MR,         /* as VERBS_MR: the region's fabric key please */
-  HIXL_MSG_FABRIC_MR_REPLY,   /* status, key, remote address of byte 0 */
   HIXL_MSG_SHM_STAGE_REQ,     /* shm without CMA: lend me a staging area for your copies */
   HIXL_MSG_SHM_STAGE_REPLY,   /* status, its size (+1 fd: the sealed memfd) */
   HIXL_MSG_SHM_COPY,          /* copy between a staging piece and a region (no reply message) */
@@ -105,14 +104,15 @@ typedef struct hixl_msg {
  * VERBS_QP_REPLY: status, the same fields for the target's QP; with rdmacm:
  *              u64[1] cookie, u64[3] the listener's port, blob = its address
  *              (16 bytes, IPv4-mapped for IPv4)
- * VERBS_MR:    u32[0] slot, u32[1] access, u32[2] flags, u64[0] rkey, u64[1] base,
- *              u64[2] len (all checked by the owner)
- * VERBS_MR_REPLY: status, u32[0] verbs rkey
+ * TP_MR:       u32[0] slot, u32[1] access, u32[2] flags, u64[0] rkey, u64[1] base,
+ *              u64[2] len (all checked by the owner; asked by peers of transports
+ *              with remote keys: the ops table's mr_key)
+ * TP_MR_REPLY: status, u64[0], u64[1] the region's key on the peer's transport, opaque
+ *              to the core (verbs: u64[0] the ibv rkey; fabric: u64[0] the key, u64[1]
+ *              the remote address of byte 0: its virtual address with FI_MR_VIRT_ADDR,
+ *              else 0)
  * FABRIC_BIND: str[0] provider, u64[0] ctx id, blob = endpoint name (fi_getname)
  * FABRIC_BIND_REPLY: status, str[0] provider (or why not), blob = endpoint name
- * FABRIC_MR:   as VERBS_MR
- * FABRIC_MR_REPLY: status, u64[0] key, u64[1] remote address of the region's byte 0
- *              (its virtual address with FI_MR_VIRT_ADDR, else 0: offsets)
  * DEV_IPC_REQ: u32[0] slot, u64[0] rkey
  * DEV_IPC_REPLY: status, u32[0] device, u64[0] offset of the region in what the
  *              handle maps, u64[1] bytes it maps, blob = the runtime's handle

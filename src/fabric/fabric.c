@@ -446,7 +446,7 @@ static hixl_status_t fab_mr_reg(hixl_mr_t *mr)
   }
   /* A region no peer may touch is not exposed at all: registered only when
    * local operations need its descriptor (FI_MR_LOCAL), without remote
-   * rights, and its key is never handed out (hixl__fabric_mr_key). */
+   * rights, and its key is never handed out (fab_mr_key). */
   bool remote = mr->access != 0;
   if (!remote && !(fc->mr_local && mr->device < 0))
     return HIXL_OK;
@@ -514,13 +514,15 @@ static void fab_mr_dereg(hixl_mr_t *mr)
   mr->tp[HIXL_TP_FABRIC] = NULL;
 }
 
-bool hixl__fabric_mr_key(const hixl_mr_t *mr, uint64_t *key_p, uint64_t *base_p)
+/* A peer's key for mr: the provider's key and the remote address of byte 0,
+ * for regions registered for remote access. */
+static bool fab_mr_key(const hixl_mr_t *mr, uint64_t key[2])
 {
   const fab_mr_t *m = mr->tp[HIXL_TP_FABRIC];
   if (m == NULL || !m->remote)
     return false;
-  *key_p = m->key;
-  *base_p = m->base;
+  key[0] = m->key;
+  key[1] = m->base;
   return true;
 }
 
@@ -657,8 +659,10 @@ static hixl_status_t fab_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64
   return attach_peer(peer, r.blob, r.blob_len, rx_cookie);
 }
 
-static void fab_accept(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out)
+static void fab_accept(hixl_peer_t *peer, const hixl_msg_t *m, int *fds, int nfds, int sock,
+                       hixl_msg_t *out, int *out_fds, int *n_out)
 {
+  (void)fds, (void)nfds, (void)sock, (void)out_fds, (void)n_out; /* an in-band bind */
   fab_ctx_t *fc = FC(peer->ctx);
   memset(out, 0, sizeof(*out));
   out->type = HIXL_MSG_FABRIC_BIND_REPLY;
@@ -708,14 +712,7 @@ static void fab_peer_close(hixl_peer_t *peer)
 
 static hixl_status_t fab_rmr_attach(hixl_rmr_t *r, int64_t deadline)
 {
-  hixl_msg_t reply;
-  hixl_status_t st = hixl__rmr_key_call(r, HIXL_MSG_FABRIC_MR, HIXL_MSG_FABRIC_MR_REPLY,
-                                        "its fabric provider cannot reach", &reply, deadline);
-  if (st != HIXL_OK)
-    return st;
-  r->tp_key = reply.u64[0];
-  r->tp_base = reply.u64[1];
-  return HIXL_OK;
+  return hixl__rmr_key_call(r, "its fabric provider cannot reach", deadline);
 }
 
 static void fab_rmr_detach(hixl_rmr_t *r) { (void)r; }
@@ -776,4 +773,5 @@ const hixl_transport_ops_t hixl__fabric_ops = {
     .notif_poll = fab_notif_poll,
     .arm = fab_arm,
     .ack_event = fab_ack_event,
+    .mr_key = fab_mr_key,
 };

@@ -220,11 +220,11 @@ static hixl_status_t transfer(hixl_peer_t *peer, bool write, uint8_t *local, siz
                               hixl_rmr_t *rmr, uint64_t off, hixl_req_t *req)
 {
   fab_ctx_t *fc = hixl__fc(peer->ctx);
-  uint64_t raddr = rmr->tp_base + off;
+  uint64_t raddr = rmr->tp_key[1] + off;
   hixl_status_t st = HIXL_OK;
   for (size_t done = 0; done < len && st == HIXL_OK;) {
     size_t n = len - done < fc->max_msg ? len - done : fc->max_msg;
-    st = post_rma(peer, write, local + done, n, raddr + done, rmr->tp_key, req);
+    st = post_rma(peer, write, local + done, n, raddr + done, rmr->tp_key[0], req);
     done += n;
   }
   /* Without delivery completion: a read of the last byte, ordered behind
@@ -241,7 +241,7 @@ static hixl_status_t transfer(hixl_peer_t *peer, bool write, uint8_t *local, siz
     op_begin(op, FAB_OP_READ, peer->tp, req, 1);
     st = POST(fc, peer, "fi_read",
               fi_read(fc->ep, &op->result, 1, desc, ((fab_peer_t *)peer->tp)->fa, raddr + len - 1,
-                      rmr->tp_key, &op->fctx));
+                      rmr->tp_key[0], &op->fctx));
     if (st != HIXL_OK)
       op_finish(fc, op, st);
   }
@@ -362,19 +362,19 @@ hixl_status_t hixl__fab_atomic(hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t off,
   if (o == NULL)
     return hixl__err(HIXL_ERR_NOMEM, "fabric: no memory for an operation");
   op_begin(o, FAB_OP_AMO, fp, req, 8);
-  uint64_t raddr = rmr->tp_base + off;
+  uint64_t raddr = rmr->tp_key[1] + off;
   hixl_status_t st;
   if (op == HIXL_AMO_FAA) {
     o->operand = a;
     st = POST(fc, peer, "fi_fetch_atomic",
               fi_fetch_atomic(fc->ep, &o->operand, 1, NULL, &o->result, NULL, fp->fa, raddr,
-                              rmr->tp_key, FI_UINT64, FI_SUM, &o->fctx));
+                              rmr->tp_key[0], FI_UINT64, FI_SUM, &o->fctx));
   } else {
     o->compare = a;
     o->operand = b;
     st = POST(fc, peer, "fi_compare_atomic",
               fi_compare_atomic(fc->ep, &o->operand, 1, NULL, &o->compare, NULL, &o->result, NULL,
-                                fp->fa, raddr, rmr->tp_key, FI_UINT64, FI_CSWAP, &o->fctx));
+                                fp->fa, raddr, rmr->tp_key[0], FI_UINT64, FI_CSWAP, &o->fctx));
   }
   if (st != HIXL_OK)
     op_finish(fc, o, st);

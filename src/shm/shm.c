@@ -455,6 +455,29 @@ hixl_status_t hixl__shm_accept(hixl_peer_t *peer, const int *fds, int nfds, int 
   return HIXL_OK;
 }
 
+/* Target side of SHM_BIND on an accepted unix connection sock: who is
+ * really at the other end (SO_PEERCRED: its pid for CMA, its uid against
+ * the policy, never what its HELLO claimed), then the segments. */
+static void shm_accept(hixl_peer_t *peer, const hixl_msg_t *m, int *fds, int nfds, int sock,
+                       hixl_msg_t *out, int *out_fds, int *n_out)
+{
+  (void)m;
+  out->type = HIXL_MSG_SHM_BIND_ACK;
+  hixl_status_t st = hixl__shm_bind_cred(peer, sock);
+  if (st == HIXL_OK)
+    st = hixl__shm_accept(peer, fds, nfds, out_fds, n_out);
+  out->status = st;
+}
+
+/* shm's own control messages: the owner's copies where the kernel refuses
+ * CMA (stage.c). */
+static const hixl_tp_msg_t shm_msgs[] = {
+    {.type = HIXL_MSG_SHM_STAGE_REQ, .serve = hixl__shm_stage_serve},
+    {.type = HIXL_MSG_SHM_STAGE_REPLY, .max_fds = 1},
+    {.type = HIXL_MSG_SHM_COPY, .serve = hixl__shm_copy_serve},
+    {0},
+};
+
 static void shm_peer_close(hixl_peer_t *peer)
 {
   shm_free(peer->tp);
@@ -516,7 +539,7 @@ static hixl_status_t shm_rmr_attach(hixl_rmr_t *r, int64_t deadline)
                      "hixl_rmr_unpack: peer %s has no live region matching the blob (forged or "
                      "stale key)",
                      peer->name);
-  r->tp_key = t[0];
+  r->tp_key[0] = t[0];
   if (r->flags & HIXL_REGF_DEVICE)
     return attach_device(r, deadline);
   if (!(r->flags & HIXL_REGF_MEMFD))
@@ -567,7 +590,7 @@ static bool shm_rmr_live(const hixl_rmr_t *r)
 {
   const shm_peer_t *sp = r->peer->tp;
   return atomic_load_explicit((_Atomic uint64_t *)&sp->table[r->slot].w[0], memory_order_acquire) ==
-         r->tp_key;
+         r->tp_key[0];
 }
 
 static hixl_status_t cma_error(hixl_peer_t *peer, bool write, int e)
@@ -892,13 +915,19 @@ const hixl_transport_ops_t hixl__shm_ops = {
     .id = HIXL_TP_SHM,
     .async = false,
     .needs_bind = true,
+    .bind_type = HIXL_MSG_SHM_BIND,
+    .bind_reply_type = HIXL_MSG_SHM_BIND_ACK,
+    .bind_unix = true,
+    .bind_fds = 3,
+    .caps = HIXL_TP_CAP_LOCAL_MAP,
+    .msgs = shm_msgs,
     .ctx_init = hixl__shm_ctx_init,
     .ctx_fini = hixl__shm_ctx_fini,
     .mr_reg = shm_mr_reg,
     .mr_dereg = shm_mr_dereg,
     .usable = shm_usable,
     .connect = shm_connect,
-    .accept = hixl__tp_accept_none,
+    .accept = shm_accept,
     .peer_close = shm_peer_close,
     .rmr_attach = shm_rmr_attach,
     .rmr_detach = shm_rmr_detach,

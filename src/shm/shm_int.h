@@ -203,4 +203,22 @@ hixl_status_t hixl__shm_stage_add(shm_stage_sess_t *s, bool put, void *local, co
 hixl_status_t hixl__shm_stage_end(shm_stage_sess_t *s);
 void hixl__shm_stage_free(shm_peer_t *sp);
 
+/* shm target side of SHM_BIND, first: who is at the other end of the unix
+ * socket sock it came on (SO_PEERCRED, from the kernel), never what its
+ * HELLO said.  Sets peer->remote_pid (where CMA goes, whom device IPC is
+ * exported to) to that process's; AUTH (with the detail, logged) when its
+ * uid is neither ours, nor root, nor one HIXL_SHM_ALLOW_UIDS allows. */
+hixl_status_t hixl__shm_bind_cred(hixl_peer_t *peer, int sock);
+/* shm target side: map the initiator's segments (fds), create ours.  The
+ * fds are consumed on success only (the caller closes them otherwise). */
+hixl_status_t hixl__shm_accept(hixl_peer_t *peer, const int *fds, int nfds, int *out_fds,
+                               int *n_out);
+/* shm owner side when the kernel refuses CMA (src/shm/stage.c; control
+ * thread, ctx->lock held): lend a peer a staging area (SHM_STAGE_REQ), and
+ * perform one of its copies (SHM_COPY; drops ctx->lock while copying). */
+void hixl__shm_stage_serve(hixl_peer_t *peer, const struct hixl_msg *m, struct hixl_msg *out,
+                           int *out_fds, int *n_out);
+void hixl__shm_copy_serve(hixl_peer_t *peer, const struct hixl_msg *m, struct hixl_msg *out,
+                          int *out_fds, int *n_out);
+
 #endif

@@ -270,8 +270,11 @@ void hixl__shm_stage_serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *o
   out->u64[0] = in->size;
 }
 
-void hixl__shm_copy_serve(hixl_peer_t *peer, const hixl_msg_t *m)
+void hixl__shm_copy_serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out, int *out_fds,
+                          int *n_out)
 {
+  (void)out_fds, (void)n_out;
+  out->type = 0; /* no reply: the outcome is in the staging header */
   hixl_ctx_t *ctx = peer->ctx;
   shm_peer_t *sp = peer->tp;
   if (peer->ops != &hixl__shm_ops || sp == NULL || sp->in.hdr == NULL) {

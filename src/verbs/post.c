@@ -502,7 +502,7 @@ hixl_status_t hixl__vrb_put(hixl_peer_t *peer, const void *src, size_t len, hixl
 {
   vrb_ctx_t *vc = hixl__vc(peer->ctx);
   transfer(peer->tp, NULL, true, (uint8_t *)(uintptr_t)src, len, local_key(vc, true, src, len),
-           rmr->base + off, rmr->tp_rkey, NULL, req);
+           rmr->base + off, (uint32_t)rmr->tp_key[0], NULL, req);
   return HIXL_OK;
 }
 
@@ -511,7 +511,7 @@ hixl_status_t hixl__vrb_get(hixl_peer_t *peer, void *dst, size_t len, hixl_rmr_t
 {
   vrb_ctx_t *vc = hixl__vc(peer->ctx);
   transfer(peer->tp, NULL, false, dst, len, local_key(vc, false, dst, len), rmr->base + off,
-           rmr->tp_rkey, NULL, req);
+           (uint32_t)rmr->tp_key[0], NULL, req);
   return HIXL_OK;
 }
 
@@ -549,8 +549,8 @@ hixl_status_t hixl__vrb_put_imm(hixl_peer_t *peer, const void *src, size_t len, 
   vrb_ctx_t *vc = hixl__vc(peer->ctx);
   vrb_local_t l = local_key(vc, true, src, len);
   bool one = len <= VRB_MAX_WR_LEN && (l.lkey != 0 || len <= VRB_BOUNCE_SIZE);
-  transfer(vp, vp->qps[0], true, (uint8_t *)(uintptr_t)src, len, l, rmr->base + off, rmr->tp_rkey,
-           one ? &imm : NULL, req);
+  transfer(vp, vp->qps[0], true, (uint8_t *)(uintptr_t)src, len, l, rmr->base + off,
+           (uint32_t)rmr->tp_key[0], one ? &imm : NULL, req);
   return one ? HIXL_OK : hixl__vrb_notify(peer, imm, len, req);
 }
 
@@ -577,9 +577,9 @@ hixl_status_t hixl__vrb_batch(hixl_peer_t *peer, const hixl_xfer_t *xfers, size_
           submit(q, ops, k);
           k = 0;
         }
-        size_t got =
-            describe(vc, vp, is_put, (uint8_t *)x->local + done, x->len - done, l,
-                     x->rmr->base + x->off + done, x->rmr->tp_rkey, req, ops + k, VRB_CHAIN - k);
+        size_t got = describe(vc, vp, is_put, (uint8_t *)x->local + done, x->len - done, l,
+                              x->rmr->base + x->off + done, (uint32_t)x->rmr->tp_key[0], req,
+                              ops + k, VRB_CHAIN - k);
         for (size_t j = 0; j < got; j++)
           done += ops[k + j].len;
         k += got;
@@ -612,7 +612,7 @@ hixl_status_t hixl__vrb_atomic(hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t off,
   o.opcode = op == HIXL_AMO_FAA ? IBV_WR_ATOMIC_FETCH_AND_ADD : IBV_WR_ATOMIC_CMP_AND_SWP;
   o.len = 8;
   o.raddr = rmr->base + off;
-  o.rkey = rmr->tp_rkey;
+  o.rkey = (uint32_t)rmr->tp_key[0];
   o.cmp = a;
   o.swap = b;
   op_begin(vp, &o, req);

@@ -367,10 +367,15 @@ static void vrb_mr_dereg(hixl_mr_t *mr)
   mr->tp[HIXL_TP_VERBS] = NULL;
 }
 
-uint32_t hixl__verbs_mr_rkey(const hixl_mr_t *mr)
+/* A peer's key for mr: its ibv rkey, when mr is registered with the NIC. */
+static bool vrb_mr_key(const hixl_mr_t *mr, uint64_t key[2])
 {
   const struct ibv_mr *m = mr->tp[HIXL_TP_VERBS];
-  return m ? m->rkey : 0;
+  if (m == NULL)
+    return false;
+  key[0] = m->rkey;
+  key[1] = 0;
+  return true;
 }
 
 uint32_t hixl__vrb_region_lkey(vrb_ctx_t *vc, const void *p, size_t len)
@@ -785,8 +790,10 @@ static hixl_status_t vrb_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64
   return st;
 }
 
-static void vrb_accept(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out)
+static void vrb_accept(hixl_peer_t *peer, const hixl_msg_t *m, int *fds, int nfds, int sock,
+                       hixl_msg_t *out, int *out_fds, int *n_out)
 {
+  (void)fds, (void)nfds, (void)sock, (void)out_fds, (void)n_out; /* an in-band bind */
   vrb_ctx_t *vc = VC(peer->ctx);
   memset(out, 0, sizeof(*out));
   out->type = HIXL_MSG_VERBS_QP_REPLY;
@@ -905,15 +912,14 @@ static void vrb_ack_event(hixl_ctx_t *ctx, int64_t woke_ns)
 
 static hixl_status_t vrb_rmr_attach(hixl_rmr_t *r, int64_t deadline)
 {
-  hixl_msg_t reply;
-  hixl_status_t st = hixl__rmr_key_call(r, HIXL_MSG_VERBS_MR, HIXL_MSG_VERBS_MR_REPLY,
+  hixl_status_t st = hixl__rmr_key_call(r,
                                         "its NIC cannot reach (no dmabuf or peer-memory "
                                         "support there, or HIXL_DEVICE_RDMA=0)",
-                                        &reply, deadline);
-  if (st != HIXL_OK)
-    return st;
-  r->tp_rkey = reply.u32[0];
-  return HIXL_OK;
+                                        deadline);
+  if (st == HIXL_OK && r->tp_key[0] > UINT32_MAX)
+    return hixl__err(HIXL_ERR_TRANSPORT, "hixl_rmr_unpack: peer %s sent a verbs rkey of %llu",
+                     r->peer->name, (unsigned long long)r->tp_key[0]);
+  return st;
 }
 
 static void vrb_rmr_detach(hixl_rmr_t *r) { (void)r; }
@@ -1059,4 +1065,5 @@ const hixl_transport_ops_t hixl__verbs_ops = {
     .arm = vrb_arm,
     .ack_event = vrb_ack_event,
     .notif_poll = vrb_notif_poll,
+    .mr_key = vrb_mr_key,
 };

@@ -110,7 +110,7 @@ static bool closed_soon(int fd, int ms)
   }
 }
 
-/* The identity an AUTH carries, laid out as conn.c's auth_identity. */
+/* The identity an AUTH carries, laid out as handshake.c's auth_identity. */
 static size_t identity(const hixl_msg_t *m, uint8_t *buf)
 {
   size_t n = 0;

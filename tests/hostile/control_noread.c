@@ -5,7 +5,7 @@
  * with blocking writes bounded only by timeout_ms: once the attacker's
  * socket was full the thread sat in sendmsg, no new peer could connect for
  * 25-38 s and a connected peer was declared lost.  Now replies that do not
- * fit wait in a per-peer queue (conn.c), capped by HIXL_MAX_PEER_QUEUE; a
+ * fit wait in a per-peer queue (src/core/call.c), capped by HIXL_MAX_PEER_QUEUE; a
  * peer over the cap is dropped.
  *
  * The target is a child process (HIXL_TIMEOUT_MS=30000, so the old blocking

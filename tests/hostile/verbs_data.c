@@ -873,7 +873,7 @@ static hixl_status_t forged(const char *name, int op, uint64_t off, size_t len, 
   assert_int_equal(hixl_rmr_lookup(p, name, 10000, &r), HIXL_OK);
   r->access = HIXL_ACCESS_READ | HIXL_ACCESS_WRITE | HIXL_ACCESS_ATOMIC;
   if (set_rkey)
-    r->tp_rkey = rkey;
+    r->tp_key[0] = rkey;
   if (base)
     r->base = base;
   if (rlen)
@@ -936,7 +936,7 @@ static void test_forged_keys(void **state)
   assert_memory_equal(io, reg_buf[RO], sizeof(io));
   print_message("forged: controls: a forged WRITE into kv landed, a forged READ of ro read it\n");
 
-  uint32_t none_rkey_given; /* what VERBS_MR hands out for an access-0 region */
+  uint32_t none_rkey_given; /* what TP_MR hands out for an access-0 region */
   {
     hixl_peer_t *p;
     hixl_rmr_t *r;
@@ -944,7 +944,7 @@ static void test_forged_keys(void **state)
       usleep(25000);
     assert_int_equal(hixl_connect(att, hixl_ctx_address(target), 10000, &p), HIXL_OK);
     assert_int_equal(hixl_rmr_lookup(p, "none", 10000, &r), HIXL_OK);
-    none_rkey_given = r->tp_rkey;
+    none_rkey_given = (uint32_t)r->tp_key[0];
     hixl_rmr_release(r);
     hixl_disconnect(p);
   }

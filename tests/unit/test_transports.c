@@ -34,8 +34,8 @@ static const slot_t required[] = {
 };
 /* Looked at before each call (NULL: the core's default). */
 static const slot_t optional[] = {
-    SLOT(peer_lost), SLOT(batch),      SLOT(arm),
-    SLOT(ack_event), SLOT(notif_poll), SLOT(notif_consumed),
+    SLOT(peer_lost),  SLOT(batch),          SLOT(arm),    SLOT(ack_event),
+    SLOT(notif_poll), SLOT(notif_consumed), SLOT(mr_key),
 };
 
 static void *slot_at(const hixl_transport_ops_t *o, size_t off)
@@ -86,6 +86,11 @@ static void check_table(const hixl_transport_ops_t *o, bool closed)
     fail_msg("transport %s: an in-band bind needs both its message types", o->name);
   if (o->bind_type && !o->needs_bind)
     fail_msg("transport %s: bind messages but needs_bind false", o->name);
+  if (o->bind_unix && (o->bind_type == 0 || o->bind_fds == 0))
+    fail_msg("transport %s: a unix bind needs its message types and its fds", o->name);
+  for (const hixl_tp_msg_t *m = o->msgs; m && m->type; m++)
+    if (m->type >= HIXL_MSG_TYPE_MAX || m->type == o->bind_type || m->type == o->bind_reply_type)
+      fail_msg("transport %s: own message %u is not a type of its own", o->name, m->type);
 }
 
 static void test_tables_are_whole(void **state)
