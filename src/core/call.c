@@ -346,7 +346,7 @@ void hixl__complete_pending_locked(hixl_peer_t *p, hixl_msg_t *m, int fd)
   }
   pending_unlink_locked(p, pd);
   if (pd->req) {
-    hixl__req_complete(pd->req, m->status, m->u64[0]);
+    hixl__req_complete(pd->req, m->status, m->atomic_reply.old);
     free(pd);
     if (fd >= 0)
       close(fd);

@@ -123,7 +123,7 @@ static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t 
   }
   switch (m->type) {
   case HIXL_MSG_HEARTBEAT:
-    if (m->u32[0] & 1) { /* a probe: the peer's timeout is shorter than our pace */
+    if (m->heartbeat.flags & 1) { /* a probe: the peer's timeout is shorter than our pace */
       hixl_msg_t hb = {.type = HIXL_MSG_HEARTBEAT};
       hixl__send(p, &hb, NULL, 0);
     }
@@ -143,7 +143,7 @@ static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t 
   case HIXL_MSG_REGION_GONE:
     /* Peers without the owner's shared table (verbs) learn it this way. */
     for (hixl_rmr_t *r = p->rmrs; r; r = r->next)
-      if (r->slot == m->u32[0] && r->rkey == m->u64[0])
+      if (r->slot == m->region.slot && r->rkey == m->region.rkey)
         atomic_store(&r->gone, true);
     /* Acknowledged: the owner's hixl_mr_dereg returns only after this, so
      * an operation we issue after it fails cleanly here. */
@@ -152,8 +152,8 @@ static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t 
     out->status = HIXL_OK;
     return;
   case HIXL_MSG_WORLD_BARRIER:
-    if (m->u64[1] > p->barrier_epoch)
-      p->barrier_epoch = m->u64[1];
+    if (m->world.epoch > p->barrier_epoch)
+      p->barrier_epoch = m->world.epoch;
     pthread_cond_broadcast(&ctx->cond);
     return;
   case HIXL_MSG_WORLD_XCHG:
@@ -163,7 +163,7 @@ static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t 
     }
     memcpy(p->xchg_blob, m->blob, m->blob_len);
     p->xchg_len = m->blob_len;
-    p->xchg_epoch = m->u64[1];
+    p->xchg_epoch = m->world.epoch;
     pthread_cond_broadcast(&ctx->cond);
     return;
   default:
@@ -506,7 +506,7 @@ static void housekeeping_locked(hixl_ctx_t *ctx, int64_t now)
         if (now - atomic_load_explicit(&p->last_tx_ns, memory_order_relaxed) >
             (probe ? hb_ns / 2 : hb_ns)) {
           hixl_msg_t hb = {.type = HIXL_MSG_HEARTBEAT};
-          hb.u32[0] = probe;
+          hb.heartbeat.flags = probe;
           hixl__send(p, &hb, NULL, 0);
         }
       }

@@ -47,7 +47,7 @@ static const hixl_transport_ops_t *pick_transport_locked(hixl_ctx_t *ctx, const 
     for (size_t t = 0; t < hixl__n_transports; t++) {
       const hixl_transport_ops_t *ops = hixl__transports[t];
       if (ops->id == order[i] && ops->id != HIXL_TP_SELF && (ctx->tp_ready & (1u << ops->id)) &&
-          (hello->u32[0] & (1u << ops->id)) && ops->usable(ctx, hello))
+          (hello->auth.tp_bits & (1u << ops->id)) && ops->usable(ctx, hello))
         return ops;
     }
   }
@@ -60,15 +60,15 @@ static size_t auth_identity(const hixl_msg_t *m, uint8_t *buf)
 {
   size_t n = 0;
   for (int i = 0; i < 4; i++)
-    buf[n++] = (uint8_t)(m->u32[0] >> (8 * i));
+    buf[n++] = (uint8_t)(m->auth.tp_bits >> (8 * i));
   for (int i = 0; i < 8; i++)
-    buf[n++] = (uint8_t)(m->u64[0] >> (8 * i));
+    buf[n++] = (uint8_t)(m->auth.ctx_id >> (8 * i));
   memcpy(buf + n, m->host_id, 32);
   n += 32;
   for (int i = 0; i < 4; i++)
-    buf[n++] = (uint8_t)(m->u32[1] >> (8 * i));
+    buf[n++] = (uint8_t)(m->auth.pid >> (8 * i));
   for (int i = 0; i < 8; i++)
-    buf[n++] = (uint8_t)(m->u64[1] >> (8 * i));
+    buf[n++] = (uint8_t)(m->auth.tag >> (8 * i));
   size_t sl = strnlen(m->str[0], HIXL_WIRE_STR - 1);
   memcpy(buf + n, m->str[0], sl);
   n += sl;
@@ -111,16 +111,16 @@ void hixl__handle_auth_locked(hixl_peer_t *p, const hixl_msg_t *m, hixl_msg_t *a
     hixl_warn("rejected a connection: wrong auth token");
     return;
   }
-  ack->u64[0] = ctx->id;
+  ack->hello_ack.ctx_id = ctx->id;
   memcpy(ack->host_id, ctx->host_id, 32);
-  ack->u32[1] = (uint32_t)getpid();
-  p->remote_ctx_id = m->u64[0];
-  p->remote_pid = (pid_t)m->u32[1];
-  p->tag = m->u64[1];
-  if (m->u64[0] == ctx->id) {
+  ack->hello_ack.pid = (uint32_t)getpid();
+  p->remote_ctx_id = m->auth.ctx_id;
+  p->remote_pid = (pid_t)m->auth.pid;
+  p->tag = m->auth.tag;
+  if (m->auth.ctx_id == ctx->id) {
     /* Our own context: the initiator makes a self peer; this connection
      * only carried the handshake. */
-    ack->u32[0] = HIXL_TP_SELF;
+    ack->hello_ack.tp_id = HIXL_TP_SELF;
     p->unix_pending = true; /* not a user-visible peer: free it at EOF */
     return;
   }
@@ -145,14 +145,14 @@ void hixl__handle_auth_locked(hixl_peer_t *p, const hixl_msg_t *m, hixl_msg_t *a
     snprintf(ack->str[1], sizeof(ack->str[1]),
              "no common transport (initiator allows \"%s\" and can use \"%s\"; %s host; here "
              "\"%s\" is usable)",
-             m->str[0][0] ? m->str[0] : "all", tp_list(m->u32[0]), same_host ? "same" : "different",
-             ctx->tp_names);
+             m->str[0][0] ? m->str[0] : "all", tp_list(m->auth.tp_bits),
+             same_host ? "same" : "different", ctx->tp_names);
     return;
   }
-  ack->u32[0] = (uint32_t)ops->id;
+  ack->hello_ack.tp_id = (uint32_t)ops->id;
   p->ops = ops;
   p->cookie = hixl__random64();
-  ack->u64[1] = p->cookie;
+  ack->hello_ack.cookie = p->cookie;
   snprintf(ack->str[0], sizeof(ack->str[0]), "%s", ctx->unix_name + 1);
   snprintf(p->name, sizeof(p->name), "inbound#%u(pid %d)", ++ctx->n_inbound, (int)p->remote_pid);
 }
@@ -165,7 +165,7 @@ hixl_peer_t *hixl__handle_bind_locked(hixl_peer_t *u, const hixl_transport_ops_t
   hixl_peer_t *p;
   for (p = ctx->peers; p; p = p->next)
     if (p->inbound && !p->unix_pending && atomic_load(&p->state) == HIXL_PEER_CONNECTING &&
-        p->cookie == m->u64[0] && p->remote_ctx_id == m->u64[1] && p->ops == o)
+        p->cookie == m->unix_bind.cookie && p->remote_ctx_id == m->unix_bind.ctx_id && p->ops == o)
       break;
   memset(ack, 0, sizeof(*ack));
   ack->type = o->bind_reply_type;
@@ -430,11 +430,11 @@ hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeou
     goto fail;
   }
   hixl_msg_t auth = {.type = HIXL_MSG_AUTH};
-  auth.u32[0] = ctx->tp_ready; /* what we can do, for the target's choice */
-  auth.u64[0] = ctx->id;
+  auth.auth.tp_bits = ctx->tp_ready; /* what we can do, for the target's choice */
+  auth.auth.ctx_id = ctx->id;
   memcpy(auth.host_id, ctx->host_id, 32);
-  auth.u32[1] = (uint32_t)getpid();
-  auth.u64[1] = tag;
+  auth.auth.pid = (uint32_t)getpid();
+  auth.auth.tag = tag;
   /* Our preference order, by name. */
   hixl__tp_join(auth.str[0], sizeof(auth.str[0]), ctx->tp_order, ctx->n_tp_order, ~0u);
   uint8_t id[AUTH_IDENTITY_MAX];
@@ -457,9 +457,9 @@ hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeou
                    ack.str[1][0] ? ack.str[1] : hixl_strerror(ack.status));
     goto fail;
   }
-  p->remote_ctx_id = ack.u64[0];
-  p->remote_pid = (pid_t)ack.u32[1];
-  if (ack.u32[0] == HIXL_TP_SELF) {
+  p->remote_ctx_id = ack.hello_ack.ctx_id;
+  p->remote_pid = (pid_t)ack.hello_ack.pid;
+  if (ack.hello_ack.tp_id == HIXL_TP_SELF) {
     hixl__peer_free(p);
     hixl_peer_t *self = hixl__self_peer(ctx);
     if (self == NULL)
@@ -469,11 +469,11 @@ hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeou
   }
   const hixl_transport_ops_t *ops = NULL;
   for (size_t t = 0; t < hixl__n_transports; t++)
-    if ((uint32_t)hixl__transports[t]->id == ack.u32[0])
+    if ((uint32_t)hixl__transports[t]->id == ack.hello_ack.tp_id)
       ops = hixl__transports[t];
-  if (ops == NULL || !(ctx->tp_allowed & (1u << ack.u32[0]))) {
+  if (ops == NULL || !(ctx->tp_allowed & (1u << ack.hello_ack.tp_id))) {
     st = hixl__err(HIXL_ERR_UNSUPPORTED, "%s chose transport %u, which we do not allow", addr,
-                   ack.u32[0]);
+                   ack.hello_ack.tp_id);
     goto fail;
   }
   p->ops = ops;

@@ -233,8 +233,8 @@ hixl_status_t hixl_mr_dereg(hixl_mr_t *mr)
   int64_t deadline = hixl__deadline(hixl__ctx_timeout(ctx));
   for (size_t i = 0; i < k; i++) {
     hixl_msg_t gone = {.type = HIXL_MSG_REGION_GONE}, ack;
-    gone.u32[0] = mr->slot;
-    gone.u64[0] = mr->rkey;
+    gone.region.slot = mr->slot;
+    gone.region.rkey = mr->rkey;
     if (hixl__call(vps[i], &gone, HIXL_MSG_REGION_GONE_ACK, &ack, NULL, deadline) != HIXL_OK)
       hixl_info("hixl_mr_dereg: peer %s did not acknowledge (%s); going on", vps[i]->name,
                 hixl_last_error());
@@ -501,27 +501,27 @@ void hixl__atomic_msg(const hixl_rmr_t *r, uint64_t off, int op, uint64_t a, uin
                       hixl_msg_t *m)
 {
   *m = (hixl_msg_t){.type = HIXL_MSG_ATOMIC};
-  m->u32[0] = r->slot;
-  m->u32[1] = (uint32_t)op;
-  m->u64[0] = r->rkey;
-  m->u64[1] = off;
-  m->u64[2] = a;
-  m->u64[3] = b;
+  m->atomic.slot = r->slot;
+  m->atomic.op = (uint32_t)op;
+  m->atomic.rkey = r->rkey;
+  m->atomic.off = off;
+  m->atomic.a = a;
+  m->atomic.b = b;
 }
 
 hixl_status_t hixl__rmr_key_call(hixl_rmr_t *r, const char *unreachable, int64_t deadline)
 {
   hixl_msg_t m = {.type = HIXL_MSG_TP_MR}, reply;
-  m.u32[0] = r->slot;
-  m.u32[1] = r->access;
-  m.u32[2] = r->flags;
-  m.u64[0] = r->rkey;
-  m.u64[1] = r->base;
-  m.u64[2] = r->len;
+  m.tp_mr.slot = r->slot;
+  m.tp_mr.access = r->access;
+  m.tp_mr.flags = r->flags;
+  m.tp_mr.rkey = r->rkey;
+  m.tp_mr.base = r->base;
+  m.tp_mr.len = r->len;
   hixl_status_t st = hixl__call(r->peer, &m, HIXL_MSG_TP_MR_REPLY, &reply, NULL, deadline);
   if (st == HIXL_OK) {
-    r->tp_key[0] = reply.u64[0];
-    r->tp_key[1] = reply.u64[1];
+    r->tp_key[0] = reply.tp_mr_reply.key0;
+    r->tp_key[1] = reply.tp_mr_reply.key1;
   }
   if (st == HIXL_ERR_NOT_REGISTERED)
     return hixl__err(st,
@@ -576,7 +576,7 @@ void hixl__serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out, int *o
     if (!(peer->ops->caps & HIXL_TP_CAP_LOCAL_MAP))
       return;
     pthread_mutex_lock(&ctx->reg_lock);
-    hixl_mr_t *mr = live_mr(ctx, m->u32[0], m->u64[0]);
+    hixl_mr_t *mr = live_mr(ctx, m->region.slot, m->region.rkey);
     if (mr && mr->memfd >= 0 && (ctx->reg_table[mr->slot].flags & HIXL_REGF_MEMFD)) {
       /* A region the peer may not write reaches it as a read-only open of
        * the memfd (a new open file description): it can neither map that
@@ -588,7 +588,7 @@ void hixl__serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out, int *o
       if (out_fds[0] >= 0) {
         *n_out = 1;
         out->status = HIXL_OK;
-        out->u64[0] = mr->fd_off;
+        out->fd_reply.offset = mr->fd_off;
       } else {
         out->status = HIXL_ERR_NOMEM;
       }
@@ -603,15 +603,15 @@ void hixl__serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out, int *o
     if (!(peer->ops->caps & HIXL_TP_CAP_LOCAL_MAP))
       return;
     pthread_mutex_lock(&ctx->reg_lock);
-    hixl_mr_t *mr = live_mr(ctx, m->u32[0], m->u64[0]);
+    hixl_mr_t *mr = live_mr(ctx, m->region.slot, m->region.rkey);
     hixl_dev_ipc_t h;
     uint64_t off;
     if (mr && mr->device >= 0) {
       out->status = hixl__dev_ipc_export(mr->addr, mr->len, peer->remote_pid, &h, &off);
       if (out->status == HIXL_OK) {
-        out->u32[0] = (uint32_t)h.device;
-        out->u64[0] = off;
-        out->u64[1] = h.alloc_len;
+        out->dev_ipc_reply.device = (uint32_t)h.device;
+        out->dev_ipc_reply.offset = off;
+        out->dev_ipc_reply.alloc_len = h.alloc_len;
         memcpy(out->blob, h.bytes, h.len);
         out->blob_len = h.len;
         if (h.fd >= 0) {
@@ -627,10 +627,10 @@ void hixl__serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out, int *o
   }
   case HIXL_MSG_ATOMIC: {
     out->type = HIXL_MSG_ATOMIC_REPLY;
-    uint64_t off = m->u64[1];
-    int op = (int)m->u32[1];
+    uint64_t off = m->atomic.off;
+    int op = (int)m->atomic.op;
     pthread_mutex_lock(&ctx->reg_lock);
-    hixl_mr_t *mr = live_mr(ctx, m->u32[0], m->u64[0]);
+    hixl_mr_t *mr = live_mr(ctx, m->atomic.slot, m->atomic.rkey);
     /* Checked again here: the initiator's checks are not trusted. */
     if (mr == NULL || off > mr->len || mr->len - off < 8)
       out->status = HIXL_ERR_NOT_REGISTERED;
@@ -641,8 +641,8 @@ void hixl__serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out, int *o
     else if (((uintptr_t)mr->addr + off) % 8 != 0 || (op != HIXL_AMO_FAA && op != HIXL_AMO_CAS))
       out->status = HIXL_ERR_INVALID;
     else
-      out->u64[0] =
-          hixl__amo_local((uint64_t *)((uint8_t *)mr->addr + off), op, m->u64[2], m->u64[3]);
+      out->atomic_reply.old =
+          hixl__amo_local((uint64_t *)((uint8_t *)mr->addr + off), op, m->atomic.a, m->atomic.b);
     pthread_mutex_unlock(&ctx->reg_lock);
     return;
   }
@@ -654,10 +654,10 @@ void hixl__serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out, int *o
     if (peer->ops->mr_key == NULL)
       return;
     pthread_mutex_lock(&ctx->reg_lock);
-    hixl_mr_t *mr = live_mr(ctx, m->u32[0], m->u64[0]);
+    hixl_mr_t *mr = live_mr(ctx, m->tp_mr.slot, m->tp_mr.rkey);
     /* The whole blob must match, as for peers that read our table. */
-    bool match = mr && hixl__reg_check(ctx->reg_table, m->u32[0], m->u64[0], m->u64[1], m->u64[2],
-                                       m->u32[1], m->u32[2]) == HIXL_OK;
+    bool match = mr && hixl__reg_check(ctx->reg_table, m->tp_mr.slot, m->tp_mr.rkey, m->tp_mr.base,
+                                       m->tp_mr.len, m->tp_mr.access, m->tp_mr.flags) == HIXL_OK;
     if (match && peer->ops->mr_key(mr, out->u64))
       out->status = HIXL_OK;
     else if (match && mr->device >= 0)

@@ -197,7 +197,7 @@ typedef struct hixl_transport_ops {
   /* The bind message and its reply (both 0 when none).  In band (verbs,
    * fabric): on the TCP control connection.  bind_unix (shm): on a new
    * connection to the context's unix socket, with bind_fds descriptors;
-   * u64[0] is the cookie HELLO_ACK gave and u64[1] the initiator's
+   * its unix_bind view carries the cookie HELLO_ACK gave and the initiator's
    * context id, which find the peer it binds. */
   uint16_t bind_type, bind_reply_type;
   bool bind_unix;

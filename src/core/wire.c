@@ -2,7 +2,16 @@
 #define _GNU_SOURCE
 #include "wire.h"
 
+#include <stddef.h>
 #include <string.h>
+
+/* Every view of the integer fields (wire.h) overlays u32[] / u64[]. */
+_Static_assert(offsetof(hixl_msg_t, atomic.slot) == offsetof(hixl_msg_t, u32[0]), "views: u32");
+_Static_assert(offsetof(hixl_msg_t, atomic.rkey) == offsetof(hixl_msg_t, u64[0]), "views: u64");
+_Static_assert(offsetof(hixl_msg_t, verbs_qp.q4) == offsetof(hixl_msg_t, u64[4]), "views: end");
+_Static_assert(sizeof(((hixl_msg_t *)0)->atomic) ==
+                   offsetof(hixl_msg_t, u64[4]) + 8 - offsetof(hixl_msg_t, u32[0]),
+               "views: size");
 
 /* Field kinds of the schema. */
 enum {

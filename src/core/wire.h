@@ -64,20 +64,56 @@ enum hixl_msg_type {
 };
 
 /* A decoded message.  Fields a type does not use are zero. */
+/* A view of the integer fields for one message type: the three 32-bit and
+ * five 64-bit words by name (p<i> / q<i>: not used by that type).  Every
+ * view has the layout of the codec's u32[3] / u64[5]. */
+#define HIXL_MSG_VIEW(a0, a1, a2, b0, b1, b2, b3, b4)                                              \
+  struct {                                                                                         \
+    uint32_t a0, a1, a2;                                                                           \
+    uint64_t b0, b1, b2, b3, b4;                                                                   \
+  }
+
 typedef struct hixl_msg {
   uint16_t type;
   uint16_t nfds; /* fds passed along (unix sockets only) */
   uint64_t seq;  /* calls: chosen by the caller, echoed by the reply */
   int32_t status;
-  uint32_t u32[3];
-  uint64_t u64[5];
+  /* The integer fields: the codec moves u32[] / u64[] by schema (wire.c);
+   * everything else reads and writes them through the view named after
+   * the message's type (the table below says what each carries). */
+  union {
+    struct {
+      uint32_t u32[3];
+      uint64_t u64[5];
+    };
+    HIXL_MSG_VIEW(tp_bits, pid, p2, ctx_id, tag, q2, q3, q4) auth;
+    HIXL_MSG_VIEW(tp_id, pid, p2, ctx_id, cookie, q2, q3, q4) hello_ack;
+    HIXL_MSG_VIEW(p0, p1, p2, cookie, ctx_id, q2, q3, q4) unix_bind; /* SHM_BIND */
+    /* FD_REQ, DEV_IPC_REQ, REGION_GONE: a region by slot and rkey */
+    HIXL_MSG_VIEW(slot, p1, p2, rkey, q1, q2, q3, q4) region;
+    HIXL_MSG_VIEW(p0, p1, p2, offset, q1, q2, q3, q4) fd_reply;
+    HIXL_MSG_VIEW(slot, op, p2, rkey, off, a, b, q4) atomic;
+    HIXL_MSG_VIEW(p0, p1, p2, old, q1, q2, q3, q4) atomic_reply;
+    HIXL_MSG_VIEW(flags, p1, p2, q0, q1, q2, q3, q4) heartbeat;
+    HIXL_MSG_VIEW(p0, p1, p2, world, epoch, q2, q3, q4) world; /* WORLD_BARRIER, WORLD_XCHG */
+    /* VERBS_QP and its reply; with rdmacm the reply's id is the cookie and
+     * cm the listener's port, the request's cm is 1 */
+    HIXL_MSG_VIEW(qpn, psn, mtu, lid, id, nqps, cm, q4) verbs_qp;
+    HIXL_MSG_VIEW(slot, access, flags, rkey, base, len, q3, q4) tp_mr;
+    HIXL_MSG_VIEW(p0, p1, p2, key0, key1, q2, q3, q4) tp_mr_reply;
+    HIXL_MSG_VIEW(p0, p1, p2, ctx_id, q1, q2, q3, q4) fabric_bind;
+    HIXL_MSG_VIEW(device, p1, p2, offset, alloc_len, q2, q3, q4) dev_ipc_reply;
+    HIXL_MSG_VIEW(p0, p1, p2, size, q1, q2, q3, q4) stage_reply;
+    HIXL_MSG_VIEW(slot, dir, p2, rkey, off, len, soff, q4) shm_copy;
+  };
   uint8_t host_id[32];
   char str[2][HIXL_WIRE_STR];
   uint8_t blob[HIXL_WIRE_BLOB];
   uint32_t blob_len;
 } hixl_msg_t;
 
-/* Field meaning per type (see wire.c for the schema):
+/* Field meaning per type (see wire.c for the schema; the views above name
+ * the integer fields):
  * HELLO:       blob = the initiator's 32-byte nonce (nothing else before the target
  *              has proved it knows the token: src/core/auth.h)
  * AUTH_CHALLENGE: blob = the target's nonce (32) then its proof (32)

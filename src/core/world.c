@@ -590,8 +590,8 @@ static hixl_status_t broadcast(hixl_world_t *w, uint16_t type, uint64_t epoch, c
     if (j == w->rank)
       continue;
     hixl_msg_t m = {.type = type};
-    m.u64[0] = w->id;
-    m.u64[1] = epoch;
+    m.world.world = w->id;
+    m.world.epoch = epoch;
     if (blob_len)
       memcpy(m.blob, blob, blob_len);
     m.blob_len = blob_len;

@@ -644,7 +644,7 @@ static hixl_status_t fab_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64
   snprintf(m.str[0], sizeof(m.str[0]), "%s", fc->prov);
   uint64_t rx_cookie = hixl__fab_rand64();
   m.blob_len = (uint32_t)blob_with_cookie(m.blob, fc, rx_cookie);
-  m.u64[0] = peer->ctx->id;
+  m.fabric_bind.ctx_id = peer->ctx->id;
   hixl_status_t st = hixl__send(peer, &m, NULL, 0);
   if (st == HIXL_OK)
     st = hixl__peer_recv_sync(peer, &r, deadline);

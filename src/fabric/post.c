@@ -342,7 +342,7 @@ static hixl_status_t owner_atomic(hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t o
   if (st != HIXL_OK)
     return st;
   if (req->old_p) {
-    *req->old_p = reply.u64[0];
+    *req->old_p = reply.atomic_reply.old;
     req->old_p = NULL; /* completing must not overwrite it */
   }
   return HIXL_OK;

@@ -375,8 +375,8 @@ static hixl_status_t shm_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64
   struct timeval tv = {ctx->cfg.timeout_ms / 1000, (ctx->cfg.timeout_ms % 1000) * 1000};
   setsockopt(ufd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   hixl_msg_t bind = {.type = HIXL_MSG_SHM_BIND};
-  bind.u64[0] = ack->u64[1];
-  bind.u64[1] = ctx->id;
+  bind.unix_bind.cookie = ack->hello_ack.cookie;
+  bind.unix_bind.ctx_id = ctx->id;
   const shm_ctx_t *sc = ctx->tp[HIXL_TP_SHM];
   int fds[3] = {sc->tags_fd, inbox_fd, sc->bell_w};
   peer->fd = ufd;
@@ -490,8 +490,8 @@ static hixl_status_t attach_device(hixl_rmr_t *r, int64_t deadline)
 {
   hixl_peer_t *peer = r->peer;
   hixl_msg_t m = {.type = HIXL_MSG_DEV_IPC_REQ}, reply;
-  m.u32[0] = r->slot;
-  m.u64[0] = r->rkey;
+  m.region.slot = r->slot;
+  m.region.rkey = r->rkey;
   int fd = -1;
   hixl_status_t st = hixl__call(peer, &m, HIXL_MSG_DEV_IPC_REPLY, &reply, &fd, deadline);
   if (st != HIXL_OK) {
@@ -504,9 +504,11 @@ static hixl_status_t attach_device(hixl_rmr_t *r, int64_t deadline)
                            "(%s)",
                            peer->name, hixl_strerror(st));
   }
-  hixl_dev_ipc_t h = {.fd = fd, .alloc_len = reply.u64[1], .device = (int)reply.u32[0]};
-  if (reply.blob_len > sizeof(h.bytes) || reply.u64[0] > h.alloc_len ||
-      r->len > h.alloc_len - reply.u64[0]) {
+  hixl_dev_ipc_t h = {.fd = fd,
+                      .alloc_len = reply.dev_ipc_reply.alloc_len,
+                      .device = (int)reply.dev_ipc_reply.device};
+  if (reply.blob_len > sizeof(h.bytes) || reply.dev_ipc_reply.offset > h.alloc_len ||
+      r->len > h.alloc_len - reply.dev_ipc_reply.offset) {
     if (fd >= 0)
       close(fd);
     return hixl__err(HIXL_ERR_TRANSPORT, "shm: peer %s sent a malformed device IPC handle",
@@ -519,7 +521,7 @@ static hixl_status_t attach_device(hixl_rmr_t *r, int64_t deadline)
     return st;
   r->map_base = base;
   r->map_len = 0; /* not an mmap: released by the backend */
-  r->map = (uint8_t *)base + reply.u64[0];
+  r->map = (uint8_t *)base + reply.dev_ipc_reply.offset;
   return HIXL_OK;
 }
 
@@ -545,8 +547,8 @@ static hixl_status_t shm_rmr_attach(hixl_rmr_t *r, int64_t deadline)
   if (!(r->flags & HIXL_REGF_MEMFD))
     return HIXL_OK; /* reached with CMA */
   hixl_msg_t m = {.type = HIXL_MSG_FD_REQ}, reply;
-  m.u32[0] = r->slot;
-  m.u64[0] = r->rkey;
+  m.region.slot = r->slot;
+  m.region.rkey = r->rkey;
   int fd = -1;
   hixl_status_t st = hixl__call(peer, &m, HIXL_MSG_FD_REPLY, &reply, &fd, deadline);
   if (st != HIXL_OK)
@@ -556,7 +558,7 @@ static hixl_status_t shm_rmr_attach(hixl_rmr_t *r, int64_t deadline)
   if (fd < 0)
     return hixl__err(HIXL_ERR_TRANSPORT, "shm: peer %s sent no fd for the region", peer->name);
   size_t page = (size_t)sysconf(_SC_PAGESIZE);
-  uint64_t off = reply.u64[0];
+  uint64_t off = reply.fd_reply.offset;
   uint64_t map_off = off & ~(uint64_t)(page - 1);
   size_t delta = (size_t)(off - map_off);
   size_t map_len = (delta + r->len + page - 1) & ~(page - 1);

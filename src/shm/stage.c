@@ -49,7 +49,7 @@ static hixl_status_t attach(hixl_peer_t *peer, shm_stage_out_t *so)
                : hixl__err(st, "shm: peer %s lends no staging area for copies without CMA (%s)",
                            peer->name, hixl_strerror(st));
   }
-  uint64_t size = reply.u64[0];
+  uint64_t size = reply.stage_reply.size;
   struct stat sst;
   int seals = fd >= 0 ? fcntl(fd, F_GET_SEALS) : -1;
   /* Sealed against shrinking (and further sealing) by its owner, or a
@@ -177,12 +177,12 @@ hixl_status_t hixl__shm_stage_add(shm_stage_sess_t *s, bool put, void *local, co
     if (put)
       memcpy(so->data + so->head, l, n);
     hixl_msg_t m = {.type = HIXL_MSG_SHM_COPY};
-    m.u32[0] = r->slot;
-    m.u32[1] = put ? SHM_COPY_PUT : SHM_COPY_GET;
-    m.u64[0] = r->rkey;
-    m.u64[1] = off + done;
-    m.u64[2] = n;
-    m.u64[3] = so->head;
+    m.shm_copy.slot = r->slot;
+    m.shm_copy.dir = put ? SHM_COPY_PUT : SHM_COPY_GET;
+    m.shm_copy.rkey = r->rkey;
+    m.shm_copy.off = off + done;
+    m.shm_copy.len = n;
+    m.shm_copy.soff = so->head;
     hixl_status_t st = hixl__send(s->peer, &m, NULL, 0);
     if (st != HIXL_OK)
       return fail(s, st);
@@ -267,7 +267,7 @@ void hixl__shm_stage_serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *o
   }
   *n_out = 1;
   out->status = HIXL_OK;
-  out->u64[0] = in->size;
+  out->stage_reply.size = in->size;
 }
 
 void hixl__shm_copy_serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out, int *out_fds,
@@ -284,8 +284,8 @@ void hixl__shm_copy_serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *ou
   }
   shm_stage_in_t *in = &sp->in;
   uint64_t n = ++in->handled;
-  uint32_t dir = m->u32[1];
-  uint64_t len = m->u64[2], soff = m->u64[3];
+  uint32_t dir = m->shm_copy.dir;
+  uint64_t len = m->shm_copy.len, soff = m->shm_copy.soff;
   hixl_status_t st;
   if ((dir != SHM_COPY_PUT && dir != SHM_COPY_GET) || len == 0 || soff > in->size ||
       len > in->size - soff) {
@@ -299,7 +299,7 @@ void hixl__shm_copy_serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *ou
     pthread_mutex_lock(&ctx->reg_lock);
     uint8_t *addr = NULL;
     st =
-        hixl__serve_range_locked(ctx, m->u32[0], m->u64[0], m->u64[1], len,
+        hixl__serve_range_locked(ctx, m->shm_copy.slot, m->shm_copy.rkey, m->shm_copy.off, len,
                                  dir == SHM_COPY_PUT ? HIXL_ACCESS_WRITE : HIXL_ACCESS_READ, &addr);
     if (st == HIXL_OK && dir == SHM_COPY_PUT)
       memcpy(addr, in->data + soff, (size_t)len);

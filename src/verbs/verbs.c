@@ -579,15 +579,15 @@ static vrb_peer_t *vp_new(hixl_peer_t *peer, int nq, bool make_qps)
   return vp;
 }
 
-/* VERBS_QP(_REPLY): u32[0] QPN of QP 0, u32[1] PSN, u32[2] MTU, u64[0] LID,
- * u64[2] QP count, blob: the GID, then the QPNs of QPs 1.. (4 bytes each). */
+/* VERBS_QP(_REPLY), its verbs_qp view: the QPN of QP 0, PSN, MTU, LID, the QP
+ * count; blob: the GID, then the QPNs of QPs 1.. (4 bytes each). */
 static void local_info(vrb_ctx_t *vc, vrb_peer_t *vp, hixl_msg_t *m, uint32_t psn)
 {
-  m->u32[0] = vp->qps[0]->qp->qp_num;
-  m->u32[1] = psn;
-  m->u32[2] = (uint32_t)vc->mtu;
-  m->u64[0] = vc->lid;
-  m->u64[2] = (uint64_t)vp->nq;
+  m->verbs_qp.qpn = vp->qps[0]->qp->qp_num;
+  m->verbs_qp.psn = psn;
+  m->verbs_qp.mtu = (uint32_t)vc->mtu;
+  m->verbs_qp.lid = vc->lid;
+  m->verbs_qp.nqps = (uint64_t)vp->nq;
   memcpy(m->blob, vc->gid.raw, 16);
   for (int i = 1; i < vp->nq; i++) {
     uint32_t qpn = htole32(vp->qps[i]->qp->qp_num);
@@ -599,11 +599,11 @@ static void local_info(vrb_ctx_t *vc, vrb_peer_t *vp, hixl_msg_t *m, uint32_t ps
 /* The QP count a VERBS_QP message announces, or 0 when malformed. */
 static int remote_nq(const hixl_msg_t *r)
 {
-  uint64_t nq = r->u64[2] ? r->u64[2] : 1;            /* 0: an older peer, one QP */
-  uint64_t blob = r->u64[3] ? 16 : 16 + 4 * (nq - 1); /* rdmacm: no QPNs */
+  uint64_t nq = r->verbs_qp.nqps ? r->verbs_qp.nqps : 1;   /* 0: an older peer, one QP */
+  uint64_t blob = r->verbs_qp.cm ? 16 : 16 + 4 * (nq - 1); /* rdmacm: no QPNs */
   if (nq > VRB_MAX_QPS || r->blob_len != blob)
     return 0;
-  if (!r->u64[3] && (r->u32[2] < IBV_MTU_256 || r->u32[2] > IBV_MTU_4096))
+  if (!r->verbs_qp.cm && (r->verbs_qp.mtu < IBV_MTU_256 || r->verbs_qp.mtu > IBV_MTU_4096))
     return 0;
   return (int)nq;
 }
@@ -623,13 +623,13 @@ static hixl_status_t qp_connect(vrb_ctx_t *vc, struct ibv_qp *qp, const hixl_msg
   memset(&a, 0, sizeof(a));
   a.qp_state = IBV_QPS_RTR;
   /* Path MTU: the smaller of both active MTUs. */
-  a.path_mtu = vc->mtu < (enum ibv_mtu)r->u32[2] ? vc->mtu : (enum ibv_mtu)r->u32[2];
+  a.path_mtu = vc->mtu < (enum ibv_mtu)r->verbs_qp.mtu ? vc->mtu : (enum ibv_mtu)r->verbs_qp.mtu;
   a.dest_qp_num = qpn;
-  a.rq_psn = r->u32[1];
+  a.rq_psn = r->verbs_qp.psn;
   a.max_dest_rd_atomic = 16;
   a.min_rnr_timer = 12;
   a.ah_attr.port_num = vc->port;
-  a.ah_attr.dlid = (uint16_t)r->u64[0];
+  a.ah_attr.dlid = (uint16_t)r->verbs_qp.lid;
   a.ah_attr.is_global = 1;
   memcpy(a.ah_attr.grh.dgid.raw, r->blob, 16);
   a.ah_attr.grh.sgid_index = (uint8_t)vc->gid_index;
@@ -662,7 +662,7 @@ static hixl_status_t qps_connect(vrb_ctx_t *vc, vrb_peer_t *vp, const hixl_msg_t
     return hixl__err(HIXL_ERR_TRANSPORT, "verbs: malformed QP information from the peer");
   hixl_status_t st = HIXL_OK;
   for (int i = 0; i < vp->nq && st == HIXL_OK; i++) {
-    uint32_t qpn = r->u32[0];
+    uint32_t qpn = r->verbs_qp.qpn;
     if (i > 0) {
       memcpy(&qpn, r->blob + 16 + 4 * (i - 1), 4);
       qpn = le32toh(qpn);
@@ -759,14 +759,14 @@ static hixl_status_t vrb_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64
   uint32_t psn = (uint32_t)hixl__random64() & 0xffffff;
   hixl_msg_t m = {.type = HIXL_MSG_VERBS_QP}, r;
   if (cm) {
-    m.u64[2] = (uint64_t)vp->nq;
-    m.u64[3] = 1;
+    m.verbs_qp.nqps = (uint64_t)vp->nq;
+    m.verbs_qp.cm = 1;
     memcpy(m.blob, vc->gid.raw, 16);
     m.blob_len = 16;
   } else {
     local_info(vc, vp, &m, psn);
   }
-  m.u64[1] = peer->ctx->id;
+  m.verbs_qp.id = peer->ctx->id;
   hixl_status_t st = hixl__send(peer, &m, NULL, 0);
   if (st == HIXL_OK)
     st = hixl__peer_recv_sync(peer, &r, deadline);
@@ -777,7 +777,7 @@ static hixl_status_t vrb_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64
                    "verbs: %s refused our QPs (%s)", peer->name, hixl_strerror(r.status));
 #ifdef HIXL_HAVE_RDMACM
   if (st == HIXL_OK && cm)
-    st = r.u64[3] == 0 || r.u64[3] > 65535 || r.blob_len != 16 || r.u64[1] == 0
+    st = r.verbs_qp.cm == 0 || r.verbs_qp.cm > 65535 || r.blob_len != 16 || r.verbs_qp.id == 0
              ? hixl__err(HIXL_ERR_TRANSPORT, "verbs: malformed rdmacm reply from %s", peer->name)
              : hixl__vrb_cm_connect(peer, vp, &r, deadline);
 #endif
@@ -798,7 +798,7 @@ static void vrb_accept(hixl_peer_t *peer, const hixl_msg_t *m, int *fds, int nfd
   memset(out, 0, sizeof(*out));
   out->type = HIXL_MSG_VERBS_QP_REPLY;
   int nq = remote_nq(m);
-  bool cm = m->u64[3] != 0;
+  bool cm = m->verbs_qp.cm != 0;
   hixl_status_t st = HIXL_OK;
   if (nq == 0)
     st = hixl__err(HIXL_ERR_TRANSPORT, "verbs: malformed VERBS_QP");
@@ -822,9 +822,9 @@ static void vrb_accept(hixl_peer_t *peer, const hixl_msg_t *m, int *fds, int nfd
   if (cm) { /* the QPs come with the initiator's rdmacm requests */
     while (vp->cm_cookie == 0)
       vp->cm_cookie = hixl__random64();
-    out->u64[1] = vp->cm_cookie;
-    out->u64[2] = (uint64_t)nq;
-    out->u64[3] = vc->cm_port;
+    out->verbs_qp.id = vp->cm_cookie;
+    out->verbs_qp.nqps = (uint64_t)nq;
+    out->verbs_qp.cm = vc->cm_port;
     memcpy(out->blob, vc->gid.raw, 16);
     out->blob_len = 16;
     return;
