@@ -5,7 +5,8 @@
 #     whose first line is a sh/bash shebang (tests/rxe/rxe-run, ...), so new
 #     scripts are picked up without being listed here;
 #   - the layers (docs/architecture.md): which headers each folder of src/
-#     may include;
+#     may include, and that the core's code (transport.c apart) names no
+#     transport;
 #   - every relative link in a tracked Markdown file names a file inside the
 #     repository that exists (docs are read on clones without ../shared).
 # Needs git, clang-format and shellcheck (scripts/deps.sh); no network.
@@ -67,6 +68,19 @@ for tp in self shm verbs fabric; do
     "a transport may include ../core/provider.h, ../core/config.h and its own headers only"
 done
 layer core '^([a-z_]+\.h|\.\./device/device\.h)$' 'the core may include its own headers and ../device/device.h only'
+
+# The core names no transport (docs/architecture.md, "What a transport
+# owns"): outside transport.c, the registry, no shm, verbs or fabric in its
+# code once comments are stripped (the compiler's own comment removal).
+if command -v gcc >/dev/null; then
+  for f in src/core/*.c src/core/*.h; do
+    [ "$f" = src/core/transport.c ] && continue
+    if gcc -fpreprocessed -dD -E -P "$f" 2>/dev/null | grep -q -i -E 'shm|verbs|fabric'; then
+      echo "lint: $f names a transport in its code; a transport's part belongs in its ops table" >&2
+      fail=1
+    fi
+  done
+fi
 
 # Relative Markdown links: [text](path) or [text](path#anchor).
 root=$(pwd -P)

@@ -53,12 +53,12 @@ void hixl__outq_clear(hixl_peer_t *p);
 hixl_peer_t *hixl__peer_new(hixl_ctx_t *ctx, int fd, bool inbound);
 /* Fail every control call waiting on p; ctx->lock held. */
 void hixl__fail_pending_locked(hixl_peer_t *p);
-/* Target side of transport o's bind (bind_unix), arriving on an accepted
- * unix connection u: find the inbound peer it binds, let o accept it, and
- * move the connection over to it.  NULL (ack says why) when it failed. */
-hixl_peer_t *hixl__handle_bind_locked(hixl_peer_t *u, const hixl_transport_ops_t *o,
-                                      const hixl_msg_t *m, int *fds, int nfds, hixl_msg_t *ack,
-                                      int *out_fds, int *n_out);
+/* Target side of a bind on the unix socket (TP_BIND with fds), arriving on
+ * an accepted unix connection u: find the inbound peer it binds (its
+ * transport has bind_unix and takes nfds), let the transport accept it,
+ * and move the connection over to it.  NULL (ack says why) when it failed. */
+hixl_peer_t *hixl__handle_bind_locked(hixl_peer_t *u, const hixl_msg_t *m, int *fds, int nfds,
+                                      hixl_msg_t *ack, int *out_fds, int *n_out);
 /* Target side of HELLO: answer with our nonce and our proof.  Nothing about
  * us goes out before the initiator has proved it knows the token. */
 void hixl__handle_hello_locked(hixl_peer_t *p, const hixl_msg_t *m, hixl_msg_t *out);

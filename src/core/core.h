@@ -47,6 +47,8 @@ const char *hixl__tp_join(char *buf, size_t cap, const uint8_t *order, int n, ui
 /* All transports built in, in default preference order. */
 extern const hixl_transport_ops_t *const hixl__transports[];
 extern const size_t hixl__n_transports;
+/* The loopback transport (HIXL_TP_CAP_LOOPBACK): our own context as a peer. */
+const hixl_transport_ops_t *hixl__tp_loopback(void);
 
 /* The control plane (conn.h: peer.c, call.c, handshake.c, ctl.c). */
 hixl_status_t hixl__ctl_start(hixl_ctx_t *ctx);

@@ -37,20 +37,13 @@ static void proto_error_locked(hixl_peer_t *p, const char *what, unsigned type)
   hixl__peer_fail_locked(p, HIXL_PEER_LOST, "protocol error");
 }
 
-/* The transport whose bind comes on the unix socket as a message of type. */
-static const hixl_transport_ops_t *unix_bind_ops(unsigned type)
+/* p's transport's own message m (TP_REQ / TP_REPLY) by its kind, or NULL. */
+static const hixl_tp_msg_t *tp_msg(const hixl_peer_t *p, const hixl_msg_t *m)
 {
-  for (size_t t = 0; t < hixl__n_transports; t++)
-    if (hixl__transports[t]->bind_unix && hixl__transports[t]->bind_type == type)
-      return hixl__transports[t];
-  return NULL;
-}
-
-/* p's transport's own message of this type, or NULL. */
-static const hixl_tp_msg_t *tp_msg(const hixl_peer_t *p, unsigned type)
-{
-  for (const hixl_tp_msg_t *t = p->ops ? p->ops->msgs : NULL; t && t->type; t++)
-    if (t->type == type)
+  if (m->type != HIXL_MSG_TP_REQ && m->type != HIXL_MSG_TP_REPLY)
+    return NULL;
+  for (const hixl_tp_msg_t *t = p->ops ? p->ops->msgs : NULL; t && t->kind; t++)
+    if (t->kind == m->tp_req.kind)
       return t;
   return NULL;
 }
@@ -64,9 +57,9 @@ static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t 
   int fd = m->nfds ? fds[0] : -1;
   *reply_to = p;
   if (atomic_load(&p->state) == HIXL_PEER_CONNECTING && p->inbound) {
-    const hixl_transport_ops_t *ub = p->unix_pending ? unix_bind_ops(m->type) : NULL;
-    if (ub && m->nfds == ub->bind_fds) {
-      hixl_peer_t *bound = hixl__handle_bind_locked(p, ub, m, fds, m->nfds, out, out_fds, n_out);
+    if (p->unix_pending && m->type == HIXL_MSG_TP_BIND && m->nfds > 0) {
+      /* A bind on the unix socket (shm): the peer it binds says whose. */
+      hixl_peer_t *bound = hixl__handle_bind_locked(p, m, fds, m->nfds, out, out_fds, n_out);
       if (bound) {
         /* UP only once the ACK is on the wire (peer_readable): nothing of
          * ours may reach the initiator before it. */
@@ -79,8 +72,8 @@ static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t 
       }
       return;
     }
-    if (!p->unix_pending && p->ops && p->ops->needs_bind && p->ops->bind_type &&
-        m->type == p->ops->bind_type && m->nfds == 0) {
+    if (!p->unix_pending && p->ops && p->ops->needs_bind && !p->ops->bind_unix &&
+        m->type == HIXL_MSG_TP_BIND && m->nfds == 0) {
       /* An in-band bind (verbs, fabric): the transport answers. */
       memset(out, 0, sizeof(*out));
       p->ops->accept(p, m, NULL, 0, p->fd, out, out_fds, n_out);
@@ -111,10 +104,11 @@ static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t 
   }
   /* Once connected, only FD_REPLY, DEV_IPC_REPLY and the transport's own
    * messages that say so may carry an fd. */
-  const hixl_tp_msg_t *tm = tp_msg(p, m->type);
+  const hixl_tp_msg_t *tm = tp_msg(p, m);
   int max_fds = m->type == HIXL_MSG_FD_REPLY || m->type == HIXL_MSG_DEV_IPC_REPLY ? 1
-                : tm                                                              ? tm->max_fds
-                                                                                  : 0;
+                : tm == NULL                                                      ? 0
+                : m->type == HIXL_MSG_TP_REPLY                                    ? tm->reply_fds
+                                                                                  : tm->req_fds;
   if (m->nfds > max_fds) {
     for (int i = 0; i < m->nfds; i++)
       close(fds[i]);
@@ -168,11 +162,11 @@ static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t 
     return;
   default:
     /* The transport's own messages (from peers on it only). */
-    if (tm && tm->serve == NULL) {
+    if (tm && m->type == HIXL_MSG_TP_REPLY) {
       hixl__complete_pending_locked(p, m, fd);
       return;
     }
-    if (tm) {
+    if (tm && tm->serve) {
       memset(out, 0, sizeof(*out));
       tm->serve(p, m, out, out_fds, n_out);
       return;
@@ -291,11 +285,11 @@ static void peer_readable(hixl_ctx_t *ctx, hixl_peer_t *p)
         /* A handshake that completed with this ACK: the peer is usable now
          * (after its transport's bind; a transport that needs no bind, after
          * HELLO). */
-        bool done = ((reply_to->ops && reply_to->ops->bind_reply_type &&
-                      out.type == reply_to->ops->bind_reply_type) ||
-                     (out.type == HIXL_MSG_HELLO_ACK && reply_to->ops &&
-                      !reply_to->ops->needs_bind && !reply_to->unix_pending)) &&
-                    out.status == HIXL_OK;
+        bool done =
+            ((out.type == HIXL_MSG_TP_BIND_REPLY && reply_to->ops && reply_to->ops->needs_bind) ||
+             (out.type == HIXL_MSG_HELLO_ACK && reply_to->ops && !reply_to->ops->needs_bind &&
+              !reply_to->unix_pending)) &&
+            out.status == HIXL_OK;
         if (done && sst == HIXL_OK && atomic_load(&reply_to->state) == HIXL_PEER_CONNECTING) {
           atomic_store(&reply_to->state, HIXL_PEER_UP);
           pthread_cond_broadcast(&ctx->cond);

@@ -136,7 +136,7 @@ hixl_status_t hixl_ctx_create(const hixl_config_t *cfg_in, hixl_ctx_t **ctx_p)
                                             &ctx->tp_allowed);
   if (st != HIXL_OK)
     goto fail;
-  ctx->tp_allowed |= 1u << HIXL_TP_SELF; /* our own context is always reachable */
+  ctx->tp_allowed |= 1u << hixl__tp_loopback()->id; /* our own context is always reachable */
   ctx->id = hixl__random64();
   hixl__host_id(ctx->host_id);
   /* The abstract unix name of our control socket (and, + "-bell", of the

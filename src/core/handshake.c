@@ -46,8 +46,9 @@ static const hixl_transport_ops_t *pick_transport_locked(hixl_ctx_t *ctx, const 
       continue;
     for (size_t t = 0; t < hixl__n_transports; t++) {
       const hixl_transport_ops_t *ops = hixl__transports[t];
-      if (ops->id == order[i] && ops->id != HIXL_TP_SELF && (ctx->tp_ready & (1u << ops->id)) &&
-          (hello->auth.tp_bits & (1u << ops->id)) && ops->usable(ctx, hello))
+      if (ops->id == order[i] && !(ops->caps & HIXL_TP_CAP_LOOPBACK) &&
+          (ctx->tp_ready & (1u << ops->id)) && (hello->auth.tp_bits & (1u << ops->id)) &&
+          ops->usable(ctx, hello))
         return ops;
     }
   }
@@ -120,7 +121,7 @@ void hixl__handle_auth_locked(hixl_peer_t *p, const hixl_msg_t *m, hixl_msg_t *a
   if (m->auth.ctx_id == ctx->id) {
     /* Our own context: the initiator makes a self peer; this connection
      * only carried the handshake. */
-    ack->hello_ack.tp_id = HIXL_TP_SELF;
+    ack->hello_ack.tp_id = (uint32_t)hixl__tp_loopback()->id;
     p->unix_pending = true; /* not a user-visible peer: free it at EOF */
     return;
   }
@@ -157,23 +158,23 @@ void hixl__handle_auth_locked(hixl_peer_t *p, const hixl_msg_t *m, hixl_msg_t *a
   snprintf(p->name, sizeof(p->name), "inbound#%u(pid %d)", ++ctx->n_inbound, (int)p->remote_pid);
 }
 
-hixl_peer_t *hixl__handle_bind_locked(hixl_peer_t *u, const hixl_transport_ops_t *o,
-                                      const hixl_msg_t *m, int *fds, int nfds, hixl_msg_t *ack,
-                                      int *out_fds, int *n_out)
+hixl_peer_t *hixl__handle_bind_locked(hixl_peer_t *u, const hixl_msg_t *m, int *fds, int nfds,
+                                      hixl_msg_t *ack, int *out_fds, int *n_out)
 {
   hixl_ctx_t *ctx = u->ctx;
   hixl_peer_t *p;
   for (p = ctx->peers; p; p = p->next)
     if (p->inbound && !p->unix_pending && atomic_load(&p->state) == HIXL_PEER_CONNECTING &&
-        p->cookie == m->unix_bind.cookie && p->remote_ctx_id == m->unix_bind.ctx_id && p->ops == o)
+        p->cookie == m->unix_bind.cookie && p->remote_ctx_id == m->unix_bind.ctx_id && p->ops &&
+        p->ops->bind_unix && p->ops->bind_fds == nfds)
       break;
   memset(ack, 0, sizeof(*ack));
-  ack->type = o->bind_reply_type;
+  ack->type = HIXL_MSG_TP_BIND_REPLY;
   if (p == NULL) {
     ack->status = HIXL_ERR_AUTH;
     return NULL;
   }
-  o->accept(p, m, fds, nfds, u->fd, ack, out_fds, n_out);
+  p->ops->accept(p, m, fds, nfds, u->fd, ack, out_fds, n_out);
   if (ack->type == 0 || ack->status != HIXL_OK)
     return NULL;
   /* Swap sockets: the TCP one has done its job (with anything still queued
@@ -459,7 +460,7 @@ hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeou
   }
   p->remote_ctx_id = ack.hello_ack.ctx_id;
   p->remote_pid = (pid_t)ack.hello_ack.pid;
-  if (ack.hello_ack.tp_id == HIXL_TP_SELF) {
+  if (ack.hello_ack.tp_id == (uint32_t)hixl__tp_loopback()->id) {
     hixl__peer_free(p);
     hixl_peer_t *self = hixl__self_peer(ctx);
     if (self == NULL)

@@ -137,11 +137,11 @@ hixl_peer_t *hixl__self_peer(hixl_ctx_t *ctx)
   if (p == NULL)
     return NULL;
   p->self = true;
-  p->ops = &hixl__self_ops;
+  p->ops = hixl__tp_loopback();
   p->remote_ctx_id = ctx->id;
   p->remote_pid = getpid();
   snprintf(p->name, sizeof(p->name), "self(%s)", ctx->address);
-  if (hixl__self_init(p) != HIXL_OK) {
+  if (p->ops->connect(p, NULL, INT64_MAX) != HIXL_OK) {
     p->ops = NULL;
     hixl__peer_free(p);
     return NULL;

@@ -159,21 +159,27 @@ enum {
   /* Its peers are processes of this host that map our memory: they may ask
    * for a region's memfd (FD_REQ) and device IPC handle (DEV_IPC_REQ). */
   HIXL_TP_CAP_LOCAL_MAP = 1,
+  /* The loopback: a peer that is our own context (the core makes it when a
+   * context connects to itself; its connect gets no handshake, ack NULL). */
+  HIXL_TP_CAP_LOOPBACK = 2,
 };
 
-/* A control message a transport owns (hixl_transport_ops_t.msgs), from
- * peers on that transport only. */
+/* A control message a transport owns (hixl_transport_ops_t.msgs): a
+ * TP_REQ of this kind (tp_req.kind), from peers on that transport only,
+ * and its TP_REPLY if it has one. */
 typedef struct hixl_tp_msg {
-  uint16_t type;
-  uint8_t max_fds; /* descriptors it may carry */
-  /* NULL: a reply, which completes the call waiting for it.  Else serve it
-   * (control thread, ctx->lock held): fill *out (type 0: no reply) and the
-   * fds to pass, out_fds[0..*n_out), which the caller closes after
-   * sending. */
+  uint16_t kind;
+  uint8_t req_fds, reply_fds; /* descriptors the request / its reply may carry */
+  /* Serve the request (control thread, ctx->lock held): fill *out (a
+   * TP_REPLY of the same kind, or type 0: no reply) and the fds to pass,
+   * out_fds[0..*n_out), which the caller closes after sending. */
   void (*serve)(hixl_peer_t *peer, const struct hixl_msg *m, struct hixl_msg *out, int *out_fds,
                 int *n_out);
 } hixl_tp_msg_t;
-enum { HIXL_TP_SELF = 0, HIXL_TP_SHM = 1, HIXL_TP_VERBS = 2, HIXL_TP_FABRIC = 3, HIXL_TP_COUNT };
+/* Transport ids: small numbers that travel in handshakes, so fixed: each
+ * transport defines its own (HIXL_TP_<NAME> in its header), transport.c
+ * names them all (hixl__tp_names) and unit/transports checks they agree. */
+#define HIXL_TP_COUNT 4
 _Static_assert(HIXL_TP_COUNT == 4, "hixl_mr_t.tp has one slot per transport");
 
 /*
@@ -194,16 +200,16 @@ typedef struct hixl_transport_ops {
   int id;          /* HIXL_TP_* */
   bool async;      /* see above */
   bool needs_bind; /* the handshake continues after HELLO_ACK (a bind message) */
-  /* The bind message and its reply (both 0 when none).  In band (verbs,
-   * fabric): on the TCP control connection.  bind_unix (shm): on a new
-   * connection to the context's unix socket, with bind_fds descriptors;
-   * its unix_bind view carries the cookie HELLO_ACK gave and the initiator's
-   * context id, which find the peer it binds. */
-  uint16_t bind_type, bind_reply_type;
+  /* Its bind (TP_BIND / TP_BIND_REPLY, when needs_bind): in band on the
+   * TCP control connection (verbs, fabric), or with bind_unix on a new
+   * connection to the context's unix socket with bind_fds descriptors
+   * (shm), whose unix_bind view carries the cookie HELLO_ACK gave and the
+   * initiator's context id: they find the peer it binds. */
   bool bind_unix;
   uint8_t bind_fds;
   unsigned caps; /* HIXL_TP_CAP_* */
-  /* This transport's own control messages (type 0 ends; NULL: none). */
+  /* This transport's own control messages (TP_REQ / TP_REPLY by kind;
+   * kind 0 ends the table; NULL: none). */
   const struct hixl_tp_msg *msgs;
   /* Context set-up: NO_DEVICE means "not on this machine" (not an error). */
   hixl_status_t (*ctx_init)(hixl_ctx_t *ctx);
@@ -216,8 +222,8 @@ typedef struct hixl_transport_ops {
   /* Initiator side: set the peer up after HELLO_ACK. */
   hixl_status_t (*connect)(hixl_peer_t *peer, const struct hixl_msg *ack, int64_t deadline);
   /* Target side of this transport's bind message m (control thread,
-   * ctx->lock held): fill the reply out (type bind_reply_type and a
-   * status; type 0: refused, the connection is dropped).  fds[0..nfds):
+   * ctx->lock held): fill the reply out (type TP_BIND_REPLY and a status;
+   * type 0: refused, the connection is dropped).  fds[0..nfds):
    * what came with a unix bind, consumed when the status is OK; sock: the
    * socket it came on (who is at the other end: SO_PEERCRED). */
   void (*accept)(hixl_peer_t *peer, const struct hixl_msg *m, int *fds, int nfds, int sock,
@@ -296,19 +302,6 @@ void hixl__tp_accept_none(hixl_peer_t *peer, const struct hixl_msg *m, int *fds,
 hixl_status_t hixl__tp_put_imm_sync(hixl_peer_t *peer, const void *src, size_t len, hixl_rmr_t *rmr,
                                     uint64_t off, uint32_t imm, hixl_req_t *req);
 
-/* Each transport's table (listed in transport.c), and the entry points the
- * core still calls by name; they are to become slots of the ops table
- * (issue 15). */
-extern const hixl_transport_ops_t hixl__self_ops;
-extern const hixl_transport_ops_t hixl__shm_ops;
-#ifdef HIXL_HAVE_VERBS
-extern const hixl_transport_ops_t hixl__verbs_ops;
-#endif
-#ifdef HIXL_HAVE_FABRIC
-extern const hixl_transport_ops_t hixl__fabric_ops;
-#endif
-hixl_status_t hixl__self_init(hixl_peer_t *peer);
-
 /* ------------------------------------------------------------------ peers */
 
 enum { HIXL_PEER_CONNECTING = 0, HIXL_PEER_UP = 1, HIXL_PEER_LOST = 2, HIXL_PEER_CLOSED = 3 };
@@ -354,7 +347,7 @@ struct hixl_peer {
   uint64_t remote_ctx_id;
   pid_t remote_pid;
   uint64_t tag;    /* world tag from HELLO (0: none) */
-  uint64_t cookie; /* inbound shm: matches the SHM_BIND on the unix socket */
+  uint64_t cookie; /* inbound, bind_unix transports: matches the TP_BIND on the unix socket */
   /* Inbound handshake (auth.h): 0 waiting for HELLO, 1 challenge sent,
    * waiting for AUTH, 2 answered.  Nonces: theirs then ours. */
   uint8_t hs_stage;

@@ -26,6 +26,16 @@ const char *hixl__tp_join(char *buf, size_t cap, const uint8_t *order, int n, ui
   return buf;
 }
 
+/* Each transport's table (its folder; HAVE_* from meson.build). */
+extern const hixl_transport_ops_t hixl__self_ops;
+extern const hixl_transport_ops_t hixl__shm_ops;
+#ifdef HIXL_HAVE_VERBS
+extern const hixl_transport_ops_t hixl__verbs_ops;
+#endif
+#ifdef HIXL_HAVE_FABRIC
+extern const hixl_transport_ops_t hixl__fabric_ops;
+#endif
+
 const hixl_transport_ops_t *const hixl__transports[] = {
     &hixl__self_ops,
     &hixl__shm_ops,
@@ -64,6 +74,14 @@ hixl_status_t hixl__tp_put_imm_sync(hixl_peer_t *peer, const void *src, size_t l
   return st == HIXL_OK ? peer->ops->notify(peer, imm, len, req) : st;
 }
 const size_t hixl__n_transports = sizeof(hixl__transports) / sizeof(hixl__transports[0]);
+
+const hixl_transport_ops_t *hixl__tp_loopback(void)
+{
+  for (size_t t = 0; t < hixl__n_transports; t++)
+    if (hixl__transports[t]->caps & HIXL_TP_CAP_LOOPBACK)
+      return hixl__transports[t];
+  return NULL; /* unit/transports: never */
+}
 
 static bool closed_usable(hixl_ctx_t *ctx, const hixl_msg_t *m)
 {

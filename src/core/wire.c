@@ -8,7 +8,7 @@
 /* Every view of the integer fields (wire.h) overlays u32[] / u64[]. */
 _Static_assert(offsetof(hixl_msg_t, atomic.slot) == offsetof(hixl_msg_t, u32[0]), "views: u32");
 _Static_assert(offsetof(hixl_msg_t, atomic.rkey) == offsetof(hixl_msg_t, u64[0]), "views: u64");
-_Static_assert(offsetof(hixl_msg_t, verbs_qp.q4) == offsetof(hixl_msg_t, u64[4]), "views: end");
+_Static_assert(offsetof(hixl_msg_t, tp_req.q4) == offsetof(hixl_msg_t, u64[4]), "views: end");
 _Static_assert(sizeof(((hixl_msg_t *)0)->atomic) ==
                    offsetof(hixl_msg_t, u64[4]) + 8 - offsetof(hixl_msg_t, u32[0]),
                "views: size");
@@ -34,8 +34,6 @@ enum {
 static const uint8_t schema[HIXL_MSG_TYPE_MAX][12] = {
     [HIXL_MSG_HELLO] = {F_BLOB},
     [HIXL_MSG_HELLO_ACK] = {F_STATUS, F_U32_0, F_U64_0, F_HOST, F_U32_1, F_U64_1, F_STR0, F_STR1},
-    [HIXL_MSG_SHM_BIND] = {F_U64_0, F_U64_1},
-    [HIXL_MSG_SHM_BIND_ACK] = {F_STATUS},
     [HIXL_MSG_LOOKUP] = {F_STR0},
     [HIXL_MSG_LOOKUP_REPLY] = {F_STATUS, F_BLOB},
     [HIXL_MSG_FD_REQ] = {F_U32_0, F_U64_0},
@@ -46,20 +44,21 @@ static const uint8_t schema[HIXL_MSG_TYPE_MAX][12] = {
     [HIXL_MSG_BYE] = {F_END},
     [HIXL_MSG_WORLD_BARRIER] = {F_U64_0, F_U64_1},
     [HIXL_MSG_WORLD_XCHG] = {F_U64_0, F_U64_1, F_BLOB},
-    [HIXL_MSG_VERBS_QP] = {F_U32_0, F_U32_1, F_U32_2, F_U64_0, F_U64_1, F_U64_2, F_U64_3, F_BLOB},
-    [HIXL_MSG_VERBS_QP_REPLY] = {F_STATUS, F_U32_0, F_U32_1, F_U32_2, F_U64_0, F_U64_1, F_U64_2,
-                                 F_U64_3, F_BLOB},
+    /* A transport's messages carry every field; the transport reads its own. */
+    [HIXL_MSG_TP_BIND] = {F_U32_0, F_U32_1, F_U32_2, F_U64_0, F_U64_1, F_U64_2, F_U64_3, F_U64_4,
+                          F_STR0, F_BLOB},
+    [HIXL_MSG_TP_BIND_REPLY] = {F_STATUS, F_U32_0, F_U32_1, F_U32_2, F_U64_0, F_U64_1, F_U64_2,
+                                F_U64_3, F_U64_4, F_STR0, F_BLOB},
+    [HIXL_MSG_TP_REQ] = {F_U32_0, F_U32_1, F_U32_2, F_U64_0, F_U64_1, F_U64_2, F_U64_3, F_U64_4,
+                         F_STR0, F_BLOB},
+    [HIXL_MSG_TP_REPLY] = {F_STATUS, F_U32_0, F_U32_1, F_U32_2, F_U64_0, F_U64_1, F_U64_2, F_U64_3,
+                           F_U64_4, F_STR0, F_BLOB},
     [HIXL_MSG_TP_MR] = {F_U32_0, F_U32_1, F_U32_2, F_U64_0, F_U64_1, F_U64_2},
     [HIXL_MSG_TP_MR_REPLY] = {F_STATUS, F_U64_0, F_U64_1},
     [HIXL_MSG_REGION_GONE] = {F_U32_0, F_U64_0},
     [HIXL_MSG_REGION_GONE_ACK] = {F_STATUS},
     [HIXL_MSG_DEV_IPC_REQ] = {F_U32_0, F_U64_0},
     [HIXL_MSG_DEV_IPC_REPLY] = {F_STATUS, F_U32_0, F_U64_0, F_U64_1, F_BLOB},
-    [HIXL_MSG_FABRIC_BIND] = {F_STR0, F_U64_0, F_BLOB},
-    [HIXL_MSG_FABRIC_BIND_REPLY] = {F_STATUS, F_STR0, F_BLOB},
-    [HIXL_MSG_SHM_STAGE_REQ] = {F_END},
-    [HIXL_MSG_SHM_STAGE_REPLY] = {F_STATUS, F_U64_0},
-    [HIXL_MSG_SHM_COPY] = {F_U32_0, F_U32_1, F_U64_0, F_U64_1, F_U64_2, F_U64_3},
     [HIXL_MSG_AUTH_CHALLENGE] = {F_BLOB},
     [HIXL_MSG_AUTH] = {F_U32_0, F_U64_0, F_HOST, F_U32_1, F_U64_1, F_STR0, F_BLOB},
 };
@@ -67,8 +66,6 @@ static const uint8_t schema[HIXL_MSG_TYPE_MAX][12] = {
 static const char *const type_names[HIXL_MSG_TYPE_MAX] = {
     [HIXL_MSG_HELLO] = "HELLO",
     [HIXL_MSG_HELLO_ACK] = "HELLO_ACK",
-    [HIXL_MSG_SHM_BIND] = "SHM_BIND",
-    [HIXL_MSG_SHM_BIND_ACK] = "SHM_BIND_ACK",
     [HIXL_MSG_LOOKUP] = "LOOKUP",
     [HIXL_MSG_LOOKUP_REPLY] = "LOOKUP_REPLY",
     [HIXL_MSG_FD_REQ] = "FD_REQ",
@@ -79,19 +76,16 @@ static const char *const type_names[HIXL_MSG_TYPE_MAX] = {
     [HIXL_MSG_BYE] = "BYE",
     [HIXL_MSG_WORLD_BARRIER] = "WORLD_BARRIER",
     [HIXL_MSG_WORLD_XCHG] = "WORLD_XCHG",
-    [HIXL_MSG_VERBS_QP] = "VERBS_QP",
-    [HIXL_MSG_VERBS_QP_REPLY] = "VERBS_QP_REPLY",
+    [HIXL_MSG_TP_BIND] = "TP_BIND",
+    [HIXL_MSG_TP_BIND_REPLY] = "TP_BIND_REPLY",
+    [HIXL_MSG_TP_REQ] = "TP_REQ",
+    [HIXL_MSG_TP_REPLY] = "TP_REPLY",
     [HIXL_MSG_TP_MR] = "TP_MR",
     [HIXL_MSG_TP_MR_REPLY] = "TP_MR_REPLY",
     [HIXL_MSG_REGION_GONE] = "REGION_GONE",
     [HIXL_MSG_REGION_GONE_ACK] = "REGION_GONE_ACK",
     [HIXL_MSG_DEV_IPC_REQ] = "DEV_IPC_REQ",
     [HIXL_MSG_DEV_IPC_REPLY] = "DEV_IPC_REPLY",
-    [HIXL_MSG_FABRIC_BIND] = "FABRIC_BIND",
-    [HIXL_MSG_FABRIC_BIND_REPLY] = "FABRIC_BIND_REPLY",
-    [HIXL_MSG_SHM_STAGE_REQ] = "SHM_STAGE_REQ",
-    [HIXL_MSG_SHM_STAGE_REPLY] = "SHM_STAGE_REPLY",
-    [HIXL_MSG_SHM_COPY] = "SHM_COPY",
     [HIXL_MSG_AUTH_CHALLENGE] = "AUTH_CHALLENGE",
     [HIXL_MSG_AUTH] = "AUTH",
 };

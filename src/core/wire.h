@@ -18,48 +18,44 @@
 #include <stdint.h>
 
 #define HIXL_WIRE_MAGIC 0x4c584948u /* "HIXL" */
-#define HIXL_WIRE_VERSION                                                                          \
-  7 /* 2: VERBS_QP carries the QP count; REGION_GONE_ACK; 3: DEV_IPC,                              \
-     * FABRIC_*; 4: SHM_STAGE_*, SHM_COPY, HEARTBEAT probe flag;                                   \
-     * 5: HELLO / AUTH_CHALLENGE / AUTH (the token never travels);                                 \
-     * 6: SHM_BIND / SHM_BIND_ACK pass a third fd (the doorbell);                                  \
-     * the shm table ends with the doorbell page;                                                  \
-     * 7: TP_MR / TP_MR_REPLY instead of VERBS_MR and FABRIC_MR */
+/* The wire version, which both ends must share.  2: the QP count in the
+ * verbs bind; REGION_GONE_ACK.  3: DEV_IPC, the fabric bind.  4: shm's
+ * staging messages, HEARTBEAT's probe flag.  5: HELLO / AUTH_CHALLENGE /
+ * AUTH (the token never travels).  6: the shm bind passes a third fd (the
+ * doorbell).  7: TP_MR / TP_MR_REPLY.  8: transports' binds and own
+ * messages are TP_BIND / TP_BIND_REPLY and TP_REQ / TP_REPLY (each
+ * transport reads its fields through its own view). */
+#define HIXL_WIRE_VERSION 8
 #define HIXL_WIRE_HDR 24
 #define HIXL_WIRE_MAX 4096 /* payload bytes; every message is far smaller */
 #define HIXL_WIRE_STR 256  /* string field capacity, NUL included */
 #define HIXL_WIRE_BLOB 128 /* byte field capacity */
 
 enum hixl_msg_type {
-  HIXL_MSG_HELLO = 1,         /* initiator -> target over TCP: its nonce (auth.h) */
-  HIXL_MSG_HELLO_ACK,         /* status, chosen transport, target identity */
-  HIXL_MSG_SHM_BIND,          /* initiator -> target over unix: cookie + 3 fds */
-  HIXL_MSG_SHM_BIND_ACK,      /* status + 3 fds */
-  HIXL_MSG_LOOKUP,            /* name */
-  HIXL_MSG_LOOKUP_REPLY,      /* status, rkey blob */
-  HIXL_MSG_FD_REQ,            /* slot, rkey: give me the memfd of a region */
-  HIXL_MSG_FD_REPLY,          /* status (+ 1 fd) */
-  HIXL_MSG_ATOMIC,            /* slot, rkey, off, op, a, b */
-  HIXL_MSG_ATOMIC_REPLY,      /* status, old */
-  HIXL_MSG_HEARTBEAT,         /* u32[0] bit 0: a probe, answer with a heartbeat at once */
-  HIXL_MSG_BYE,               /* empty: orderly disconnect */
-  HIXL_MSG_WORLD_BARRIER,     /* world id, epoch */
-  HIXL_MSG_WORLD_XCHG,        /* world id, epoch, blob */
-  HIXL_MSG_VERBS_QP,          /* initiator -> target: its QP (bind for verbs) */
-  HIXL_MSG_VERBS_QP_REPLY,    /* status + the target's QP */
-  HIXL_MSG_TP_MR,             /* a whole blob: the region's transport key please */
-  HIXL_MSG_TP_MR_REPLY,       /* status, the key (two words, the transport's) */
-  HIXL_MSG_REGION_GONE,       /* u32[0] slot, u64[0] rkey: the owner deregistered it */
-  HIXL_MSG_REGION_GONE_ACK,   /* status: the peer has marked it gone */
-  HIXL_MSG_DEV_IPC_REQ,       /* slot, rkey: the device IPC handle of a region please */
-  HIXL_MSG_DEV_IPC_REPLY,     /* status, handle (+ 1 fd for backends whose handle is one) */
-  HIXL_MSG_FABRIC_BIND,       /* initiator -> target: its provider and endpoint name */
-  HIXL_MSG_FABRIC_BIND_REPLY, /* status, the target's provider and endpoint name */
-  HIXL_MSG_SHM_STAGE_REQ,     /* shm without CMA: lend me a staging area for your copies */
-  HIXL_MSG_SHM_STAGE_REPLY,   /* status, its size (+1 fd: the sealed memfd) */
-  HIXL_MSG_SHM_COPY,          /* copy between a staging piece and a region (no reply message) */
-  HIXL_MSG_AUTH_CHALLENGE,    /* target -> initiator: its nonce and proof (auth.h) */
-  HIXL_MSG_AUTH,              /* initiator -> target: its identity and proof */
+  HIXL_MSG_HELLO = 1,       /* initiator -> target over TCP: its nonce (auth.h) */
+  HIXL_MSG_HELLO_ACK,       /* status, chosen transport, target identity */
+  HIXL_MSG_LOOKUP,          /* name */
+  HIXL_MSG_LOOKUP_REPLY,    /* status, rkey blob */
+  HIXL_MSG_FD_REQ,          /* slot, rkey: give me the memfd of a region */
+  HIXL_MSG_FD_REPLY,        /* status (+ 1 fd) */
+  HIXL_MSG_ATOMIC,          /* slot, rkey, off, op, a, b */
+  HIXL_MSG_ATOMIC_REPLY,    /* status, old */
+  HIXL_MSG_HEARTBEAT,       /* u32[0] bit 0: a probe, answer with a heartbeat at once */
+  HIXL_MSG_BYE,             /* empty: orderly disconnect */
+  HIXL_MSG_WORLD_BARRIER,   /* world id, epoch */
+  HIXL_MSG_WORLD_XCHG,      /* world id, epoch, blob */
+  HIXL_MSG_TP_BIND,         /* initiator -> target: the chosen transport's bind */
+  HIXL_MSG_TP_BIND_REPLY,   /* status, the target's side of it */
+  HIXL_MSG_TP_MR,           /* a whole blob: the region's transport key please */
+  HIXL_MSG_TP_MR_REPLY,     /* status, the key (two words, the transport's) */
+  HIXL_MSG_REGION_GONE,     /* u32[0] slot, u64[0] rkey: the owner deregistered it */
+  HIXL_MSG_REGION_GONE_ACK, /* status: the peer has marked it gone */
+  HIXL_MSG_DEV_IPC_REQ,     /* slot, rkey: the device IPC handle of a region please */
+  HIXL_MSG_DEV_IPC_REPLY,   /* status, handle (+ 1 fd for backends whose handle is one) */
+  HIXL_MSG_TP_REQ,          /* a transport's own request (u32[2]: its kind) */
+  HIXL_MSG_TP_REPLY,        /* status, the answer to one (u32[2]: its kind) */
+  HIXL_MSG_AUTH_CHALLENGE,  /* target -> initiator: its nonce and proof (auth.h) */
+  HIXL_MSG_AUTH,            /* initiator -> target: its identity and proof */
   HIXL_MSG_TYPE_MAX
 };
 
@@ -88,7 +84,10 @@ typedef struct hixl_msg {
     };
     HIXL_MSG_VIEW(tp_bits, pid, p2, ctx_id, tag, q2, q3, q4) auth;
     HIXL_MSG_VIEW(tp_id, pid, p2, ctx_id, cookie, q2, q3, q4) hello_ack;
-    HIXL_MSG_VIEW(p0, p1, p2, cookie, ctx_id, q2, q3, q4) unix_bind; /* SHM_BIND */
+    /* TP_BIND on the unix socket (a transport with bind_unix) */
+    HIXL_MSG_VIEW(p0, p1, p2, cookie, ctx_id, q2, q3, q4) unix_bind;
+    /* TP_REQ, TP_REPLY: which of the transport's own messages it is */
+    HIXL_MSG_VIEW(p0, p1, kind, q0, q1, q2, q3, q4) tp_req;
     /* FD_REQ, DEV_IPC_REQ, REGION_GONE: a region by slot and rkey */
     HIXL_MSG_VIEW(slot, p1, p2, rkey, q1, q2, q3, q4) region;
     HIXL_MSG_VIEW(p0, p1, p2, offset, q1, q2, q3, q4) fd_reply;
@@ -96,21 +95,20 @@ typedef struct hixl_msg {
     HIXL_MSG_VIEW(p0, p1, p2, old, q1, q2, q3, q4) atomic_reply;
     HIXL_MSG_VIEW(flags, p1, p2, q0, q1, q2, q3, q4) heartbeat;
     HIXL_MSG_VIEW(p0, p1, p2, world, epoch, q2, q3, q4) world; /* WORLD_BARRIER, WORLD_XCHG */
-    /* VERBS_QP and its reply; with rdmacm the reply's id is the cookie and
-     * cm the listener's port, the request's cm is 1 */
-    HIXL_MSG_VIEW(qpn, psn, mtu, lid, id, nqps, cm, q4) verbs_qp;
     HIXL_MSG_VIEW(slot, access, flags, rkey, base, len, q3, q4) tp_mr;
     HIXL_MSG_VIEW(p0, p1, p2, key0, key1, q2, q3, q4) tp_mr_reply;
-    HIXL_MSG_VIEW(p0, p1, p2, ctx_id, q1, q2, q3, q4) fabric_bind;
     HIXL_MSG_VIEW(device, p1, p2, offset, alloc_len, q2, q3, q4) dev_ipc_reply;
-    HIXL_MSG_VIEW(p0, p1, p2, size, q1, q2, q3, q4) stage_reply;
-    HIXL_MSG_VIEW(slot, dir, p2, rkey, off, len, soff, q4) shm_copy;
   };
   uint8_t host_id[32];
   char str[2][HIXL_WIRE_STR];
   uint8_t blob[HIXL_WIRE_BLOB];
   uint32_t blob_len;
 } hixl_msg_t;
+
+/* A transport's own view of m's integer words (T: a HIXL_MSG_VIEW type of
+ * the transport's, for its TP_BIND / TP_REQ fields). */
+#define HIXL_MSG_AS(T, m) ((T *)(void *)(m)->u32)
+#define HIXL_MSG_AS_CONST(T, m) ((const T *)(const void *)(m)->u32)
 
 /* Field meaning per type (see wire.c for the schema; the views above name
  * the integer fields):
@@ -123,8 +121,11 @@ typedef struct hixl_msg {
  * HELLO_ACK:   status, u32[0] transport id, u64[0] ctx_id, host_id,
  *              u32[1] pid, u64[1] cookie, str[0] unix name, str[1] message (the answer
  *              to AUTH; a refusal carries no identity, only status and message)
- * SHM_BIND:    u64[0] cookie, u64[1] ctx_id         (+3 fds: table, inbox, doorbell)
- * SHM_BIND_ACK: status                              (+3 fds: table, inbox, doorbell)
+ * TP_BIND:     u32[0..2], u64[0..4], str[0], blob: the chosen transport's bind,
+ *              its fields in its own view (verbs: verbs_int.h; fabric:
+ *              fabric_int.h); on the unix socket (shm: +3 fds: table, inbox,
+ *              doorbell) u64[0] is the cookie HELLO_ACK gave, u64[1] the ctx id
+ * TP_BIND_REPLY: status and the same fields (shm: +3 fds)
  * LOOKUP:      str[0] name
  * LOOKUP_REPLY: status, blob
  * FD_REQ:      u32[0] slot, u64[0] rkey
@@ -133,13 +134,6 @@ typedef struct hixl_msg {
  * ATOMIC_REPLY: status, u64[0] old
  * WORLD_BARRIER: u64[0] world id, u64[1] epoch
  * WORLD_XCHG:  u64[0] world id, u64[1] epoch, blob
- * VERBS_QP:    u32[0] qpn of QP 0, u32[1] psn, u32[2] mtu (enum ibv_mtu), u64[0] lid,
- *              u64[1] ctx id, u64[2] QP count n, u64[3] 1: connect with rdmacm,
- *              blob = 16-byte GID then the QPNs of QPs 1..n-1 (4 bytes each,
- *              little-endian; none with rdmacm)
- * VERBS_QP_REPLY: status, the same fields for the target's QP; with rdmacm:
- *              u64[1] cookie, u64[3] the listener's port, blob = its address
- *              (16 bytes, IPv4-mapped for IPv4)
  * TP_MR:       u32[0] slot, u32[1] access, u32[2] flags, u64[0] rkey, u64[1] base,
  *              u64[2] len (all checked by the owner; asked by peers of transports
  *              with remote keys: the ops table's mr_key)
@@ -147,18 +141,14 @@ typedef struct hixl_msg {
  *              to the core (verbs: u64[0] the ibv rkey; fabric: u64[0] the key, u64[1]
  *              the remote address of byte 0: its virtual address with FI_MR_VIRT_ADDR,
  *              else 0)
- * FABRIC_BIND: str[0] provider, u64[0] ctx id, blob = endpoint name (fi_getname)
- * FABRIC_BIND_REPLY: status, str[0] provider (or why not), blob = endpoint name
  * DEV_IPC_REQ: u32[0] slot, u64[0] rkey
  * DEV_IPC_REPLY: status, u32[0] device, u64[0] offset of the region in what the
  *              handle maps, u64[1] bytes it maps, blob = the runtime's handle
  *              (+1 fd: the emulated backend's memfd)
- * SHM_STAGE_REQ: empty
- * SHM_STAGE_REPLY: status, u64[0] bytes of data after the 4096-byte header (+1 fd)
- * SHM_COPY:    u32[0] slot, u32[1] direction (1: staging -> region, 2: region -> staging),
- *              u64[0] rkey, u64[1] offset in the region, u64[2] length, u64[3] offset in
- *              the staging data (all checked by the owner; the outcome goes into the
- *              staging header, see src/shm/shm_int.h)
+ * TP_REQ:      u32[2] the transport's kind (its msgs table), the other fields its own
+ *              (shm's staging: src/shm/shm_int.h)
+ * TP_REPLY:    status, u32[2] the kind, the other fields its own (+ the fds its
+ *              table allows)
  */
 
 /* Encode m into buf (capacity cap).  Returns bytes written or 0 if it does

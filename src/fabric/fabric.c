@@ -640,18 +640,18 @@ static hixl_status_t fab_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64
 {
   (void)ack;
   fab_ctx_t *fc = FC(peer->ctx);
-  hixl_msg_t m = {.type = HIXL_MSG_FABRIC_BIND}, r;
+  hixl_msg_t m = {.type = HIXL_MSG_TP_BIND}, r;
   snprintf(m.str[0], sizeof(m.str[0]), "%s", fc->prov);
   uint64_t rx_cookie = hixl__fab_rand64();
   m.blob_len = (uint32_t)blob_with_cookie(m.blob, fc, rx_cookie);
-  m.fabric_bind.ctx_id = peer->ctx->id;
+  HIXL_MSG_AS(fab_bind_msg_t, &m)->ctx_id = peer->ctx->id;
   hixl_status_t st = hixl__send(peer, &m, NULL, 0);
   if (st == HIXL_OK)
     st = hixl__peer_recv_sync(peer, &r, deadline);
   if (st != HIXL_OK)
     return st;
-  if (r.type != HIXL_MSG_FABRIC_BIND_REPLY || r.status != HIXL_OK || r.blob_len == 0)
-    return hixl__err(r.type == HIXL_MSG_FABRIC_BIND_REPLY && r.status == HIXL_ERR_UNSUPPORTED
+  if (r.type != HIXL_MSG_TP_BIND_REPLY || r.status != HIXL_OK || r.blob_len == 0)
+    return hixl__err(r.type == HIXL_MSG_TP_BIND_REPLY && r.status == HIXL_ERR_UNSUPPORTED
                          ? HIXL_ERR_UNSUPPORTED
                          : HIXL_ERR_TRANSPORT,
                      "fabric: %s refused our endpoint (%s%s%s)", peer->name,
@@ -665,7 +665,7 @@ static void fab_accept(hixl_peer_t *peer, const hixl_msg_t *m, int *fds, int nfd
   (void)fds, (void)nfds, (void)sock, (void)out_fds, (void)n_out; /* an in-band bind */
   fab_ctx_t *fc = FC(peer->ctx);
   memset(out, 0, sizeof(*out));
-  out->type = HIXL_MSG_FABRIC_BIND_REPLY;
+  out->type = HIXL_MSG_TP_BIND_REPLY;
   if (strcmp(m->str[0], fc->prov) != 0) {
     out->status = HIXL_ERR_UNSUPPORTED;
     snprintf(out->str[0], sizeof(out->str[0]), "provider %s here, %s there", fc->prov, m->str[0]);
@@ -750,8 +750,6 @@ const hixl_transport_ops_t hixl__fabric_ops = {
     .id = HIXL_TP_FABRIC,
     .async = true,
     .needs_bind = true,
-    .bind_type = HIXL_MSG_FABRIC_BIND,
-    .bind_reply_type = HIXL_MSG_FABRIC_BIND_REPLY,
     .ctx_init = fab_ctx_init,
     .ctx_fini = fab_ctx_fini,
     .mr_reg = fab_mr_reg,

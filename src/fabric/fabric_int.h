@@ -22,6 +22,14 @@
 
 #include "../core/provider.h"
 
+#define HIXL_TP_FABRIC 3 /* the wire id (transport.c names it) */
+extern const hixl_transport_ops_t hixl__fabric_ops;
+
+/* The bind (TP_BIND / TP_BIND_REPLY) as fabric reads it: str[0] the
+ * provider (the reply: or why not), blob the endpoint name (fi_getname);
+ * the request's ctx_id: the initiator's context id. */
+typedef HIXL_MSG_VIEW(p0, p1, p2, ctx_id, q1, q2, q3, q4) fab_bind_msg_t;
+
 /* libfabric is loaded at run time (fab_lib_load in fabric.c), not linked:
  * Debian's libfabric links PSM's libinfinipath, whose constructor installs
  * a SIGINT handler that calls exit(1) -- linked, it ran before main() in

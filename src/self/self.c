@@ -13,9 +13,16 @@
 #include "../core/provider.h"
 
 #define SELF_RING_CAP 65536
+#define HIXL_TP_SELF 0 /* the wire id (transport.c names it) */
 
-hixl_status_t hixl__self_init(hixl_peer_t *peer)
+extern const hixl_transport_ops_t hixl__self_ops;
+
+/* The core makes a self peer when a context connects to itself (no
+ * handshake: ack is NULL); its inbox is a local ring. */
+static hixl_status_t self_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64_t deadline)
 {
+  (void)ack;
+  (void)deadline;
   peer->inbox = aligned_alloc(HIXL_CACHELINE, hixl_ring_bytes(SELF_RING_CAP));
   if (peer->inbox == NULL)
     return HIXL_ERR_NOMEM;
@@ -28,14 +35,6 @@ static bool self_usable(hixl_ctx_t *ctx, const hixl_msg_t *m)
   (void)ctx;
   (void)m;
   return false; /* chosen by context id in the handshake, never negotiated */
-}
-
-static hixl_status_t self_connect(hixl_peer_t *p, const hixl_msg_t *m, int64_t d)
-{
-  (void)m;
-  (void)d;
-  return hixl__err(HIXL_ERR_UNSUPPORTED, "self peers are not connected over a socket (%s)",
-                   p->name);
 }
 
 static void self_peer_close(hixl_peer_t *p)
@@ -142,6 +141,7 @@ const hixl_transport_ops_t hixl__self_ops = {
     .size = sizeof(hixl_transport_ops_t),
     .name = "self",
     .id = HIXL_TP_SELF,
+    .caps = HIXL_TP_CAP_LOOPBACK,
     .async = false,
     .needs_bind = false,
     .ctx_init = hixl__tp_ctx_init_none,

@@ -374,7 +374,7 @@ static hixl_status_t shm_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64
     atomic_store(&sp->cma_refused, true);
   struct timeval tv = {ctx->cfg.timeout_ms / 1000, (ctx->cfg.timeout_ms % 1000) * 1000};
   setsockopt(ufd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  hixl_msg_t bind = {.type = HIXL_MSG_SHM_BIND};
+  hixl_msg_t bind = {.type = HIXL_MSG_TP_BIND};
   bind.unix_bind.cookie = ack->hello_ack.cookie;
   bind.unix_bind.ctx_id = ctx->id;
   const shm_ctx_t *sc = ctx->tp[HIXL_TP_SHM];
@@ -387,7 +387,7 @@ static hixl_status_t shm_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64
     st = hixl__recv_sync(ufd, &reply, got, 3, deadline, peer->name);
   if (st != HIXL_OK)
     goto fail;
-  if (reply.type != HIXL_MSG_SHM_BIND_ACK || reply.status != HIXL_OK || reply.nfds != 3) {
+  if (reply.type != HIXL_MSG_TP_BIND_REPLY || reply.status != HIXL_OK || reply.nfds != 3) {
     for (int i = 0; i < reply.nfds; i++)
       close(got[i]);
     if (reply.status == HIXL_ERR_AUTH)
@@ -462,7 +462,7 @@ static void shm_accept(hixl_peer_t *peer, const hixl_msg_t *m, int *fds, int nfd
                        hixl_msg_t *out, int *out_fds, int *n_out)
 {
   (void)m;
-  out->type = HIXL_MSG_SHM_BIND_ACK;
+  out->type = HIXL_MSG_TP_BIND_REPLY;
   hixl_status_t st = hixl__shm_bind_cred(peer, sock);
   if (st == HIXL_OK)
     st = hixl__shm_accept(peer, fds, nfds, out_fds, n_out);
@@ -472,9 +472,8 @@ static void shm_accept(hixl_peer_t *peer, const hixl_msg_t *m, int *fds, int nfd
 /* shm's own control messages: the owner's copies where the kernel refuses
  * CMA (stage.c). */
 static const hixl_tp_msg_t shm_msgs[] = {
-    {.type = HIXL_MSG_SHM_STAGE_REQ, .serve = hixl__shm_stage_serve},
-    {.type = HIXL_MSG_SHM_STAGE_REPLY, .max_fds = 1},
-    {.type = HIXL_MSG_SHM_COPY, .serve = hixl__shm_copy_serve},
+    {.kind = SHM_KIND_STAGE, .reply_fds = 1, .serve = hixl__shm_stage_serve},
+    {.kind = SHM_KIND_COPY, .serve = hixl__shm_copy_serve},
     {0},
 };
 
@@ -917,8 +916,6 @@ const hixl_transport_ops_t hixl__shm_ops = {
     .id = HIXL_TP_SHM,
     .async = false,
     .needs_bind = true,
-    .bind_type = HIXL_MSG_SHM_BIND,
-    .bind_reply_type = HIXL_MSG_SHM_BIND_ACK,
     .bind_unix = true,
     .bind_fds = 3,
     .caps = HIXL_TP_CAP_LOCAL_MAP,

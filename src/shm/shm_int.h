@@ -14,6 +14,21 @@
 
 #include "../core/provider.h"
 
+#define HIXL_TP_SHM 1 /* the wire id (transport.c names it) */
+extern const hixl_transport_ops_t hixl__shm_ops;
+
+/* shm's own control messages (TP_REQ / TP_REPLY, tp_req.kind), the owner's
+ * copies where the kernel refuses CMA (stage.c).  STAGE: lend me a staging
+ * area; the reply's size is the bytes of data after its 4096-byte header
+ * (+1 fd: the sealed memfd).  COPY: copy between a staging piece and a
+ * region; slot, rkey, off (in the region), len, soff (in the staging
+ * data), dir (SHM_COPY_PUT: staging -> region, SHM_COPY_GET: back), all
+ * checked by the owner; no reply, the outcome goes into the staging
+ * header. */
+enum { SHM_KIND_STAGE = 1, SHM_KIND_COPY = 2 };
+typedef HIXL_MSG_VIEW(p0, p1, kind, size, q1, q2, q3, q4) shm_stage_msg_t;
+typedef HIXL_MSG_VIEW(slot, dir, kind, rkey, off, len, soff, q4) shm_copy_msg_t;
+
 /*
  * The staging area: when the kernel refuses CMA towards a peer (EPERM under
  * Yama ptrace_scope >= 1 between siblings, seccomp, containers; ENOSYS),

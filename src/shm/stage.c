@@ -37,9 +37,10 @@
 
 static hixl_status_t attach(hixl_peer_t *peer, shm_stage_out_t *so)
 {
-  hixl_msg_t m = {.type = HIXL_MSG_SHM_STAGE_REQ}, reply;
+  hixl_msg_t m = {.type = HIXL_MSG_TP_REQ}, reply;
+  m.tp_req.kind = SHM_KIND_STAGE;
   int fd = -1;
-  hixl_status_t st = hixl__call(peer, &m, HIXL_MSG_SHM_STAGE_REPLY, &reply, &fd,
+  hixl_status_t st = hixl__call(peer, &m, HIXL_MSG_TP_REPLY, &reply, &fd,
                                 hixl__deadline(hixl__ctx_timeout(peer->ctx)));
   if (st != HIXL_OK) {
     if (fd >= 0)
@@ -49,7 +50,7 @@ static hixl_status_t attach(hixl_peer_t *peer, shm_stage_out_t *so)
                : hixl__err(st, "shm: peer %s lends no staging area for copies without CMA (%s)",
                            peer->name, hixl_strerror(st));
   }
-  uint64_t size = reply.stage_reply.size;
+  uint64_t size = HIXL_MSG_AS(shm_stage_msg_t, &reply)->size;
   struct stat sst;
   int seals = fd >= 0 ? fcntl(fd, F_GET_SEALS) : -1;
   /* Sealed against shrinking (and further sealing) by its owner, or a
@@ -176,13 +177,15 @@ hixl_status_t hixl__shm_stage_add(shm_stage_sess_t *s, bool put, void *local, co
     uint8_t *l = (uint8_t *)local + done;
     if (put)
       memcpy(so->data + so->head, l, n);
-    hixl_msg_t m = {.type = HIXL_MSG_SHM_COPY};
-    m.shm_copy.slot = r->slot;
-    m.shm_copy.dir = put ? SHM_COPY_PUT : SHM_COPY_GET;
-    m.shm_copy.rkey = r->rkey;
-    m.shm_copy.off = off + done;
-    m.shm_copy.len = n;
-    m.shm_copy.soff = so->head;
+    hixl_msg_t m = {.type = HIXL_MSG_TP_REQ};
+    shm_copy_msg_t *c = HIXL_MSG_AS(shm_copy_msg_t, &m);
+    c->kind = SHM_KIND_COPY;
+    c->slot = r->slot;
+    c->dir = put ? SHM_COPY_PUT : SHM_COPY_GET;
+    c->rkey = r->rkey;
+    c->off = off + done;
+    c->len = n;
+    c->soff = so->head;
     hixl_status_t st = hixl__send(s->peer, &m, NULL, 0);
     if (st != HIXL_OK)
       return fail(s, st);
@@ -229,7 +232,8 @@ void hixl__shm_stage_serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *o
 {
   (void)m;
   memset(out, 0, sizeof(*out));
-  out->type = HIXL_MSG_SHM_STAGE_REPLY;
+  out->type = HIXL_MSG_TP_REPLY;
+  out->tp_req.kind = SHM_KIND_STAGE;
   out->status = HIXL_ERR_UNSUPPORTED;
   *n_out = 0;
   shm_peer_t *sp = peer->tp;
@@ -267,7 +271,7 @@ void hixl__shm_stage_serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *o
   }
   *n_out = 1;
   out->status = HIXL_OK;
-  out->stage_reply.size = in->size;
+  HIXL_MSG_AS(shm_stage_msg_t, out)->size = in->size;
 }
 
 void hixl__shm_copy_serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out, int *out_fds,
@@ -275,6 +279,7 @@ void hixl__shm_copy_serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *ou
 {
   (void)out_fds, (void)n_out;
   out->type = 0; /* no reply: the outcome is in the staging header */
+  const shm_copy_msg_t *mc = HIXL_MSG_AS_CONST(shm_copy_msg_t, m);
   hixl_ctx_t *ctx = peer->ctx;
   shm_peer_t *sp = peer->tp;
   if (peer->ops != &hixl__shm_ops || sp == NULL || sp->in.hdr == NULL) {
@@ -284,8 +289,8 @@ void hixl__shm_copy_serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *ou
   }
   shm_stage_in_t *in = &sp->in;
   uint64_t n = ++in->handled;
-  uint32_t dir = m->shm_copy.dir;
-  uint64_t len = m->shm_copy.len, soff = m->shm_copy.soff;
+  uint32_t dir = mc->dir;
+  uint64_t len = mc->len, soff = mc->soff;
   hixl_status_t st;
   if ((dir != SHM_COPY_PUT && dir != SHM_COPY_GET) || len == 0 || soff > in->size ||
       len > in->size - soff) {
@@ -299,7 +304,7 @@ void hixl__shm_copy_serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *ou
     pthread_mutex_lock(&ctx->reg_lock);
     uint8_t *addr = NULL;
     st =
-        hixl__serve_range_locked(ctx, m->shm_copy.slot, m->shm_copy.rkey, m->shm_copy.off, len,
+        hixl__serve_range_locked(ctx, mc->slot, mc->rkey, mc->off, len,
                                  dir == SHM_COPY_PUT ? HIXL_ACCESS_WRITE : HIXL_ACCESS_READ, &addr);
     if (st == HIXL_OK && dir == SHM_COPY_PUT)
       memcpy(addr, in->data + soff, (size_t)len);

@@ -145,7 +145,7 @@ hixl_status_t hixl__vrb_cm_connect(hixl_peer_t *peer, vrb_peer_t *vp, const hixl
   if (!gid_addr(vc, 0, &src))
     return hixl__err(HIXL_ERR_TRANSPORT, "verbs: rdmacm: our GID has no IP address");
   /* The target's listener: its address in IPv6 form (IPv4-mapped). */
-  addr16(r->blob, (uint16_t)r->verbs_qp.cm, &dst);
+  addr16(r->blob, (uint16_t)VRB_QP(r)->cm, &dst);
   vp->cm_ch = rdma_create_event_channel();
   if (vp->cm_ch == NULL)
     return hixl__vrb_err(HIXL_ERR_TRANSPORT, "rdma_create_event_channel", 0);
@@ -195,7 +195,7 @@ hixl_status_t hixl__vrb_cm_connect(hixl_peer_t *peer, vrb_peer_t *vp, const hixl
       }
     }
     if (st == HIXL_OK) {
-      cm_private_t pd = {.cookie = r->verbs_qp.id, .index = (uint32_t)i, .magic = CM_MAGIC};
+      cm_private_t pd = {.cookie = VRB_QP(r)->id, .index = (uint32_t)i, .magic = CM_MAGIC};
       struct rdma_conn_param cp = {.private_data = &pd,
                                    .private_data_len = sizeof(pd),
                                    .responder_resources = 16,

@@ -579,15 +579,16 @@ static vrb_peer_t *vp_new(hixl_peer_t *peer, int nq, bool make_qps)
   return vp;
 }
 
-/* VERBS_QP(_REPLY), its verbs_qp view: the QPN of QP 0, PSN, MTU, LID, the QP
- * count; blob: the GID, then the QPNs of QPs 1.. (4 bytes each). */
+/* Our side of the bind (TP_BIND / TP_BIND_REPLY, vrb_qp_msg_t): the QPN of
+ * QP 0, PSN, MTU, LID, the QP count; blob: the GID, then the QPNs of QPs
+ * 1.. (4 bytes each). */
 static void local_info(vrb_ctx_t *vc, vrb_peer_t *vp, hixl_msg_t *m, uint32_t psn)
 {
-  m->verbs_qp.qpn = vp->qps[0]->qp->qp_num;
-  m->verbs_qp.psn = psn;
-  m->verbs_qp.mtu = (uint32_t)vc->mtu;
-  m->verbs_qp.lid = vc->lid;
-  m->verbs_qp.nqps = (uint64_t)vp->nq;
+  VRB_QP(m)->qpn = vp->qps[0]->qp->qp_num;
+  VRB_QP(m)->psn = psn;
+  VRB_QP(m)->mtu = (uint32_t)vc->mtu;
+  VRB_QP(m)->lid = vc->lid;
+  VRB_QP(m)->nqps = (uint64_t)vp->nq;
   memcpy(m->blob, vc->gid.raw, 16);
   for (int i = 1; i < vp->nq; i++) {
     uint32_t qpn = htole32(vp->qps[i]->qp->qp_num);
@@ -599,11 +600,11 @@ static void local_info(vrb_ctx_t *vc, vrb_peer_t *vp, hixl_msg_t *m, uint32_t ps
 /* The QP count a VERBS_QP message announces, or 0 when malformed. */
 static int remote_nq(const hixl_msg_t *r)
 {
-  uint64_t nq = r->verbs_qp.nqps ? r->verbs_qp.nqps : 1;   /* 0: an older peer, one QP */
-  uint64_t blob = r->verbs_qp.cm ? 16 : 16 + 4 * (nq - 1); /* rdmacm: no QPNs */
+  uint64_t nq = VRB_QP(r)->nqps ? VRB_QP(r)->nqps : 1;    /* 0: an older peer, one QP */
+  uint64_t blob = VRB_QP(r)->cm ? 16 : 16 + 4 * (nq - 1); /* rdmacm: no QPNs */
   if (nq > VRB_MAX_QPS || r->blob_len != blob)
     return 0;
-  if (!r->verbs_qp.cm && (r->verbs_qp.mtu < IBV_MTU_256 || r->verbs_qp.mtu > IBV_MTU_4096))
+  if (!VRB_QP(r)->cm && (VRB_QP(r)->mtu < IBV_MTU_256 || VRB_QP(r)->mtu > IBV_MTU_4096))
     return 0;
   return (int)nq;
 }
@@ -623,13 +624,13 @@ static hixl_status_t qp_connect(vrb_ctx_t *vc, struct ibv_qp *qp, const hixl_msg
   memset(&a, 0, sizeof(a));
   a.qp_state = IBV_QPS_RTR;
   /* Path MTU: the smaller of both active MTUs. */
-  a.path_mtu = vc->mtu < (enum ibv_mtu)r->verbs_qp.mtu ? vc->mtu : (enum ibv_mtu)r->verbs_qp.mtu;
+  a.path_mtu = vc->mtu < (enum ibv_mtu)VRB_QP(r)->mtu ? vc->mtu : (enum ibv_mtu)VRB_QP(r)->mtu;
   a.dest_qp_num = qpn;
-  a.rq_psn = r->verbs_qp.psn;
+  a.rq_psn = VRB_QP(r)->psn;
   a.max_dest_rd_atomic = 16;
   a.min_rnr_timer = 12;
   a.ah_attr.port_num = vc->port;
-  a.ah_attr.dlid = (uint16_t)r->verbs_qp.lid;
+  a.ah_attr.dlid = (uint16_t)VRB_QP(r)->lid;
   a.ah_attr.is_global = 1;
   memcpy(a.ah_attr.grh.dgid.raw, r->blob, 16);
   a.ah_attr.grh.sgid_index = (uint8_t)vc->gid_index;
@@ -662,7 +663,7 @@ static hixl_status_t qps_connect(vrb_ctx_t *vc, vrb_peer_t *vp, const hixl_msg_t
     return hixl__err(HIXL_ERR_TRANSPORT, "verbs: malformed QP information from the peer");
   hixl_status_t st = HIXL_OK;
   for (int i = 0; i < vp->nq && st == HIXL_OK; i++) {
-    uint32_t qpn = r->verbs_qp.qpn;
+    uint32_t qpn = VRB_QP(r)->qpn;
     if (i > 0) {
       memcpy(&qpn, r->blob + 16 + 4 * (i - 1), 4);
       qpn = le32toh(qpn);
@@ -757,27 +758,27 @@ static hixl_status_t vrb_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64
   if (vp == NULL)
     return HIXL_ERR_NOMEM;
   uint32_t psn = (uint32_t)hixl__random64() & 0xffffff;
-  hixl_msg_t m = {.type = HIXL_MSG_VERBS_QP}, r;
+  hixl_msg_t m = {.type = HIXL_MSG_TP_BIND}, r;
   if (cm) {
-    m.verbs_qp.nqps = (uint64_t)vp->nq;
-    m.verbs_qp.cm = 1;
+    VRB_QP(&m)->nqps = (uint64_t)vp->nq;
+    VRB_QP(&m)->cm = 1;
     memcpy(m.blob, vc->gid.raw, 16);
     m.blob_len = 16;
   } else {
     local_info(vc, vp, &m, psn);
   }
-  m.verbs_qp.id = peer->ctx->id;
+  VRB_QP(&m)->id = peer->ctx->id;
   hixl_status_t st = hixl__send(peer, &m, NULL, 0);
   if (st == HIXL_OK)
     st = hixl__peer_recv_sync(peer, &r, deadline);
-  if (st == HIXL_OK && (r.type != HIXL_MSG_VERBS_QP_REPLY || r.status != HIXL_OK))
-    st = hixl__err(r.type == HIXL_MSG_VERBS_QP_REPLY && r.status == HIXL_ERR_UNSUPPORTED
+  if (st == HIXL_OK && (r.type != HIXL_MSG_TP_BIND_REPLY || r.status != HIXL_OK))
+    st = hixl__err(r.type == HIXL_MSG_TP_BIND_REPLY && r.status == HIXL_ERR_UNSUPPORTED
                        ? HIXL_ERR_UNSUPPORTED
                        : HIXL_ERR_TRANSPORT,
                    "verbs: %s refused our QPs (%s)", peer->name, hixl_strerror(r.status));
 #ifdef HIXL_HAVE_RDMACM
   if (st == HIXL_OK && cm)
-    st = r.verbs_qp.cm == 0 || r.verbs_qp.cm > 65535 || r.blob_len != 16 || r.verbs_qp.id == 0
+    st = VRB_QP(&r)->cm == 0 || VRB_QP(&r)->cm > 65535 || r.blob_len != 16 || VRB_QP(&r)->id == 0
              ? hixl__err(HIXL_ERR_TRANSPORT, "verbs: malformed rdmacm reply from %s", peer->name)
              : hixl__vrb_cm_connect(peer, vp, &r, deadline);
 #endif
@@ -796,9 +797,9 @@ static void vrb_accept(hixl_peer_t *peer, const hixl_msg_t *m, int *fds, int nfd
   (void)fds, (void)nfds, (void)sock, (void)out_fds, (void)n_out; /* an in-band bind */
   vrb_ctx_t *vc = VC(peer->ctx);
   memset(out, 0, sizeof(*out));
-  out->type = HIXL_MSG_VERBS_QP_REPLY;
+  out->type = HIXL_MSG_TP_BIND_REPLY;
   int nq = remote_nq(m);
-  bool cm = m->verbs_qp.cm != 0;
+  bool cm = VRB_QP(m)->cm != 0;
   hixl_status_t st = HIXL_OK;
   if (nq == 0)
     st = hixl__err(HIXL_ERR_TRANSPORT, "verbs: malformed VERBS_QP");
@@ -822,9 +823,9 @@ static void vrb_accept(hixl_peer_t *peer, const hixl_msg_t *m, int *fds, int nfd
   if (cm) { /* the QPs come with the initiator's rdmacm requests */
     while (vp->cm_cookie == 0)
       vp->cm_cookie = hixl__random64();
-    out->verbs_qp.id = vp->cm_cookie;
-    out->verbs_qp.nqps = (uint64_t)nq;
-    out->verbs_qp.cm = vc->cm_port;
+    VRB_QP(out)->id = vp->cm_cookie;
+    VRB_QP(out)->nqps = (uint64_t)nq;
+    VRB_QP(out)->cm = vc->cm_port;
     memcpy(out->blob, vc->gid.raw, 16);
     out->blob_len = 16;
     return;
@@ -1040,8 +1041,6 @@ const hixl_transport_ops_t hixl__verbs_ops = {
     .id = HIXL_TP_VERBS,
     .async = true,
     .needs_bind = true,
-    .bind_type = HIXL_MSG_VERBS_QP,
-    .bind_reply_type = HIXL_MSG_VERBS_QP_REPLY,
     .ctx_init = vrb_ctx_init,
     .ctx_fini = vrb_ctx_fini,
     .mr_reg = vrb_mr_reg,

@@ -25,6 +25,19 @@ struct rdma_event_channel;
 #include "../core/config.h"
 #include "../core/provider.h"
 
+#define HIXL_TP_VERBS 2 /* the wire id (transport.c names it) */
+extern const hixl_transport_ops_t hixl__verbs_ops;
+
+/* The bind (TP_BIND / TP_BIND_REPLY) as verbs reads it: the QPN of QP 0,
+ * PSN, MTU (enum ibv_mtu), LID; id: the initiator's context id (request) or,
+ * with rdmacm, the cookie (reply); nqps: the QP count n; cm: 1 to connect
+ * with rdmacm (request), the listener's port (reply).  blob: the 16-byte
+ * GID, then the QPNs of QPs 1..n-1 (4 bytes each, little-endian; none with
+ * rdmacm); with rdmacm the reply's blob is the listener's address (16
+ * bytes, IPv4-mapped for IPv4). */
+typedef HIXL_MSG_VIEW(qpn, psn, mtu, lid, id, nqps, cm, q4) vrb_qp_msg_t;
+#define VRB_QP(m) HIXL_MSG_AS(vrb_qp_msg_t, m)
+
 #define VRB_SQ_DEPTH 256    /* send work requests in flight per QP */
 #define VRB_SIGNAL_EVERY 64 /* at least one signaled request in this many */
 #define VRB_CHAIN 32        /* work requests per ibv_post_send */

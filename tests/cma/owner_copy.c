@@ -107,9 +107,10 @@ static hixl_status_t forge(fixture_t *f, uint32_t slot, uint32_t dir, uint64_t r
   shm_peer_t *sp = f->peer->tp;
   shm_stage_out_t *so = &sp->out;
   pthread_mutex_lock(&so->lock); /* keep the initiator's own count right */
-  hixl_msg_t m = {.type = HIXL_MSG_SHM_COPY};
-  m.u32[0] = slot;
+  hixl_msg_t m = {.type = HIXL_MSG_TP_REQ};
+  m.u32[0] = slot; /* shm_copy_msg_t, written as the attacker's raw words */
   m.u32[1] = dir;
+  m.u32[2] = SHM_KIND_COPY;
   m.u64[0] = rkey;
   m.u64[1] = off;
   m.u64[2] = len;
@@ -186,9 +187,10 @@ static void test_stage_again(void **state)
   fixture_t *f = *state;
   shm_peer_t *sp = f->peer->tp;
   for (int i = 0; i < 3; i++) {
-    hixl_msg_t m = {.type = HIXL_MSG_SHM_STAGE_REQ}, reply;
+    hixl_msg_t m = {.type = HIXL_MSG_TP_REQ}, reply;
+    m.u32[2] = SHM_KIND_STAGE;
     int fd = -1;
-    EXPECT_OK(hixl__call(f->peer, &m, HIXL_MSG_SHM_STAGE_REPLY, &reply, &fd, hixl__deadline(3000)));
+    EXPECT_OK(hixl__call(f->peer, &m, HIXL_MSG_TP_REPLY, &reply, &fd, hixl__deadline(3000)));
     assert_true(fd >= 0);
     assert_int_equal(reply.u64[0], sp->out.size);
     close(fd);
@@ -203,9 +205,10 @@ static void test_copy_without_stage(void **state)
   fixture_t *f = *state;
   hixl_peer_t *p2 = connect_to(f->ctx, &f->t);
   hixl_rmr_t *r2 = lookup(p2, "reg");
-  hixl_msg_t m = {.type = HIXL_MSG_SHM_COPY};
+  hixl_msg_t m = {.type = HIXL_MSG_TP_REQ};
   m.u32[0] = r2->slot;
   m.u32[1] = SHM_COPY_PUT;
+  m.u32[2] = SHM_KIND_COPY;
   m.u64[0] = r2->rkey;
   m.u64[2] = 64;
   EXPECT_OK(hixl__send(p2, &m, NULL, 0));

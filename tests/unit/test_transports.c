@@ -82,15 +82,15 @@ static void check_table(const hixl_transport_ops_t *o, bool closed)
     fail_msg("transport %s: id %d outside [0, %d)", o->name, o->id, HIXL_TP_COUNT);
   if (strcmp(o->name, hixl__tp_names[o->id]) != 0)
     fail_msg("transport %s: hixl__tp_names[%d] says %s", o->name, o->id, hixl__tp_names[o->id]);
-  if ((o->bind_type == 0) != (o->bind_reply_type == 0))
-    fail_msg("transport %s: an in-band bind needs both its message types", o->name);
-  if (o->bind_type && !o->needs_bind)
-    fail_msg("transport %s: bind messages but needs_bind false", o->name);
-  if (o->bind_unix && (o->bind_type == 0 || o->bind_fds == 0))
-    fail_msg("transport %s: a unix bind needs its message types and its fds", o->name);
-  for (const hixl_tp_msg_t *m = o->msgs; m && m->type; m++)
-    if (m->type >= HIXL_MSG_TYPE_MAX || m->type == o->bind_type || m->type == o->bind_reply_type)
-      fail_msg("transport %s: own message %u is not a type of its own", o->name, m->type);
+  if (o->bind_unix && (!o->needs_bind || o->bind_fds == 0))
+    fail_msg("transport %s: a unix bind needs needs_bind and its fds", o->name);
+  for (const hixl_tp_msg_t *m = o->msgs; m && m->kind; m++) {
+    for (const hixl_tp_msg_t *n = o->msgs; n < m; n++)
+      if (n->kind == m->kind)
+        fail_msg("transport %s: two own messages of kind %u", o->name, m->kind);
+    if (m->serve == NULL)
+      fail_msg("transport %s: own message kind %u has no serve", o->name, m->kind);
+  }
 }
 
 static void test_tables_are_whole(void **state)
@@ -108,6 +108,12 @@ static void test_tables_are_whole(void **state)
     }
   }
   check_table(&hixl__closed_ops, true);
+  /* Exactly one loopback (the self peer a context makes to itself). */
+  int loop = 0;
+  for (size_t t = 0; t < hixl__n_transports; t++)
+    loop += (hixl__transports[t]->caps & HIXL_TP_CAP_LOOPBACK) != 0;
+  assert_int_equal(loop, 1);
+  assert_non_null(hixl__tp_loopback());
 }
 
 int main(void)
