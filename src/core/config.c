@@ -84,7 +84,9 @@ hixl_status_t hixl__parse_transports(const char *s, uint8_t *order, int *n_p, ui
   uint32_t mask = 0;
   int n = 0;
   if (s == NULL || *s == 0 || strcmp(s, "all") == 0) {
-    for (int i = 0; i < HIXL_TP_COUNT; i++) {
+    for (int i = 0; i < HIXL_TP_MAX; i++) {
+      if (hixl__tp_names[i] == NULL)
+        continue;
       order[n++] = (uint8_t)i;
       mask |= 1u << i;
     }
@@ -97,8 +99,9 @@ hixl_status_t hixl__parse_transports(const char *s, uint8_t *order, int *n_p, ui
     const char *end = strchr(p, ',');
     size_t len = end ? (size_t)(end - p) : strlen(p);
     int id = -1;
-    for (int i = 0; i < HIXL_TP_COUNT; i++)
-      if (strlen(hixl__tp_names[i]) == len && strncmp(p, hixl__tp_names[i], len) == 0)
+    for (int i = 0; i < HIXL_TP_MAX; i++)
+      if (hixl__tp_names[i] && strlen(hixl__tp_names[i]) == len &&
+          strncmp(p, hixl__tp_names[i], len) == 0)
         id = i;
     if (id < 0) {
       char known[64];

@@ -42,7 +42,7 @@ extern const hixl_transport_ops_t hixl__closed_ops;
 /* Every transport's name by id, built in or not (transport.c), and the
  * names of the ids in order[0..n) (order NULL: every id in id order) whose
  * bit is set in mask, comma-joined into buf (returned; cut at cap). */
-extern const char *const hixl__tp_names[HIXL_TP_COUNT];
+extern const char *const hixl__tp_names[HIXL_TP_MAX];
 const char *hixl__tp_join(char *buf, size_t cap, const uint8_t *order, int n, uint32_t mask);
 /* All transports built in, in default preference order. */
 extern const hixl_transport_ops_t *const hixl__transports[];

@@ -568,7 +568,7 @@ static void *ctl_main(void *arg)
         uint64_t v;
         ssize_t r = read(ctx->wake_fd, &v, sizeof(v));
         (void)r;
-      } else if ((int *)ptr >= ctx->tp_fd && (int *)ptr < ctx->tp_fd + HIXL_TP_COUNT) {
+      } else if ((int *)ptr >= ctx->tp_fd && (int *)ptr < ctx->tp_fd + HIXL_TP_MAX) {
         /* handled below, with the periodic tick */
       } else {
         hixl_peer_t *p = ptr;
@@ -711,7 +711,7 @@ hixl_status_t hixl__ctl_start(hixl_ctx_t *ctx)
   epoll_ctl(ctx->epoll_fd, EPOLL_CTL_ADD, ctx->unix_fd, &ev);
   ev.data.ptr = &ctx->wake_fd;
   epoll_ctl(ctx->epoll_fd, EPOLL_CTL_ADD, ctx->wake_fd, &ev);
-  for (int i = 0; i < HIXL_TP_COUNT; i++)
+  for (int i = 0; i < HIXL_TP_MAX; i++)
     if (ctx->tp_fd[i] >= 0) {
       ev.data.ptr = &ctx->tp_fd[i];
       epoll_ctl(ctx->epoll_fd, EPOLL_CTL_ADD, ctx->tp_fd[i], &ev);

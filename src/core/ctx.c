@@ -105,7 +105,7 @@ hixl_status_t hixl_ctx_create(const hixl_config_t *cfg_in, hixl_ctx_t **ctx_p)
   if (ctx == NULL)
     return hixl__err(HIXL_ERR_NOMEM, "hixl_ctx_create: no memory");
   ctx->listen_fd = ctx->unix_fd = ctx->wake_fd = ctx->epoll_fd = ctx->reg_fd = -1;
-  for (int i = 0; i < HIXL_TP_COUNT; i++)
+  for (int i = 0; i < HIXL_TP_MAX; i++)
     ctx->tp_fd[i] = -1;
   ctx->cfg = *cfg_in;
   if (cfg_in->progress_thread < 0 || cfg_in->progress_thread > 2) {

@@ -36,7 +36,7 @@ static const char *tp_list(uint32_t bits)
 
 static const hixl_transport_ops_t *pick_transport_locked(hixl_ctx_t *ctx, const hixl_msg_t *hello)
 {
-  uint8_t order[HIXL_TP_COUNT];
+  uint8_t order[HIXL_TP_MAX];
   int n;
   uint32_t mask;
   if (hixl__parse_transports(hello->str[0], order, &n, &mask) != HIXL_OK)

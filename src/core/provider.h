@@ -16,6 +16,13 @@
 
 #include "../device/device.h"
 
+/* Transport ids: small numbers that travel in handshakes, so fixed: each
+ * transport defines its own (HIXL_TP_<NAME> in its header), transport.c
+ * names them all (hixl__tp_names) and unit/transports checks they agree.
+ * Ids are below HIXL_TP_MAX, which leaves room for new transports (bits of
+ * a 32-bit mask in handshakes). */
+#define HIXL_TP_MAX 8
+
 /* --------------------------------------------------------------- waiting */
 
 /* wait.c: every blocking wait of the library (see the top of wait.c and
@@ -97,12 +104,12 @@ struct hixl_mr {
   unsigned access;
   uint32_t slot;
   uint64_t rkey;
-  int memfd;            /* >= 0: backing memfd (hixl_mem_alloc or inside one) */
-  uint64_t fd_off;      /* offset of addr inside memfd */
-  bool owns_mem;        /* hixl_mem_alloc: unmap and close (device: free) on dereg */
-  int device;           /* device memory: its device id; host memory: -1 */
-  void *tp[4];          /* per-transport registration (verbs: its ibv_mr) */
-  struct hixl_mr *next; /* ctx->mrs */
+  int memfd;             /* >= 0: backing memfd (hixl_mem_alloc or inside one) */
+  uint64_t fd_off;       /* offset of addr inside memfd */
+  bool owns_mem;         /* hixl_mem_alloc: unmap and close (device: free) on dereg */
+  int device;            /* device memory: its device id; host memory: -1 */
+  void *tp[HIXL_TP_MAX]; /* per-transport registration (verbs: its ibv_mr) */
+  struct hixl_mr *next;  /* ctx->mrs */
 };
 
 /* A peer's region: what the blob said, checked with the owner at unpack. */
@@ -176,11 +183,6 @@ typedef struct hixl_tp_msg {
   void (*serve)(hixl_peer_t *peer, const struct hixl_msg *m, struct hixl_msg *out, int *out_fds,
                 int *n_out);
 } hixl_tp_msg_t;
-/* Transport ids: small numbers that travel in handshakes, so fixed: each
- * transport defines its own (HIXL_TP_<NAME> in its header), transport.c
- * names them all (hixl__tp_names) and unit/transports checks they agree. */
-#define HIXL_TP_COUNT 4
-_Static_assert(HIXL_TP_COUNT == 4, "hixl_mr_t.tp has one slot per transport");
 
 /*
  * One ops table per transport (size first, every slot filled; typed
@@ -401,9 +403,9 @@ struct hixl_ctx {
    * was full: while any wait, the control thread ticks every millisecond
    * (on_event), so they go out even if the caller never calls hixl again. */
   _Atomic long tp_backlog;
-  void *tp[HIXL_TP_COUNT];         /* per-transport context state (verbs: device, PD, CQs) */
-  int tp_fd[HIXL_TP_COUNT];        /* a transport's event fd for the control thread, or -1 */
-  uint8_t tp_order[HIXL_TP_COUNT]; /* preference order */
+  void *tp[HIXL_TP_MAX];         /* per-transport context state (verbs: device, PD, CQs) */
+  int tp_fd[HIXL_TP_MAX];        /* a transport's event fd for the control thread, or -1 */
+  uint8_t tp_order[HIXL_TP_MAX]; /* preference order */
   int n_tp_order;
   char address[128];
   char tp_names[64];   /* hixl_ctx_transports() */

@@ -10,15 +10,16 @@
 /* Every transport's name by HIXL_TP_* id, built into this library or not:
  * a configuration may name one this build lacks, and a peer's handshake
  * names what its build has.  The ops tables carry the same names. */
-const char *const hixl__tp_names[HIXL_TP_COUNT] = {"self", "shm", "verbs", "fabric"};
+const char *const hixl__tp_names[HIXL_TP_MAX] = {"self", "shm", "verbs", "fabric"};
+/* (ids 4..7: unnamed, free for the next transports) */
 
 const char *hixl__tp_join(char *buf, size_t cap, const uint8_t *order, int n, uint32_t mask)
 {
   size_t pos = 0;
   buf[0] = 0;
-  for (int i = 0; i < (order ? n : HIXL_TP_COUNT); i++) {
+  for (int i = 0; i < (order ? n : HIXL_TP_MAX); i++) {
     int id = order ? order[i] : i;
-    if (id >= HIXL_TP_COUNT || !(mask & (1u << id)) || pos >= cap)
+    if (id >= HIXL_TP_MAX || hixl__tp_names[id] == NULL || !(mask & (1u << id)) || pos >= cap)
       continue;
     int k = snprintf(buf + pos, cap - pos, "%s%s", pos ? "," : "", hixl__tp_names[id]);
     pos += k > 0 ? (size_t)k : 0;

@@ -78,10 +78,11 @@ static void check_table(const hixl_transport_ops_t *o, bool closed)
     fail_msg("transport %s: arm and ack_event come together", o->name);
   if (closed)
     return;
-  if (o->id < 0 || o->id >= HIXL_TP_COUNT)
-    fail_msg("transport %s: id %d outside [0, %d)", o->name, o->id, HIXL_TP_COUNT);
-  if (strcmp(o->name, hixl__tp_names[o->id]) != 0)
-    fail_msg("transport %s: hixl__tp_names[%d] says %s", o->name, o->id, hixl__tp_names[o->id]);
+  if (o->id < 0 || o->id >= HIXL_TP_MAX)
+    fail_msg("transport %s: id %d outside [0, %d)", o->name, o->id, HIXL_TP_MAX);
+  if (hixl__tp_names[o->id] == NULL || strcmp(o->name, hixl__tp_names[o->id]) != 0)
+    fail_msg("transport %s: hixl__tp_names[%d] says %s", o->name, o->id,
+             hixl__tp_names[o->id] ? hixl__tp_names[o->id] : "nothing");
   if (o->bind_unix && (!o->needs_bind || o->bind_fds == 0))
     fail_msg("transport %s: a unix bind needs needs_bind and its fds", o->name);
   for (const hixl_tp_msg_t *m = o->msgs; m && m->kind; m++) {
