@@ -7,6 +7,7 @@
 #   - the layers (docs/architecture.md): which headers each folder of src/
 #     may include, and that the core's code (transport.c apart) names no
 #     transport;
+#   - commit subjects after the rule took effect: "area: subject", <= 72;
 #   - every relative link in a tracked Markdown file names a file inside the
 #     repository that exists (docs are read on clones without ../shared).
 # Needs git, clang-format and shellcheck (scripts/deps.sh); no network.
@@ -80,6 +81,19 @@ if command -v gcc >/dev/null; then
       fail=1
     fi
   done
+fi
+
+# Commit subjects since the rule took effect: "area: subject", at most 72
+# characters (older history predates it; a shallow clone without the base
+# checks nothing).
+subject_base=34b8fe8
+if git cat-file -e "$subject_base^{commit}" 2>/dev/null; then
+  while IFS= read -r subj; do
+    if [ "${#subj}" -gt 72 ] || ! printf '%s\n' "$subj" | grep -qE '^[A-Za-z0-9_./+-]+(, [A-Za-z0-9_./+-]+)*: [^ ]'; then
+      echo "lint: commit subject \"$subj\": want \"area: subject\", at most 72 characters" >&2
+      fail=1
+    fi
+  done < <(git log --no-merges --format=%s "$subject_base..HEAD")
 fi
 
 # Relative Markdown links: [text](path) or [text](path#anchor).

@@ -35,7 +35,7 @@
 static ssize_t send_some(int fd, const uint8_t *b, size_t len, const int *fds, int nfds, bool block)
 {
   union {
-    char buf[CMSG_SPACE(sizeof(int) * 4)];
+    char buf[CMSG_SPACE(sizeof(int) * HIXL_CTL_MAX_FDS)];
     struct cmsghdr align;
   } cm;
   struct iovec iov = {(void *)b, len};
@@ -125,6 +125,9 @@ static hixl_status_t outq_flush(hixl_peer_t *p)
 static hixl_status_t outq_add(hixl_peer_t *p, const uint8_t *b, size_t len, const int *fds,
                               int nfds, const char *type)
 {
+  if (nfds > HIXL_CTL_MAX_FDS)
+    return hixl__err(HIXL_ERR_INVALID, "peer %s: %s would pass %d fds (at most %d)", p->name, type,
+                     nfds, HIXL_CTL_MAX_FDS);
   if (p->oq_bytes + len > p->ctx->max_outq) {
     hixl__peer_lost_async(p, "it does not read its control connection");
     return hixl__err(HIXL_ERR_PEER_LOST,
@@ -170,6 +173,9 @@ static hixl_status_t outq_add(hixl_peer_t *p, const uint8_t *b, size_t len, cons
 hixl_status_t hixl__send(hixl_peer_t *peer, hixl_msg_t *m, const int *fds, int nfds)
 {
   uint8_t buf[RX_CAP];
+  if (nfds < 0 || nfds > HIXL_CTL_MAX_FDS)
+    return hixl__err(HIXL_ERR_INVALID, "control message %s would pass %d fds (at most %d)",
+                     hixl_wire_type_name(m->type), nfds, HIXL_CTL_MAX_FDS);
   m->nfds = (uint16_t)nfds;
   size_t len = hixl_wire_encode(m, buf, sizeof(buf));
   if (len == 0)

@@ -28,6 +28,9 @@
  * and ctl.c (the control thread). */
 
 #define RX_CAP (HIXL_WIRE_HDR + HIXL_WIRE_MAX)
+/* File descriptors one outgoing control message may pass (send_some's
+ * control buffer, the output queue, the dispatcher's out_fds). */
+#define HIXL_CTL_MAX_FDS 4
 /* How long a lost peer keeps its mappings: far longer than any copy that
  * started before the loss was seen. */
 #define RELEASE_GRACE_NS(ctx) ((int64_t)(ctx)->cfg.timeout_ms * 2000000 + 1000000000LL)
@@ -35,8 +38,8 @@
 /* A message the socket did not take at once: the peer's output queue. */
 typedef struct hixl_outmsg {
   struct hixl_outmsg *next;
-  size_t len, off; /* bytes, and how many went out */
-  int fds[2];      /* our duplicates: they go with the first byte */
+  size_t len, off;           /* bytes, and how many went out */
+  int fds[HIXL_CTL_MAX_FDS]; /* our duplicates: they go with the first byte */
   int nfds;
   uint8_t bytes[];
 } hixl_outmsg_t;

@@ -73,7 +73,7 @@ static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t 
       return;
     }
     if (!p->unix_pending && p->ops && p->ops->needs_bind && !p->ops->bind_unix &&
-        m->type == HIXL_MSG_TP_BIND && m->nfds == 0) {
+        m->type == HIXL_MSG_TP_BIND && m->nfds == 0 && p->tp == NULL) {
       /* An in-band bind (verbs, fabric): the transport answers. */
       memset(out, 0, sizeof(*out));
       p->ops->accept(p, m, NULL, 0, p->fd, out, out_fds, n_out);
@@ -272,7 +272,7 @@ static void peer_readable(hixl_ctx_t *ctx, hixl_peer_t *p)
 
       hixl_msg_t out;
       out.type = 0;
-      int out_fds[4], n_out = 0;
+      int out_fds[HIXL_CTL_MAX_FDS], n_out = 0;
       hixl_peer_t *reply_to = p;
       dispatch_locked(p, &m, fds, &out, out_fds, &n_out, &reply_to);
       if (out.type != 0) {
@@ -290,6 +290,10 @@ static void peer_readable(hixl_ctx_t *ctx, hixl_peer_t *p)
              (out.type == HIXL_MSG_HELLO_ACK && reply_to->ops && !reply_to->ops->needs_bind &&
               !reply_to->unix_pending)) &&
             out.status == HIXL_OK;
+        /* Bound, but the initiator never got our reply: the peer is of no
+         * use, and must not be bound a second time. */
+        if (done && sst != HIXL_OK && atomic_load(&reply_to->state) == HIXL_PEER_CONNECTING)
+          hixl__peer_fail_locked(reply_to, HIXL_PEER_LOST, "bind reply not sent");
         if (done && sst == HIXL_OK && atomic_load(&reply_to->state) == HIXL_PEER_CONNECTING) {
           atomic_store(&reply_to->state, HIXL_PEER_UP);
           pthread_cond_broadcast(&ctx->cond);

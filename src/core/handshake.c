@@ -165,8 +165,9 @@ hixl_peer_t *hixl__handle_bind_locked(hixl_peer_t *u, const hixl_msg_t *m, int *
   hixl_peer_t *p;
   for (p = ctx->peers; p; p = p->next)
     if (p->inbound && !p->unix_pending && atomic_load(&p->state) == HIXL_PEER_CONNECTING &&
-        p->cookie == m->unix_bind.cookie && p->remote_ctx_id == m->unix_bind.ctx_id && p->ops &&
-        p->ops->bind_unix && p->ops->bind_fds == nfds)
+        p->tp == NULL && p->cookie == m->unix_bind.cookie &&
+        p->remote_ctx_id == m->unix_bind.ctx_id && p->ops && p->ops->bind_unix &&
+        p->ops->bind_fds == nfds)
       break;
   memset(ack, 0, sizeof(*ack));
   ack->type = HIXL_MSG_TP_BIND_REPLY;
@@ -472,9 +473,12 @@ hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeou
   for (size_t t = 0; t < hixl__n_transports; t++)
     if ((uint32_t)hixl__transports[t]->id == ack.hello_ack.tp_id)
       ops = hixl__transports[t];
-  if (ops == NULL || !(ctx->tp_allowed & (1u << ack.hello_ack.tp_id))) {
-    st = hixl__err(HIXL_ERR_UNSUPPORTED, "%s chose transport %u, which we do not allow", addr,
-                   ack.hello_ack.tp_id);
+  /* Ready, not just allowed: a target may name a transport that is built
+   * and configured here but has no device (its context state is NULL). */
+  if (ops == NULL || !(ctx->tp_ready & (1u << ack.hello_ack.tp_id))) {
+    st = hixl__err(HIXL_ERR_UNSUPPORTED,
+                   "%s chose transport %u, which we did not offer (we offered %s)", addr,
+                   ack.hello_ack.tp_id, ctx->tp_names);
     goto fail;
   }
   p->ops = ops;

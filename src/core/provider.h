@@ -164,7 +164,9 @@ enum { HIXL_AMO_FAA = 1, HIXL_AMO_CAS = 2 };
 /* Capabilities of a transport (hixl_transport_ops_t.caps). */
 enum {
   /* Its peers are processes of this host that map our memory: they may ask
-   * for a region's memfd (FD_REQ) and device IPC handle (DEV_IPC_REQ). */
+   * for a region's memfd (FD_REQ) and device IPC handle (DEV_IPC_REQ, made
+   * for peer->remote_pid: such a transport sets it from the kernel at its
+   * bind, SO_PEERCRED, never from what the peer claimed). */
   HIXL_TP_CAP_LOCAL_MAP = 1,
   /* The loopback: a peer that is our own context (the core makes it when a
    * context connects to itself; its connect gets no handshake, ack NULL). */
@@ -176,7 +178,10 @@ enum {
  * and its TP_REPLY if it has one. */
 typedef struct hixl_tp_msg {
   uint16_t kind;
-  uint8_t req_fds, reply_fds; /* descriptors the request / its reply may carry */
+  /* Descriptors the request / its reply may carry: serve gets none today
+   * and a reply hands only its first to the caller, so unit/transports
+   * holds them to 0 and at most 1. */
+  uint8_t req_fds, reply_fds;
   /* Serve the request (control thread, ctx->lock held): fill *out (a
    * TP_REPLY of the same kind, or type 0: no reply) and the fds to pass,
    * out_fds[0..*n_out), which the caller closes after sending. */

@@ -170,17 +170,19 @@ static void check_no_identity(const hixl_msg_t *ack, const char *what)
 
 /* ------------------------------------------------------------ targets */
 
-static hixl_ctx_t *mk_ctx(const char *token)
+static hixl_ctx_t *mk_ctx_tp(const char *token, const char *transports)
 {
   hixl_config_t cfg;
   hixl_config_init(&cfg);
   cfg.auth_token = token;
-  cfg.transports = "shm";
+  cfg.transports = transports;
   hixl_ctx_t *ctx;
   if (hixl_ctx_create(&cfg, &ctx) != HIXL_OK)
     FAIL("ctx: %s", hixl_last_error());
   return ctx;
 }
+
+static hixl_ctx_t *mk_ctx(const char *token) { return mk_ctx_tp(token, "shm"); }
 
 /* A legitimate peer with the right token puts into the target's "kv". */
 static void legit_put(hixl_ctx_t *target, uint8_t *kv, const char *when)
@@ -223,7 +225,12 @@ static void *dialer(void *arg)
 }
 
 /* mode 0: answers HELLO with a challenge whose proof it cannot make;
- * mode 1: answers HELLO with HELLO_ACK OK at once (no challenge). */
+ * mode 1: answers HELLO with HELLO_ACK OK at once (no challenge);
+ * mode 2: knows the token (a proper challenge), then chooses a transport
+ *         the initiator did not offer: one built and allowed here but with
+ *         no device (verbs on a machine without RDMA), whose context state
+ *         is NULL.  The initiator must refuse, not connect through it (it
+ *         crashed: it checked what it allows, not what it has). */
 static void fake_target(int mode)
 {
   int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -232,7 +239,9 @@ static void fake_target(int mode)
   if (lfd < 0 || bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) || listen(lfd, 4) ||
       getsockname(lfd, (struct sockaddr *)&sa, &sl))
     FAIL("listen: %s", strerror(errno));
-  dial_arg_t d = {.ctx = mk_ctx(TOKEN)};
+  /* Mode 2's initiator allows verbs, which has no device here (this
+   * suite runs on the host, without RDMA). */
+  dial_arg_t d = {.ctx = mk_ctx_tp(TOKEN, mode == 2 ? "shm,verbs" : "shm")};
   snprintf(d.addr, sizeof(d.addr), "127.0.0.1:%u", ntohs(sa.sin_port));
   pthread_t th;
   pthread_create(&th, NULL, dialer, &d);
@@ -246,7 +255,37 @@ static void fake_target(int mode)
     FAIL("fake target: no HELLO");
   if (m.blob_len != 32 || seen_len != HIXL_WIRE_HDR + 2 + 32)
     FAIL("fake target: HELLO is %zu bytes, expected only a 32-byte nonce", seen_len);
-  hixl_msg_t reply = {.type = mode == 0 ? HIXL_MSG_AUTH_CHALLENGE : HIXL_MSG_HELLO_ACK};
+  hixl_msg_t reply = {.type = mode == 1 ? HIXL_MSG_HELLO_ACK : HIXL_MSG_AUTH_CHALLENGE};
+  if (mode == 2) {
+    uint8_t nonces[64];
+    memcpy(nonces, m.blob, 32);
+    hixl__auth_nonce(nonces + 32);
+    memcpy(reply.blob, nonces + 32, 32);
+    hixl__auth_proof(TOKEN, HIXL_AUTH_LABEL_TARGET, nonces, nonces + 32, NULL, 0, reply.blob + 32);
+    reply.blob_len = 64;
+    send_msg(fd, &reply);
+    if (recv_msg(fd, &m, 5000, seen, &seen_len) != 1 || m.type != HIXL_MSG_AUTH)
+      FAIL("fake target (mode 2): no AUTH after a proper challenge");
+    uint32_t offered = m.u32[0]; /* the initiator's ready transports */
+    uint32_t pick = 0;
+    while (pick < 8 && (offered & (1u << pick)))
+      pick++;
+    reply = (hixl_msg_t){.type = HIXL_MSG_HELLO_ACK, .status = HIXL_OK};
+    reply.u32[0] = pick == 0 ? 2 : pick; /* not offered (self is never negotiated) */
+    reply.u64[0] = 0x1234;
+    send_msg(fd, &reply);
+    while (recv_msg(fd, &m, 3000, seen, &seen_len) == 1)
+      ;
+    pthread_join(th, NULL);
+    if (d.st != HIXL_ERR_UNSUPPORTED || strstr(d.err, "did not offer") == NULL)
+      FAIL("fake target (mode 2): hixl_connect returned %s (%s), expected UNSUPPORTED",
+           hixl_strerror(d.st), d.err);
+    printf("fake target (mode 2): refused with %s: %s\n", hixl_strerror(d.st), d.err);
+    close(fd);
+    close(lfd);
+    hixl_ctx_destroy(d.ctx);
+    return;
+  }
   if (mode == 0) {
     hixl__auth_nonce(reply.blob);
     hixl__auth_nonce(reply.blob + 32); /* a proof made without the token */
@@ -425,6 +464,7 @@ static int run_fake_target(void)
 {
   fake_target(0);
   fake_target(1);
+  fake_target(2);
   return 0;
 }
 static int run_refusal(void)

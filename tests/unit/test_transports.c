@@ -83,6 +83,8 @@ static void check_table(const hixl_transport_ops_t *o, bool closed)
   if (hixl__tp_names[o->id] == NULL || strcmp(o->name, hixl__tp_names[o->id]) != 0)
     fail_msg("transport %s: hixl__tp_names[%d] says %s", o->name, o->id,
              hixl__tp_names[o->id] ? hixl__tp_names[o->id] : "nothing");
+  if (o->bind_fds > 4) /* HIXL_CTL_MAX_FDS (conn.h) */
+    fail_msg("transport %s: a bind passes at most 4 fds", o->name);
   if (o->bind_unix && (!o->needs_bind || o->bind_fds == 0))
     fail_msg("transport %s: a unix bind needs needs_bind and its fds", o->name);
   for (const hixl_tp_msg_t *m = o->msgs; m && m->kind; m++) {
@@ -91,6 +93,9 @@ static void check_table(const hixl_transport_ops_t *o, bool closed)
         fail_msg("transport %s: two own messages of kind %u", o->name, m->kind);
     if (m->serve == NULL)
       fail_msg("transport %s: own message kind %u has no serve", o->name, m->kind);
+    if (m->req_fds != 0 || m->reply_fds > 1)
+      fail_msg("transport %s: own message kind %u passes fds the core does not deliver", o->name,
+               m->kind);
   }
 }
 
