@@ -125,9 +125,6 @@ static hixl_status_t outq_flush(hixl_peer_t *p)
 static hixl_status_t outq_add(hixl_peer_t *p, const uint8_t *b, size_t len, const int *fds,
                               int nfds, const char *type)
 {
-  if (nfds > HIXL_CTL_MAX_FDS)
-    return hixl__err(HIXL_ERR_INVALID, "peer %s: %s would pass %d fds (at most %d)", p->name, type,
-                     nfds, HIXL_CTL_MAX_FDS);
   if (p->oq_bytes + len > p->ctx->max_outq) {
     hixl__peer_lost_async(p, "it does not read its control connection");
     return hixl__err(HIXL_ERR_PEER_LOST,
