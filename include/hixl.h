@@ -133,9 +133,11 @@ hixl_status_t hixl_ctx_create(const hixl_config_t *cfg, hixl_ctx_t **ctx_p);
 void hixl_ctx_destroy(hixl_ctx_t *ctx);
 /* "host:port" that peers pass to hixl_connect.  Valid while ctx lives. */
 const char *hixl_ctx_address(const hixl_ctx_t *ctx);
-/* The transports this context can use, allowed and available on this
- * machine, in preference order: e.g. "self,shm,verbs".  Valid while ctx
- * lives; NULL for a NULL ctx. */
+/* The transports this context offers peers, allowed and available on this
+ * machine, in preference order: e.g. "self,shm,verbs".  verbs and fabric
+ * are set up when a connection first picks them (HIXL_LAZY): one whose
+ * set-up then fails stays listed here, and that connection's error says
+ * why.  Valid while ctx lives; NULL for a NULL ctx. */
 const char *hixl_ctx_transports(const hixl_ctx_t *ctx);
 
 /* ------------------------------------------------------------------ peers */

@@ -47,6 +47,9 @@ int64_t hixl__now_coarse_ns(void);
 hixl_status_t hixl__host_id(uint8_t out[32]);
 uint64_t hixl__random64(void);
 int hixl__memfd(const char *name, size_t len);
+/* "RLIMIT_NOFILE is 1024 (hard 524288): raise it (ulimit -n; systemd:
+ * LimitNOFILE=)" in buf: what to say when the kernel drops passed fds. */
+const char *hixl__nofile_hint(char *buf, size_t n);
 /* Whether a memfd another process lent us may be mapped: only if it cannot
  * shrink under the mapping (a truncation would make every access past the
  * new end SIGBUS): sealed against shrinking and against further seals, and

@@ -49,10 +49,21 @@ extern const hixl_transport_ops_t *const hixl__transports[];
 extern const size_t hixl__n_transports;
 /* The loopback transport (HIXL_TP_CAP_LOOPBACK): our own context as a peer. */
 const hixl_transport_ops_t *hixl__tp_loopback(void);
+/* What we offer peers: transports set up, and lazy ones still to set up. */
+static inline uint32_t hixl__tp_offered(hixl_ctx_t *ctx)
+{
+  return atomic_load(&ctx->tp_ready) | atomic_load(&ctx->tp_lazy);
+}
+/* Set ops up now if it is lazy and not yet (HIXL_TP_CAP_LAZY): OK once it
+ * is ready; its error otherwise (it is then no longer offered).  Call with
+ * no lock of the core held: it may take a while (fabric: ~0.5 s). */
+hixl_status_t hixl__tp_need(hixl_ctx_t *ctx, const hixl_transport_ops_t *ops);
 
 /* The control plane (conn.h: peer.c, call.c, handshake.c, ctl.c). */
 hixl_status_t hixl__ctl_start(hixl_ctx_t *ctx);
 void hixl__ctl_stop(hixl_ctx_t *ctx);
+/* Watch transport id's event fd (ctx->tp_fd[id]) in the control thread. */
+void hixl__ctl_watch_tp(hixl_ctx_t *ctx, int id);
 hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeout_ms, uint64_t tag,
                                    hixl_peer_t **peer_p);
 hixl_peer_t *hixl__self_peer(hixl_ctx_t *ctx);
@@ -83,5 +94,12 @@ hixl_status_t hixl__lookup_blob(hixl_peer_t *peer, const char *name, uint8_t *bl
 /* Retire a handle (its magic already set dead); ctx->lock held. */
 void hixl__quarantine_locked(hixl_ctx_t *ctx, void *obj);
 void hixl__mrs_destroy(hixl_ctx_t *ctx);
+/* The context's notification inbox (notif.c). */
+hixl_status_t hixl__inbox_init(hixl_ctx_t *ctx);
+void hixl__inbox_fini(hixl_ctx_t *ctx);
+/* A lazy transport just set up: register every region with it, then mark
+ * it ready, under reg_lock (so a region registered meanwhile is done by
+ * exactly one of us).  On an error, what was registered is undone. */
+hixl_status_t hixl__mrs_reg_transport(hixl_ctx_t *ctx, const hixl_transport_ops_t *ops);
 
 #endif /* HIXL_CORE_H */

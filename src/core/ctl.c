@@ -221,6 +221,8 @@ static void peer_readable(hixl_ctx_t *ctx, hixl_peer_t *p)
     if (n < 0 && errno == EINTR)
       continue;
     pthread_mutex_lock(&ctx->lock);
+    if (n > 0 && (mh.msg_flags & MSG_CTRUNC))
+      p->rx_fds_dropped = true; /* said below, when a message misses them */
     if (n > 0) {
       for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
         if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
@@ -259,7 +261,26 @@ static void peer_readable(hixl_ctx_t *ctx, hixl_peer_t *p)
         return;
       }
       if (m.nfds > p->n_rx_fds) {
-        proto_error_locked(p, "message announces fds that did not arrive", m.type);
+        if (p->rx_fds_dropped) {
+          /* Out of descriptors: say so, to the log and to a binding peer
+           * (its connect then names the limit, not a closed connection). */
+          char hint[200];
+          hixl__nofile_hint(hint, sizeof(hint));
+          hixl_warn("dropping a connection whose %s carried descriptors the kernel could not give "
+                    "us: %s",
+                    hixl_wire_type_name(m.type), hint);
+          if (m.type == HIXL_MSG_TP_BIND) {
+            hixl_msg_t no = {
+                .type = HIXL_MSG_TP_BIND_REPLY, .status = HIXL_ERR_NOMEM, .seq = m.seq};
+            snprintf(no.str[0], sizeof(no.str[0]), "target: %s", hint);
+            pthread_mutex_unlock(&ctx->lock);
+            hixl__send(p, &no, NULL, 0);
+            pthread_mutex_lock(&ctx->lock);
+          }
+          hixl__peer_fail_locked(p, HIXL_PEER_LOST, "out of file descriptors");
+        } else {
+          proto_error_locked(p, "message announces fds that did not arrive", m.type);
+        }
         pthread_mutex_unlock(&ctx->lock);
         return;
       }
@@ -527,7 +548,8 @@ static void housekeeping_locked(hixl_ctx_t *ctx, int64_t now)
      * itself stays (its ops say PEER_LOST) until the context goes. */
     if (st >= HIXL_PEER_LOST && p->ops && p->ops != &hixl__closed_ops && !p->unix_pending &&
         now - p->lost_ns > RELEASE_GRACE_NS(ctx) &&
-        (p->inbox == NULL || !hixl_ring_maybe_nonempty(p->inbox))) {
+        (p->inbox == NULL || !hixl_ring_maybe_nonempty(p->inbox)) &&
+        atomic_load(&p->inbox_queued) == 0) {
       for (hixl_rmr_t *r = p->rmrs; r; r = r->next)
         p->ops->rmr_detach(r);
       p->ops->peer_close(p);
@@ -697,6 +719,16 @@ static hixl_status_t listen_unix(hixl_ctx_t *ctx)
   return HIXL_OK;
 }
 
+void hixl__ctl_watch_tp(hixl_ctx_t *ctx, int id)
+{
+  /* Before hixl__ctl_start: it watches every tp_fd set by then.  After:
+   * epoll_ctl is safe beside the thread's epoll_wait. */
+  if (ctx->epoll_fd < 0 || ctx->tp_fd[id] < 0)
+    return;
+  struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &ctx->tp_fd[id]};
+  epoll_ctl(ctx->epoll_fd, EPOLL_CTL_ADD, ctx->tp_fd[id], &ev);
+}
+
 hixl_status_t hixl__ctl_start(hixl_ctx_t *ctx)
 {
   hixl_status_t st = listen_tcp(ctx);
@@ -716,10 +748,7 @@ hixl_status_t hixl__ctl_start(hixl_ctx_t *ctx)
   ev.data.ptr = &ctx->wake_fd;
   epoll_ctl(ctx->epoll_fd, EPOLL_CTL_ADD, ctx->wake_fd, &ev);
   for (int i = 0; i < HIXL_TP_MAX; i++)
-    if (ctx->tp_fd[i] >= 0) {
-      ev.data.ptr = &ctx->tp_fd[i];
-      epoll_ctl(ctx->epoll_fd, EPOLL_CTL_ADD, ctx->tp_fd[i], &ev);
-    }
+    hixl__ctl_watch_tp(ctx, i);
   if (pthread_create(&ctx->ctl_thread, NULL, ctl_main, ctx) != 0)
     return hixl__err(HIXL_ERR_NOMEM, "cannot start the control thread");
   ctx->ctl_started = true;

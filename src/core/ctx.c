@@ -123,6 +123,7 @@ hixl_status_t hixl_ctx_create(const hixl_config_t *cfg_in, hixl_ctx_t **ctx_p)
   ctx->cfg.net_dev = ctx->cfg_strs[2];
   ctx->cfg.auth_token = ctx->cfg_strs[3];
   pthread_mutex_init(&ctx->lock, NULL);
+  pthread_mutex_init(&ctx->tp_init_lock, NULL);
   hixl__wait_init(ctx);
   pthread_mutex_init(&ctx->reg_lock, NULL);
   pthread_mutex_init(&ctx->pool_lock, NULL);
@@ -132,8 +133,11 @@ hixl_status_t hixl_ctx_create(const hixl_config_t *cfg_in, hixl_ctx_t **ctx_p)
   pthread_cond_init(&ctx->cond, &ca);
   pthread_condattr_destroy(&ca);
 
-  hixl_status_t st = hixl__parse_transports(ctx->cfg.transports, ctx->tp_order, &ctx->n_tp_order,
-                                            &ctx->tp_allowed);
+  hixl_status_t st = hixl__inbox_init(ctx);
+  if (st != HIXL_OK)
+    goto fail;
+  st = hixl__parse_transports(ctx->cfg.transports, ctx->tp_order, &ctx->n_tp_order,
+                              &ctx->tp_allowed);
   if (st != HIXL_OK)
     goto fail;
   ctx->tp_allowed |= 1u << hixl__tp_loopback()->id; /* our own context is always reachable */
@@ -158,22 +162,45 @@ hixl_status_t hixl_ctx_create(const hixl_config_t *cfg_in, hixl_ctx_t **ctx_p)
     goto fail;
   }
   /* Transports that need set-up on this machine (a device): absent is not
-   * an error, the transport is just not offered. */
+   * an error, the transport is just not offered.  Lazy ones are probed
+   * only, and set up when a connection first picks one (hixl__tp_need):
+   * a context that talks shm only never opens a libfabric endpoint or a
+   * verbs device (docs/scale.md).  HIXL_LAZY=0 sets all up now. */
+  const char *lz = getenv("HIXL_LAZY");
+  bool lazy = !(lz && strcmp(lz, "0") == 0);
+  uint32_t eager_lazy = 0;
   for (size_t i = 0; i < hixl__n_transports; i++) {
     const hixl_transport_ops_t *ops = hixl__transports[i];
     if (!(ctx->tp_allowed & (1u << ops->id)))
       continue;
+    if (ops->caps & HIXL_TP_CAP_LAZY) {
+      st = ops->probe(ctx);
+      if (st == HIXL_OK)
+        atomic_fetch_or(&ctx->tp_lazy, 1u << ops->id);
+      else if (st == HIXL_ERR_NO_DEVICE)
+        hixl_info("transport %s not available: %s", ops->name, hixl_last_error());
+      else
+        goto fail;
+      eager_lazy |= lazy ? 0 : (atomic_load(&ctx->tp_lazy) & (1u << ops->id));
+      continue;
+    }
     st = ops->ctx_init(ctx);
     if (st == HIXL_OK) {
-      ctx->tp_ready |= 1u << ops->id;
+      atomic_fetch_or(&ctx->tp_ready, 1u << ops->id);
     } else if (st == HIXL_ERR_NO_DEVICE) {
       hixl_info("transport %s not available: %s", ops->name, hixl_last_error());
     } else {
       goto fail;
     }
   }
+  /* HIXL_LAZY=0: set up now (before the control thread, which then
+   * watches their fds); one that fails is just not offered (the log says
+   * why), as a device that is absent. */
+  for (size_t i = 0; i < hixl__n_transports; i++)
+    if (eager_lazy & (1u << hixl__transports[i]->id))
+      (void)hixl__tp_need(ctx, hixl__transports[i]);
   hixl__tp_join(ctx->tp_names, sizeof(ctx->tp_names), ctx->tp_order, ctx->n_tp_order,
-                ctx->tp_ready);
+                hixl__tp_offered(ctx));
   st = HIXL_OK;
   if ((st = hixl__ctl_start(ctx)) != HIXL_OK)
     goto fail;
@@ -214,6 +241,7 @@ void hixl_ctx_destroy(hixl_ctx_t *ctx)
   for (unsigned i = 0; i < HIXL_QUARANTINE; i++)
     free(ctx->quarantine[i]);
   hixl__pool_destroy(ctx);
+  hixl__inbox_fini(ctx);
   if (ctx->reg_table)
     munmap(ctx->reg_table, HIXL_REG_SLOTS * sizeof(hixl_reg_slot_t));
   free(ctx->slot_mr);
@@ -224,6 +252,7 @@ void hixl_ctx_destroy(hixl_ctx_t *ctx)
   for (int i = 0; i < 4; i++)
     free(ctx->cfg_strs[i]);
   pthread_mutex_destroy(&ctx->lock);
+  pthread_mutex_destroy(&ctx->tp_init_lock);
   pthread_mutex_destroy(&ctx->reg_lock);
   pthread_mutex_destroy(&ctx->pool_lock);
   pthread_cond_destroy(&ctx->cond);

@@ -46,9 +46,12 @@ static const hixl_transport_ops_t *pick_transport_locked(hixl_ctx_t *ctx, const 
       continue;
     for (size_t t = 0; t < hixl__n_transports; t++) {
       const hixl_transport_ops_t *ops = hixl__transports[t];
+      uint32_t bit = 1u << ops->id;
+      /* A lazy one not set up yet is picked on trust: the caller sets it
+       * up and asks again, and then usable() decides. */
       if (ops->id == order[i] && !(ops->caps & HIXL_TP_CAP_LOOPBACK) &&
-          (ctx->tp_ready & (1u << ops->id)) && (hello->auth.tp_bits & (1u << ops->id)) &&
-          ops->usable(ctx, hello))
+          (hixl__tp_offered(ctx) & bit) && (hello->auth.tp_bits & bit) &&
+          (!(atomic_load(&ctx->tp_ready) & bit) || ops->usable(ctx, hello)))
         return ops;
     }
   }
@@ -139,7 +142,17 @@ void hixl__handle_auth_locked(hixl_peer_t *p, const hixl_msg_t *m, hixl_msg_t *a
     hixl_warn("refused a peer: %d inbound peers already (HIXL_MAX_PEERS)", n_in);
     return;
   }
-  const hixl_transport_ops_t *ops = pick_transport_locked(ctx, m);
+  const hixl_transport_ops_t *ops;
+  /* Each turn sets up one lazy transport (or finds it failing: then it is
+   * no longer offered), so this ends.  Without ctx->lock: a set-up may
+   * take half a second, and the other peers' operations go on.  p stays:
+   * only this thread frees peers. */
+  while ((ops = pick_transport_locked(ctx, m)) != NULL &&
+         !(atomic_load(&ctx->tp_ready) & (1u << ops->id))) {
+    pthread_mutex_unlock(&ctx->lock);
+    (void)hixl__tp_need(ctx, ops);
+    pthread_mutex_lock(&ctx->lock);
+  }
   if (ops == NULL) {
     ack->status = HIXL_ERR_UNSUPPORTED;
     bool same_host = memcmp(ctx->host_id, m->host_id, sizeof(ctx->host_id)) == 0;
@@ -176,6 +189,13 @@ hixl_peer_t *hixl__handle_bind_locked(hixl_peer_t *u, const hixl_msg_t *m, int *
     return NULL;
   }
   p->ops->accept(p, m, fds, nfds, u->fd, ack, out_fds, n_out);
+  if (ack->type != 0 && ack->status != HIXL_OK && ack->str[0][0] == 0) {
+    /* The peer proved the token (its cookie): tell it why, so that its
+     * connect names the cause (a descriptor limit, memory). */
+    char hint[200];
+    snprintf(ack->str[0], sizeof(ack->str[0]), "target: %s",
+             errno == EMFILE ? hixl__nofile_hint(hint, sizeof(hint)) : hixl_last_error());
+  }
   if (ack->type == 0 || ack->status != HIXL_OK)
     return NULL;
   /* Swap sockets: the TCP one has done its job (with anything still queued
@@ -246,6 +266,13 @@ hixl_status_t hixl__recv_sync(int fd, hixl_msg_t *m, int *fds, int max_fds, int6
       for (int i = 0; i < nf; i++)
         close(fds[i]);
       return hixl__err(HIXL_ERR_PEER_LOST, "%s closed the connection during the handshake", who);
+    }
+    if (mh.msg_flags & MSG_CTRUNC) {
+      for (int i = 0; i < nf; i++)
+        close(fds[i]);
+      char hint[200];
+      return hixl__err(HIXL_ERR_NOMEM, "%s: the kernel dropped the descriptors it passed us: %s",
+                       who, hixl__nofile_hint(hint, sizeof(hint)));
     }
     have += (size_t)n;
   }
@@ -432,7 +459,7 @@ hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeou
     goto fail;
   }
   hixl_msg_t auth = {.type = HIXL_MSG_AUTH};
-  auth.auth.tp_bits = ctx->tp_ready; /* what we can do, for the target's choice */
+  auth.auth.tp_bits = hixl__tp_offered(ctx); /* what we can do, for the target's choice */
   auth.auth.ctx_id = ctx->id;
   memcpy(auth.host_id, ctx->host_id, 32);
   auth.auth.pid = (uint32_t)getpid();
@@ -473,12 +500,19 @@ hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeou
   for (size_t t = 0; t < hixl__n_transports; t++)
     if ((uint32_t)hixl__transports[t]->id == ack.hello_ack.tp_id)
       ops = hixl__transports[t];
-  /* Ready, not just allowed: a target may name a transport that is built
+  /* Offered, not just allowed: a target may name a transport that is built
    * and configured here but has no device (its context state is NULL). */
-  if (ops == NULL || !(ctx->tp_ready & (1u << ack.hello_ack.tp_id))) {
+  if (ops == NULL || !(hixl__tp_offered(ctx) & (1u << ack.hello_ack.tp_id))) {
     st = hixl__err(HIXL_ERR_UNSUPPORTED,
                    "%s chose transport %u, which we did not offer (we offered %s)", addr,
                    ack.hello_ack.tp_id, ctx->tp_names);
+    goto fail;
+  }
+  /* A lazy transport's first peer: set it up now (the target has). */
+  if ((st = hixl__tp_need(ctx, ops)) != HIXL_OK) {
+    char why[200];
+    snprintf(why, sizeof(why), "%s", hixl_last_error());
+    st = hixl__err(st, "connecting to %s: %s", addr, why);
     goto fail;
   }
   p->ops = ops;

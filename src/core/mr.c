@@ -71,12 +71,15 @@ static hixl_status_t reg_common(hixl_ctx_t *ctx, void *addr, size_t len, unsigne
   ctx->slot_mr[slot] = mr;
   mr->next = ctx->mrs;
   ctx->mrs = mr;
+  /* The transports ready now register it below; one set up from here on
+   * finds it in ctx->mrs (hixl__mrs_reg_transport, under reg_lock). */
+  uint32_t ready = atomic_load(&ctx->tp_ready);
   pthread_mutex_unlock(&ctx->reg_lock);
   /* Each transport with a device registers it too (verbs: ibv_reg_mr), so
    * that every peer can reach it however it is connected. */
   for (size_t i = 0; i < hixl__n_transports; i++) {
     const hixl_transport_ops_t *ops = hixl__transports[i];
-    if (!(ctx->tp_ready & (1u << ops->id)))
+    if (!(ready & (1u << ops->id)))
       continue;
     hixl_status_t st = ops->mr_reg(mr);
     if (st != HIXL_OK) {
@@ -275,6 +278,23 @@ hixl_status_t hixl_mr_dereg(hixl_mr_t *mr)
 }
 
 /* For hixl_ctx_destroy: every region still registered. */
+hixl_status_t hixl__mrs_reg_transport(hixl_ctx_t *ctx, const hixl_transport_ops_t *ops)
+{
+  pthread_mutex_lock(&ctx->reg_lock);
+  hixl_status_t st = HIXL_OK;
+  hixl_mr_t *m;
+  for (m = ctx->mrs; m; m = m->next)
+    if ((st = ops->mr_reg(m)) != HIXL_OK)
+      break;
+  if (st == HIXL_OK)
+    atomic_fetch_or(&ctx->tp_ready, 1u << ops->id);
+  else /* undo those before m, the one that failed (and undid itself) */
+    for (hixl_mr_t *u = ctx->mrs; u != m; u = u->next)
+      ops->mr_dereg(u);
+  pthread_mutex_unlock(&ctx->reg_lock);
+  return st;
+}
+
 void hixl__mrs_destroy(hixl_ctx_t *ctx)
 {
   while (ctx->mrs)

@@ -1,12 +1,83 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Notifications.  Every peer that can notify us has an inbox ring (shm: in
- * memory the peer writes directly; self: local).  Polling takes entries in
- * ring order, which is issue order for that peer; peers are visited round
- * robin so none starves.
+ * Notifications.  A shm peer writes its own inbox ring in memory it maps,
+ * and self has a local one; verbs and fabric peers' notifications arrive
+ * in our process (receive completions) and go into one inbox per context,
+ * each entry tagged with its peer (docs/scale.md: 2 MiB per peer before).
+ * Polling takes entries in ring order, which is issue order for a peer;
+ * the shm peers are visited round robin, and the context's inbox in turn
+ * with them, so none starves.
  */
 #define _GNU_SOURCE
+#include <sys/mman.h>
+
 #include "core.h"
+
+/* Entries in the context's inbox: what all its verbs and fabric peers may
+ * have delivered and not yet been taken (beyond it their messages wait in
+ * the transport's receive buffers: nothing is lost). */
+#define CTX_INBOX_CAP 65536u
+
+hixl_status_t hixl__inbox_init(hixl_ctx_t *ctx)
+{
+  /* Anonymous memory is zero, so only the header is written and the cells'
+   * pages come as positions reach them. */
+  void *m = mmap(NULL, hixl_ring_bytes(CTX_INBOX_CAP), PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED)
+    return hixl__err(HIXL_ERR_NOMEM, "hixl_ctx_create: no memory for the notification inbox");
+  ctx->inbox = m;
+  hixl_ring_init_zeroed(ctx->inbox, CTX_INBOX_CAP);
+  return HIXL_OK;
+}
+
+void hixl__inbox_fini(hixl_ctx_t *ctx)
+{
+  if (ctx->inbox)
+    munmap(ctx->inbox, hixl_ring_bytes(CTX_INBOX_CAP));
+  ctx->inbox = NULL;
+}
+
+bool hixl__inbox_push(hixl_peer_t *peer, uint32_t imm, uint64_t len)
+{
+  /* Not up yet (a notification can outrun the end of our side of the
+   * handshake): later.  Up, lost or closing: delivered, in order. */
+  if (atomic_load_explicit(&peer->state, memory_order_acquire) == HIXL_PEER_CONNECTING)
+    return false;
+  atomic_fetch_add_explicit(&peer->inbox_queued, 1, memory_order_relaxed);
+  if (hixl_ring_push_tag(peer->ctx->inbox, imm, len, (uint64_t)(uintptr_t)peer))
+    return true;
+  atomic_fetch_sub_explicit(&peer->inbox_queued, 1, memory_order_relaxed);
+  return false;
+}
+
+void hixl__inbox_forget(hixl_peer_t *peer)
+{
+  if (atomic_load(&peer->inbox_queued) == 0)
+    return;
+  /* Tag 0: hixl_notif_poll skips the entry. */
+  unsigned n = hixl_ring_retag(peer->ctx->inbox, (uint64_t)(uintptr_t)peer, 0);
+  atomic_fetch_sub(&peer->inbox_queued, n);
+}
+
+/* Take up to max entries of the context's inbox into out (ctx->lock held). */
+static int inbox_take_locked(hixl_ctx_t *ctx, hixl_notif_t *out, int max)
+{
+  int n = 0;
+  uint32_t imm;
+  uint64_t len, tag;
+  while (n < max && hixl_ring_pop_tag(ctx->inbox, &imm, &len, &tag)) {
+    hixl_peer_t *p = (hixl_peer_t *)(uintptr_t)tag;
+    if (p == NULL)
+      continue; /* its peer was closed (hixl__inbox_forget) */
+    atomic_fetch_sub_explicit(&p->inbox_queued, 1, memory_order_relaxed);
+    out[n].peer = p;
+    out[n].imm = imm;
+    out[n].len = (size_t)len;
+    n++;
+  }
+  return n;
+}
 
 typedef struct push_wait {
   hixl_peer_t *peer;
@@ -69,7 +140,13 @@ int hixl_notif_poll(hixl_ctx_t *ctx, hixl_notif_t *out, int max)
   unsigned npeers = 0;
   for (hixl_peer_t *p = ctx->peers; p; p = p->next)
     npeers++;
-  unsigned start = npeers ? atomic_fetch_add(&ctx->notif_rr, 1) % npeers : 0;
+  /* The context's inbox takes its turn as one more member of the round. */
+  unsigned start = atomic_fetch_add(&ctx->notif_rr, 1) % (npeers + 1);
+  bool inbox_first = start == npeers;
+  if (inbox_first) {
+    n = inbox_take_locked(ctx, out, max);
+    start = 0;
+  }
   for (int pass = 0; pass < 2 && n < max; pass++) {
     unsigned i = 0;
     for (hixl_peer_t *p = ctx->peers; p && n < max; p = p->next, i++) {
@@ -90,6 +167,8 @@ int hixl_notif_poll(hixl_ctx_t *ctx, hixl_notif_t *out, int max)
         p->ops->notif_consumed(p);
     }
   }
+  if (n < max && !inbox_first)
+    n += inbox_take_locked(ctx, out + n, max - n);
   pthread_mutex_unlock(&ctx->lock);
   return n;
 }

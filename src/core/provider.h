@@ -171,6 +171,12 @@ enum {
   /* The loopback: a peer that is our own context (the core makes it when a
    * context connects to itself; its connect gets no handshake, ack NULL). */
   HIXL_TP_CAP_LOOPBACK = 2,
+  /* Set up on first need (docs/scale.md): hixl_ctx_create only probes it
+   * (its probe slot, cheap: no endpoint, no thread, no pinned memory);
+   * ctx_init runs when a connection picks it, on either side, or at once
+   * with HIXL_LAZY=0.  So a context that talks shm only never pays for a
+   * libfabric endpoint or a verbs device. */
+  HIXL_TP_CAP_LAZY = 4,
 };
 
 /* A control message a transport owns (hixl_transport_ops_t.msgs): a
@@ -218,8 +224,13 @@ typedef struct hixl_transport_ops {
   /* This transport's own control messages (TP_REQ / TP_REPLY by kind;
    * kind 0 ends the table; NULL: none). */
   const struct hixl_tp_msg *msgs;
-  /* Context set-up: NO_DEVICE means "not on this machine" (not an error). */
+  /* Context set-up: NO_DEVICE means "not on this machine" (not an error).
+   * For a HIXL_TP_CAP_LAZY transport it may run on any thread, after the
+   * control thread started, with no lock of the core held. */
   hixl_status_t (*ctx_init)(hixl_ctx_t *ctx);
+  /* Required with HIXL_TP_CAP_LAZY (NULL otherwise): whether ctx_init
+   * could succeed here, cheaply (NO_DEVICE: not offered). */
+  hixl_status_t (*probe)(hixl_ctx_t *ctx);
   void (*ctx_fini)(hixl_ctx_t *ctx);
   /* Make a new region reachable through this transport (and undo it). */
   hixl_status_t (*mr_reg)(hixl_mr_t *mr);
@@ -297,6 +308,18 @@ typedef struct hixl_transport_ops {
   bool (*mr_key)(const hixl_mr_t *mr, uint64_t key[2]);
 } hixl_transport_ops_t;
 
+/* Notifications of transports that receive them in our own process
+ * (verbs, fabric): deliver {imm, len} from peer into the context's inbox,
+ * after everything it delivered before.  False when it cannot take it now
+ * (the inbox is full, or peer is not up yet): keep it, and retry it before
+ * anything that arrived after it.  Called with the transport's receive
+ * lock (one producer per transport at a time). */
+bool hixl__inbox_push(hixl_peer_t *peer, uint32_t imm, uint64_t len);
+/* In such a transport's peer_close, once nothing more can be delivered
+ * for peer: drop its entries still in the inbox (ctx->lock held, or peer
+ * never was up). */
+void hixl__inbox_forget(hixl_peer_t *peer);
+
 /* Slots a transport without such a step fills with (transport.c). */
 hixl_status_t hixl__tp_ctx_init_none(hixl_ctx_t *ctx);
 void hixl__tp_ctx_fini_none(hixl_ctx_t *ctx);
@@ -367,7 +390,11 @@ struct hixl_peer {
   _Atomic uint64_t issued;
   _Atomic uint64_t completed;
 
-  hixl_ring_t *inbox; /* notifications they send us (shm: shared; self: local) */
+  /* Notifications they send us in a ring of their own (shm: shared; self:
+   * local), or NULL: verbs and fabric deliver into the context's inbox
+   * (hixl__inbox_push), where inbox_queued counts this peer's entries. */
+  hixl_ring_t *inbox;
+  _Atomic uint32_t inbox_queued;
 
   /* Everything below is protected by ctx->lock. */
   hixl_pending_t *pending;
@@ -376,6 +403,7 @@ struct hixl_peer {
   size_t rx_len, rx_cap;
   int rx_fds[8]; /* fds received, in order, not yet claimed */
   int n_rx_fds;
+  bool rx_fds_dropped; /* the kernel dropped some (MSG_CTRUNC: EMFILE) */
   int64_t last_rx_ns;
   int64_t born_ns;            /* created / accepted: a handshake's deadline runs from here, not from
                                  its last byte (a peer trickling bytes is not kept forever) */
@@ -403,7 +431,13 @@ struct hixl_ctx {
   hixl_config_t cfg;   /* strings below are owned copies */
   char *cfg_strs[4];
   uint32_t tp_allowed; /* bit per HIXL_TP_*: what the configuration allows */
-  uint32_t tp_ready;   /* bit per HIXL_TP_*: allowed and set up on this machine */
+  /* Bit per HIXL_TP_*: allowed and set up on this machine.  Bits are only
+   * added (hixl__tp_need, once everything a transport needs is in place),
+   * so a reader that sees one may use ctx->tp[id]. */
+  _Atomic uint32_t tp_ready;
+  _Atomic uint32_t tp_lazy; /* probed, to set up on first need (cleared under tp_init_lock) */
+  pthread_mutex_t tp_init_lock;
+  char tp_init_err[HIXL_TP_MAX][160]; /* why a lazy set-up failed (tp_init_lock) */
   /* Operations a transport queued in software because its hardware queue
    * was full: while any wait, the control thread ticks every millisecond
    * (on_event), so they go out even if the caller never calls hixl again. */
@@ -439,6 +473,10 @@ struct hixl_ctx {
   unsigned n_inbound;
   hixl_published_t published[HIXL_MAX_PUBLISHED];
   _Atomic unsigned notif_rr; /* round-robin start for notification polling */
+  /* Notifications from every verbs and fabric peer, in arrival order, each
+   * tagged with its peer (notif.c): one ring per context, not per peer
+   * (docs/scale.md).  Its pages are touched only as positions reach them. */
+  hixl_ring_t *inbox;
 
   /* Region registry. */
   pthread_mutex_t reg_lock;

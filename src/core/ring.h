@@ -33,7 +33,10 @@ typedef struct hixl_ring_cell {
   uint32_t imm;
   uint32_t flags;
   uint64_t len;
-  uint64_t pad;
+  /* The producer's word for the consumer, opaque here: the context inbox
+   * keeps the sending peer in it (notif.c).  A ring in shared memory
+   * leaves it 0, and its consumer never reads it: a peer could write any. */
+  uint64_t tag;
 } hixl_ring_cell_t;
 
 /* The part producers write: what may live in memory another process maps
@@ -123,6 +126,16 @@ static inline void hixl_ring_init(hixl_ring_t *r, uint64_t cap)
   hixl_ring_attach(r, sh, cap);
 }
 
+/* The same in memory known to be zero (calloc, anonymous mmap): only the
+ * header is written, so a cell's page is touched when a position reaches
+ * it, not before. */
+static inline void hixl_ring_init_zeroed(hixl_ring_t *r, uint64_t cap)
+{
+  hixl_ring_shared_t *sh = (hixl_ring_shared_t *)(void *)(r + 1);
+  hixl_ring_shared_init_zeroed(sh, cap);
+  hixl_ring_attach(r, sh, cap);
+}
+
 /* A shared part mapped from a peer: check it is one of ours and of the
  * size we expect (a check at mapping time only: cap is never re-read). */
 static inline bool hixl_ring_shared_valid(const hixl_ring_shared_t *sh, uint64_t cap)
@@ -164,22 +177,34 @@ static inline bool hixl_ring_claim(hixl_ring_t *r, uint64_t *pos_p)
   return false;
 }
 
-static inline void hixl_ring_publish(hixl_ring_t *r, uint64_t pos, uint32_t imm, uint64_t len)
+static inline void hixl_ring_publish_tag(hixl_ring_t *r, uint64_t pos, uint32_t imm, uint64_t len,
+                                         uint64_t tag)
 {
   hixl_ring_cell_t *c = &r->sh->cells[pos & r->mask];
   c->imm = imm;
   c->len = len;
   c->flags = 0;
+  c->tag = tag;
   hixl_ring_set_seq(c, pos & r->mask, pos + 1);
 }
 
-static inline bool hixl_ring_push(hixl_ring_t *r, uint32_t imm, uint64_t len)
+static inline void hixl_ring_publish(hixl_ring_t *r, uint64_t pos, uint32_t imm, uint64_t len)
+{
+  hixl_ring_publish_tag(r, pos, imm, len, 0);
+}
+
+static inline bool hixl_ring_push_tag(hixl_ring_t *r, uint32_t imm, uint64_t len, uint64_t tag)
 {
   uint64_t pos;
   if (!hixl_ring_claim(r, &pos))
     return false;
-  hixl_ring_publish(r, pos, imm, len);
+  hixl_ring_publish_tag(r, pos, imm, len, tag);
   return true;
+}
+
+static inline bool hixl_ring_push(hixl_ring_t *r, uint32_t imm, uint64_t len)
+{
+  return hixl_ring_push_tag(r, imm, len, 0);
 }
 
 /* Take the oldest entry; false if none is published yet.  The position is
@@ -187,7 +212,8 @@ static inline bool hixl_ring_push(hixl_ring_t *r, uint32_t imm, uint64_t len)
  * expected is not ready, and we return rather than wait on it (a seq
  * ahead of us can only move on if another consumer of this view took the
  * position, which the private tail then shows). */
-static inline bool hixl_ring_pop(hixl_ring_t *r, uint32_t *imm_p, uint64_t *len_p)
+static inline bool hixl_ring_pop_tag(hixl_ring_t *r, uint32_t *imm_p, uint64_t *len_p,
+                                     uint64_t *tag_p)
 {
   uint64_t mask = r->mask;
   hixl_ring_shared_t *sh = r->sh;
@@ -201,6 +227,8 @@ static inline bool hixl_ring_pop(hixl_ring_t *r, uint32_t *imm_p, uint64_t *len_
                                                 memory_order_relaxed)) {
         *imm_p = c->imm;
         *len_p = c->len;
+        if (tag_p)
+          *tag_p = c->tag;
         hixl_ring_set_seq(c, pos & mask, pos + mask + 1);
         return true;
       }
@@ -213,6 +241,31 @@ static inline bool hixl_ring_pop(hixl_ring_t *r, uint32_t *imm_p, uint64_t *len_
       pos = now;
     }
   }
+}
+
+static inline bool hixl_ring_pop(hixl_ring_t *r, uint32_t *imm_p, uint64_t *len_p)
+{
+  return hixl_ring_pop_tag(r, imm_p, len_p, NULL);
+}
+
+/* Rewrite the tag of every published, not yet taken entry whose tag is
+ * from to to; returns how many.  Only while no consumer runs (the caller
+ * excludes them: the context inbox, under ctx->lock): producers never
+ * touch a published cell, and an unpublished one is skipped. */
+static inline unsigned hixl_ring_retag(hixl_ring_t *r, uint64_t from, uint64_t to)
+{
+  unsigned n = 0;
+  uint64_t mask = r->mask;
+  uint64_t tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
+  uint64_t head = atomic_load_explicit(&r->sh->head, memory_order_acquire);
+  for (uint64_t pos = tail; pos != head && pos - tail <= mask; pos++) {
+    hixl_ring_cell_t *c = &r->sh->cells[pos & mask];
+    if (hixl_ring_seq(c, pos & mask) == pos + 1 && c->tag == from) {
+      c->tag = to;
+      n++;
+    }
+  }
+  return n;
 }
 
 /* Cheap emptiness hint for pollers (may be stale). */

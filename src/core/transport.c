@@ -84,6 +84,44 @@ const hixl_transport_ops_t *hixl__tp_loopback(void)
   return NULL; /* unit/transports: never */
 }
 
+hixl_status_t hixl__tp_need(hixl_ctx_t *ctx, const hixl_transport_ops_t *ops)
+{
+  uint32_t bit = 1u << ops->id;
+  if (atomic_load(&ctx->tp_ready) & bit)
+    return HIXL_OK;
+  pthread_mutex_lock(&ctx->tp_init_lock);
+  hixl_status_t st = HIXL_OK;
+  if (atomic_load(&ctx->tp_ready) & bit) {
+    /* another thread set it up meanwhile */
+  } else if (!(atomic_load(&ctx->tp_lazy) & bit)) {
+    st = hixl__err(HIXL_ERR_UNSUPPORTED, "transport %s is not available here%s%s", ops->name,
+                   ctx->tp_init_err[ops->id][0] ? ": " : "", ctx->tp_init_err[ops->id]);
+  } else {
+    int64_t t0 = hixl__now_ns();
+    st = ops->ctx_init(ctx);
+    if (st == HIXL_OK) {
+      st = hixl__mrs_reg_transport(ctx, ops); /* sets the ready bit */
+      if (st != HIXL_OK)
+        ops->ctx_fini(ctx);
+    }
+    if (st == HIXL_OK) {
+      hixl__ctl_watch_tp(ctx, ops->id);
+      hixl_info("transport %s set up on first use in %.1f ms", ops->name,
+                (double)(hixl__now_ns() - t0) / 1e6);
+    } else {
+      /* Not offered again: a peer that picks it would fail the same way. */
+      snprintf(ctx->tp_init_err[ops->id], sizeof(ctx->tp_init_err[0]), "%s", hixl_last_error());
+      hixl_warn("transport %s: setting it up failed: %s", ops->name, hixl_last_error());
+      st = hixl__err(st == HIXL_ERR_NO_DEVICE ? HIXL_ERR_UNSUPPORTED : st,
+                     "transport %s could not be set up here: %s", ops->name,
+                     ctx->tp_init_err[ops->id]);
+    }
+    atomic_fetch_and(&ctx->tp_lazy, ~bit);
+  }
+  pthread_mutex_unlock(&ctx->tp_init_lock);
+  return st;
+}
+
 static bool closed_usable(hixl_ctx_t *ctx, const hixl_msg_t *m)
 {
   (void)ctx;

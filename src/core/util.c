@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -223,3 +224,15 @@ void hixl__copy_stream(void *dst, const void *src, size_t len) { memcpy(dst, src
 void hixl__copy_fence(void) {}
 void hixl__copy(void *dst, const void *src, size_t len) { memcpy(dst, src, len); }
 #endif
+
+const char *hixl__nofile_hint(char *buf, size_t n)
+{
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+    rl.rlim_cur = rl.rlim_max = 0;
+  snprintf(buf, n,
+           "the process is at its descriptor limit, RLIMIT_NOFILE %llu (hard %llu): raise it "
+           "(ulimit -n; systemd: LimitNOFILE=); what each peer holds: docs/scale.md",
+           (unsigned long long)rl.rlim_cur, (unsigned long long)rl.rlim_max);
+  return buf;
+}

@@ -378,6 +378,17 @@ static hixl_status_t fab_ctx_init(hixl_ctx_t *ctx)
   return HIXL_OK;
 }
 
+/* Offered without looking: even loading libfabric costs ~200 ms here (a
+ * provider library's constructor, infinipath's, sleeps in a loop), and
+ * fi_getinfo initialises every provider.  Whether it loads and which
+ * provider serves is found at the set-up; a failure there withdraws the
+ * transport and is the error of the connection that needed it. */
+static hixl_status_t fab_probe(hixl_ctx_t *ctx)
+{
+  (void)ctx;
+  return HIXL_OK;
+}
+
 static void fab_ctx_fini(hixl_ctx_t *ctx)
 {
   fab_ctx_t *fc = FC(ctx);
@@ -595,8 +606,8 @@ static size_t blob_with_cookie(uint8_t *blob, const fab_ctx_t *fc, uint64_t cook
   return fc->addrlen + sizeof(le);
 }
 
-/* A peer's fabric state: its address in our vector, its inbox, the
- * cookies (blob: its name || its cookie for us). */
+/* A peer's fabric state: its address in our vector, the cookies (blob:
+ * its name || its cookie for us). */
 static hixl_status_t attach_peer(hixl_peer_t *peer, const uint8_t *blob, size_t len,
                                  uint64_t rx_cookie)
 {
@@ -616,19 +627,10 @@ static hixl_status_t attach_peer(hixl_peer_t *peer, const uint8_t *blob, size_t 
     free(fp);
     return hixl__fab_err(HIXL_ERR_TRANSPORT, "fi_av_insert", rc < 0 ? rc : -FI_EINVAL);
   }
-  peer->inbox = aligned_alloc(HIXL_CACHELINE, hixl_ring_bytes(FAB_NOTIF_RING));
-  if (peer->inbox == NULL) {
-    fi_av_remove(fc->av, &fp->fa, 1, 0);
-    free(fp);
-    return hixl__err(HIXL_ERR_NOMEM, "fabric: no memory for an inbox");
-  }
-  hixl_ring_init(peer->inbox, FAB_NOTIF_RING);
   peer->tp = fp;
   hixl_status_t st = smap_add(fc, peer);
   if (st != HIXL_OK) {
     peer->tp = NULL;
-    free(peer->inbox);
-    peer->inbox = NULL;
     fi_av_remove(fc->av, &fp->fa, 1, 0);
     free(fp);
     return st;
@@ -704,8 +706,7 @@ static void fab_peer_close(hixl_peer_t *peer)
   if (atomic_load(&fp->outstanding) == 0)
     free(fp);
   peer->tp = NULL;
-  free(peer->inbox);
-  peer->inbox = NULL;
+  hixl__inbox_forget(peer);
 }
 
 /* ------------------------------------------------------------ remote keys */
@@ -750,7 +751,9 @@ const hixl_transport_ops_t hixl__fabric_ops = {
     .id = HIXL_TP_FABRIC,
     .async = true,
     .needs_bind = true,
+    .caps = HIXL_TP_CAP_LAZY,
     .ctx_init = fab_ctx_init,
+    .probe = fab_probe,
     .ctx_fini = fab_ctx_fini,
     .mr_reg = fab_mr_reg,
     .mr_dereg = fab_mr_dereg,

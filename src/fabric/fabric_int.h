@@ -59,7 +59,6 @@ extern hixl_fab_lib_t hixl__fab_lib;
 #define FAB_MSG_SIZE 32             /* one notification message */
 #define FAB_MSG_MAGIC 0x4e4c5848u   /* "HXLN" */
 #define FAB_CQ_SIZE 8192
-#define FAB_NOTIF_RING 65536
 
 /* A notification on the wire (little-endian). */
 typedef struct fab_msg {

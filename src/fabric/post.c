@@ -423,9 +423,9 @@ static bool deliver(fab_ctx_t *fc, const fab_msg_t *m, fi_addr_t src)
     return true; /* not ours: dropped */
   }
   hixl_peer_t *p = hixl__fab_sender(fc, src, le64toh(m->cookie));
-  if (p == NULL || p->inbox == NULL)
+  if (p == NULL)
     return true; /* gone */
-  return hixl_ring_push(p->inbox, le32toh(m->imm), le64toh(m->len));
+  return hixl__inbox_push(p, le32toh(m->imm), le64toh(m->len));
 }
 
 /* Retry what found a ring full, in arrival order: the kept messages, then

@@ -23,10 +23,11 @@ static hixl_status_t self_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int6
 {
   (void)ack;
   (void)deadline;
-  peer->inbox = aligned_alloc(HIXL_CACHELINE, hixl_ring_bytes(SELF_RING_CAP));
+  /* calloc of 2 MiB maps zero pages: the ring touches them as it fills. */
+  peer->inbox = calloc(1, hixl_ring_bytes(SELF_RING_CAP));
   if (peer->inbox == NULL)
     return HIXL_ERR_NOMEM;
-  hixl_ring_init(peer->inbox, SELF_RING_CAP);
+  hixl_ring_init_zeroed(peer->inbox, SELF_RING_CAP);
   return HIXL_OK;
 }
 

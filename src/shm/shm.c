@@ -396,9 +396,12 @@ static hixl_status_t shm_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64
                      "its own uid and root, and of the uids its HIXL_SHM_ALLOW_UIDS lists; "
                      "this process runs as uid %u",
                      peer->name, hixl_strerror(reply.status), (unsigned)geteuid());
+    else if (reply.type == HIXL_MSG_TP_BIND_REPLY && reply.status == HIXL_ERR_NOMEM)
+      st = hixl__err(HIXL_ERR_NOMEM, "shm: %s could not take the bind: %.200s", peer->name,
+                     reply.str[0]);
     else
-      st = hixl__err(HIXL_ERR_TRANSPORT, "shm: %s refused the bind (%s)", peer->name,
-                     hixl_strerror(reply.status));
+      st = hixl__err(HIXL_ERR_TRANSPORT, "shm: %s refused the bind (%s)%s%.200s", peer->name,
+                     hixl_strerror(reply.status), reply.str[0][0] ? ": " : "", reply.str[0]);
     goto fail;
   }
   st = map_theirs(sp, got, peer->name);

@@ -270,6 +270,18 @@ fail:
   return st;
 }
 
+/* Whether vrb_ctx_init would find a device with an active port: open it
+ * and close it again (no PD, no CQ, nothing pinned). */
+static hixl_status_t vrb_probe(hixl_ctx_t *ctx)
+{
+  vrb_ctx_t tmp;
+  memset(&tmp, 0, sizeof(tmp));
+  hixl_status_t st = open_device(ctx, &tmp);
+  if (st == HIXL_OK)
+    ibv_close_device(tmp.dev);
+  return st;
+}
+
 /* ------------------------------------------------------------ regions */
 
 /* Device memory for the NIC, addressed by its device address (the iova),
@@ -706,16 +718,9 @@ static void rmap_del(vrb_ctx_t *vc, hixl_peer_t *peer)
 
 static hixl_status_t attach_peer(hixl_peer_t *peer, vrb_peer_t *vp)
 {
-  peer->inbox = aligned_alloc(HIXL_CACHELINE, hixl_ring_bytes(VRB_NOTIF_RING));
-  if (peer->inbox == NULL)
-    return hixl__err(HIXL_ERR_NOMEM, "verbs: no memory for the notification ring");
-  hixl_ring_init(peer->inbox, VRB_NOTIF_RING);
   /* rdmacm targets: QP 0 does not exist yet; cm.c adds it when it does. */
-  if (vp->qps[0]->qp && !hixl__vrb_rmap_add(VC(peer->ctx), vp->qps[0]->qp->qp_num, peer)) {
-    free(peer->inbox);
-    peer->inbox = NULL;
+  if (vp->qps[0]->qp && !hixl__vrb_rmap_add(VC(peer->ctx), vp->qps[0]->qp->qp_num, peer))
     return hixl__err(HIXL_ERR_NOMEM, "verbs: no memory for the QP map");
-  }
   peer->tp = vp;
   return HIXL_OK;
 }
@@ -858,8 +863,7 @@ static void vrb_peer_close(hixl_peer_t *peer)
   }
   rmap_del(VC(peer->ctx), peer); /* no receive completion reaches it now */
   peer->tp = NULL;
-  free(peer->inbox);
-  peer->inbox = NULL;
+  hixl__inbox_forget(peer);
 }
 
 /* ------------------------------------------------------------ event mode */
@@ -950,7 +954,7 @@ static bool deliver(vrb_ctx_t *vc, const struct ibv_wc *wc)
     imm = le32toh(v32);
     len = le64toh(v64);
   }
-  return hixl_ring_push(p->inbox, imm, len);
+  return hixl__inbox_push(p, imm, len);
 }
 
 /* While a user thread polls notifications (hixl_notif_poll, which polls the
@@ -1041,7 +1045,9 @@ const hixl_transport_ops_t hixl__verbs_ops = {
     .id = HIXL_TP_VERBS,
     .async = true,
     .needs_bind = true,
+    .caps = HIXL_TP_CAP_LAZY,
     .ctx_init = vrb_ctx_init,
+    .probe = vrb_probe,
     .ctx_fini = vrb_ctx_fini,
     .mr_reg = vrb_mr_reg,
     .mr_dereg = vrb_mr_dereg,

@@ -50,7 +50,6 @@ typedef HIXL_MSG_VIEW(qpn, psn, mtu, lid, id, nqps, cm, q4) vrb_qp_msg_t;
 #define VRB_CQ_DEPTH 8192
 #define VRB_MAX_SCQS 64
 #define VRB_INLINE 64
-#define VRB_NOTIF_RING 65536
 #define VRB_MAX_WR_LEN (1u << 30) /* split longer writes */
 /* Reads are cut in pieces of this (default): a READ's response packets are
  * not flow controlled like a WRITE's, and one large READ on Soft-RoCE

@@ -262,6 +262,39 @@ static void test_zeroed_init(void **state)
   free(sh);
 }
 
+/* The context inbox's tags: each entry keeps its producer's word, in
+ * order; retag rewrites only published, untaken entries (a claimed but
+ * unpublished cell, and taken ones, are left alone). */
+static void test_tags_and_retag(void **state)
+{
+  (void)state;
+  hixl_ring_t *r = new_ring(8);
+  assert_true(hixl_ring_push_tag(r, 1, 10, 0xa));
+  assert_true(hixl_ring_push_tag(r, 2, 20, 0xb));
+  assert_true(hixl_ring_push_tag(r, 3, 30, 0xa));
+  uint32_t imm;
+  uint64_t len, tag;
+  assert_true(hixl_ring_pop_tag(r, &imm, &len, &tag)); /* taken: not retagged below */
+  assert_int_equal(imm, 1);
+  assert_int_equal(tag, 0xa);
+  assert_true(hixl_ring_push_tag(r, 4, 40, 0xa));
+  uint64_t pos = 0;
+  assert_true(hixl_ring_claim(r, &pos)); /* claimed, not yet published */
+  assert_int_equal(hixl_ring_retag(r, 0xa, 0), 2);
+  hixl_ring_publish_tag(r, pos, 5, 50, 0xa); /* published after: keeps its tag */
+  const uint64_t want_tag[] = {0xb, 0, 0, 0xa};
+  const uint32_t want_imm[] = {2, 3, 4, 5};
+  for (int i = 0; i < 4; i++) {
+    assert_true(hixl_ring_pop_tag(r, &imm, &len, &tag));
+    assert_int_equal(imm, want_imm[i]);
+    assert_int_equal(len, 10 * want_imm[i]);
+    assert_int_equal(tag, want_tag[i]);
+  }
+  assert_false(hixl_ring_pop_tag(r, &imm, &len, &tag));
+  assert_int_equal(hixl_ring_retag(r, 0xa, 0), 0);
+  free(r);
+}
+
 int main(void)
 {
   const struct CMUnitTest tests[] = {
@@ -272,6 +305,7 @@ int main(void)
       cmocka_unit_test(test_hostile_seq),
       cmocka_unit_test(test_hostile_indices),
       cmocka_unit_test(test_zeroed_init),
+      cmocka_unit_test(test_tags_and_retag),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

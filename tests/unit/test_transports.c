@@ -35,7 +35,7 @@ static const slot_t required[] = {
 /* Looked at before each call (NULL: the core's default). */
 static const slot_t optional[] = {
     SLOT(peer_lost),  SLOT(batch),          SLOT(arm),    SLOT(ack_event),
-    SLOT(notif_poll), SLOT(notif_consumed), SLOT(mr_key),
+    SLOT(notif_poll), SLOT(notif_consumed), SLOT(mr_key), SLOT(probe),
 };
 
 static void *slot_at(const hixl_transport_ops_t *o, size_t off)
@@ -83,6 +83,11 @@ static void check_table(const hixl_transport_ops_t *o, bool closed)
   if (hixl__tp_names[o->id] == NULL || strcmp(o->name, hixl__tp_names[o->id]) != 0)
     fail_msg("transport %s: hixl__tp_names[%d] says %s", o->name, o->id,
              hixl__tp_names[o->id] ? hixl__tp_names[o->id] : "nothing");
+  /* A lazy transport is probed at hixl_ctx_create, and nothing else is. */
+  if (((o->caps & HIXL_TP_CAP_LAZY) != 0) != (o->probe != NULL))
+    fail_msg("transport %s: probe is set exactly when the transport is lazy", o->name);
+  if ((o->caps & HIXL_TP_CAP_LAZY) && (o->caps & HIXL_TP_CAP_LOOPBACK))
+    fail_msg("transport %s: the loopback is always set up", o->name);
   if (o->bind_fds > 4) /* HIXL_CTL_MAX_FDS (conn.h) */
     fail_msg("transport %s: a bind passes at most 4 fds", o->name);
   if (o->bind_unix && (!o->needs_bind || o->bind_fds == 0))

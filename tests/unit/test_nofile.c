@@ -1,0 +1,137 @@
+/* SPDX-License-Identifier: MIT */
+/* A shm target at its descriptor limit: the kernel drops the descriptors a
+ * binding peer passes it (MSG_CTRUNC).  The initiator's connect must then
+ * fail with an error that names RLIMIT_NOFILE -- never "closed the
+ * connection during the handshake" -- and the target must go on serving.
+ *
+ * The target runs in a child process whose soft limit is set to what it
+ * has open plus `extra`, for extra = 1, 2, ...: with little room its accept
+ * of the unix connection fails (it pauses accepting: the connect times
+ * out), with a little more the bind's 3 descriptors are dropped (the case
+ * under test), with enough it connects. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include <hixl.h>
+
+static int open_fds(void)
+{
+  DIR *d = opendir("/proc/self/fd");
+  int n = 0;
+  for (struct dirent *e; d && (e = readdir(d));)
+    n += e->d_name[0] != '.';
+  if (d)
+    closedir(d);
+  return n - 1; /* the directory's own */
+}
+
+static hixl_ctx_t *make(void)
+{
+  hixl_config_t cfg;
+  hixl_config_init(&cfg);
+  cfg.transports = "shm";
+  cfg.listen = "127.0.0.1:0";
+  cfg.timeout_ms = 1500;
+  hixl_ctx_t *c = NULL;
+  if (hixl_ctx_create(&cfg, &c) != HIXL_OK)
+    fail_msg("hixl_ctx_create: %s", hixl_last_error());
+  return c;
+}
+
+/* A target with open + extra descriptors at most; its address in addr. */
+static pid_t target(int extra, char *addr, size_t n)
+{
+  int pfd[2];
+  assert_int_equal(pipe(pfd), 0);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    /* Never back into cmocka from here; gone with the test. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    close(pfd[0]);
+    hixl_config_t cfg;
+    hixl_config_init(&cfg);
+    cfg.transports = "shm";
+    cfg.listen = "127.0.0.1:0";
+    cfg.timeout_ms = 1500;
+    hixl_ctx_t *t = NULL, *w = NULL;
+    if (hixl_ctx_create(&cfg, &t) != HIXL_OK || hixl_ctx_create(&cfg, &w) != HIXL_OK)
+      _exit(2);
+    /* Warm it up: a first connection makes what later ones reuse. */
+    hixl_peer_t *p = NULL;
+    if (hixl_connect(w, hixl_ctx_address(t), 5000, &p) != HIXL_OK)
+      _exit(3);
+    hixl_disconnect(p);
+    hixl_ctx_destroy(w);
+    usleep(300000);
+    struct rlimit rl;
+    getrlimit(RLIMIT_NOFILE, &rl);
+    rl.rlim_cur = (rlim_t)(open_fds() + extra);
+    setrlimit(RLIMIT_NOFILE, &rl);
+    char a[128];
+    snprintf(a, sizeof(a), "%s", hixl_ctx_address(t));
+    if (write(pfd[1], a, strlen(a) + 1) < 0)
+      _exit(4);
+    for (;;)
+      pause();
+  }
+  close(pfd[1]);
+  ssize_t k = read(pfd[0], addr, n - 1);
+  close(pfd[0]);
+  assert_true(k > 0);
+  addr[k] = 0;
+  return pid;
+}
+
+static void test_limit_is_named(void **state)
+{
+  (void)state;
+  hixl_ctx_t *ini = make();
+  int named = 0, ok = 0;
+  for (int extra = 0; extra <= 12 && ok == 0; extra++) {
+    char addr[128];
+    pid_t pid = target(extra, addr, sizeof(addr));
+    hixl_peer_t *p = NULL;
+    hixl_status_t st = hixl_connect(ini, addr, 3000, &p);
+    char err[512];
+    snprintf(err, sizeof(err), "%s", hixl_last_error());
+    if (st == HIXL_OK) {
+      ok++;
+      assert_string_equal(hixl_peer_transport(p), "shm");
+      hixl_disconnect(p);
+    } else {
+      print_message("target at open+%d: %s\n", extra, err);
+      if (strstr(err, "closed the connection during the handshake"))
+        fail_msg("at open+%d the error does not say why: %s", extra, err);
+      if (strstr(err, "RLIMIT_NOFILE")) {
+        named++;
+        assert_true(st == HIXL_ERR_NOMEM || st == HIXL_ERR_TRANSPORT);
+      }
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+  }
+  assert_true(named > 0);  /* the dropped-descriptor case was reached, and named */
+  assert_int_equal(ok, 1); /* with room, it connects */
+  hixl_ctx_destroy(ini);
+}
+
+int main(void)
+{
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_limit_is_named),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
