@@ -194,11 +194,13 @@ hixl_status_t hixl_ctx_create(const hixl_config_t *cfg_in, hixl_ctx_t **ctx_p)
     }
   }
   /* HIXL_LAZY=0: set up now (before the control thread, which then
-   * watches their fds); one that fails is just not offered (the log says
-   * why), as a device that is absent. */
+   * watches their fds).  As for the others above: one whose device or
+   * provider is absent (UNSUPPORTED, from NO_DEVICE) is just not offered;
+   * any other failure fails the context. */
   for (size_t i = 0; i < hixl__n_transports; i++)
-    if (eager_lazy & (1u << hixl__transports[i]->id))
-      (void)hixl__tp_need(ctx, hixl__transports[i]);
+    if ((eager_lazy & (1u << hixl__transports[i]->id)) &&
+        (st = hixl__tp_need(ctx, hixl__transports[i])) != HIXL_OK && st != HIXL_ERR_UNSUPPORTED)
+      goto fail;
   hixl__tp_join(ctx->tp_names, sizeof(ctx->tp_names), ctx->tp_order, ctx->n_tp_order,
                 hixl__tp_offered(ctx));
   st = HIXL_OK;
