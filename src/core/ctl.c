@@ -16,7 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <sys/resource.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -392,10 +391,8 @@ static void out_of_fds(hixl_ctx_t *ctx, int err)
   }
   pthread_mutex_unlock(&ctx->lock);
   if (now - ctx->emfile_warned_ns > 1000000000) {
-    struct rlimit rl;
-    getrlimit(RLIMIT_NOFILE, &rl);
-    hixl_warn("accept: %s (RLIMIT_NOFILE %llu; raise it with ulimit -n): %s", strerror(err),
-              (unsigned long long)rl.rlim_cur,
+    char hint[200];
+    hixl_warn("accept: %s: %s: %s", strerror(err), hixl__nofile_hint(hint, sizeof(hint)),
               old ? "shedding the oldest connections still in their handshake"
                   : "pausing new connections");
     ctx->emfile_warned_ns = now;

@@ -167,38 +167,26 @@ hixl_status_t hixl_ctx_create(const hixl_config_t *cfg_in, hixl_ctx_t **ctx_p)
    * a context that talks shm only never opens a libfabric endpoint or a
    * verbs device (docs/scale.md).  HIXL_LAZY=0 sets all up now. */
   const char *lz = getenv("HIXL_LAZY");
-  bool lazy = !(lz && strcmp(lz, "0") == 0);
-  uint32_t eager_lazy = 0;
+  bool eager = lz && strcmp(lz, "0") == 0;
   for (size_t i = 0; i < hixl__n_transports; i++) {
     const hixl_transport_ops_t *ops = hixl__transports[i];
     if (!(ctx->tp_allowed & (1u << ops->id)))
       continue;
-    if (ops->caps & HIXL_TP_CAP_LAZY) {
-      st = ops->probe(ctx);
-      if (st == HIXL_OK)
-        atomic_fetch_or(&ctx->tp_lazy, 1u << ops->id);
-      else if (st == HIXL_ERR_NO_DEVICE)
-        hixl_info("transport %s not available: %s", ops->name, hixl_last_error());
-      else
-        goto fail;
-      eager_lazy |= lazy ? 0 : (atomic_load(&ctx->tp_lazy) & (1u << ops->id));
-      continue;
-    }
-    st = ops->ctx_init(ctx);
-    if (st == HIXL_OK) {
-      atomic_fetch_or(&ctx->tp_ready, 1u << ops->id);
-    } else if (st == HIXL_ERR_NO_DEVICE) {
+    bool lazy = ops->caps & HIXL_TP_CAP_LAZY;
+    st = lazy ? ops->probe(ctx) : ops->ctx_init(ctx);
+    if (st == HIXL_OK)
+      atomic_fetch_or(lazy ? &ctx->tp_lazy : &ctx->tp_ready, 1u << ops->id);
+    else if (st == HIXL_ERR_NO_DEVICE)
       hixl_info("transport %s not available: %s", ops->name, hixl_last_error());
-    } else {
+    else
       goto fail;
-    }
   }
-  /* HIXL_LAZY=0: set up now (before the control thread, which then
-   * watches their fds).  As for the others above: one whose device or
-   * provider is absent (UNSUPPORTED, from NO_DEVICE) is just not offered;
-   * any other failure fails the context. */
-  for (size_t i = 0; i < hixl__n_transports; i++)
-    if ((eager_lazy & (1u << hixl__transports[i]->id)) &&
+  /* HIXL_LAZY=0: set the lazy ones up now (before the control thread,
+   * which then watches their fds).  As for the others above: one whose
+   * device or provider is absent (UNSUPPORTED, from NO_DEVICE) is just not
+   * offered; any other failure fails the context. */
+  for (size_t i = 0; eager && i < hixl__n_transports; i++)
+    if ((atomic_load(&ctx->tp_lazy) & (1u << hixl__transports[i]->id)) &&
         (st = hixl__tp_need(ctx, hixl__transports[i])) != HIXL_OK && st != HIXL_ERR_UNSUPPORTED)
       goto fail;
   hixl__tp_join(ctx->tp_names, sizeof(ctx->tp_names), ctx->tp_order, ctx->n_tp_order,

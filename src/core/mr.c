@@ -277,7 +277,6 @@ hixl_status_t hixl_mr_dereg(hixl_mr_t *mr)
   return HIXL_OK;
 }
 
-/* For hixl_ctx_destroy: every region still registered. */
 hixl_status_t hixl__mrs_reg_transport(hixl_ctx_t *ctx, const hixl_transport_ops_t *ops)
 {
   pthread_mutex_lock(&ctx->reg_lock);
@@ -295,6 +294,7 @@ hixl_status_t hixl__mrs_reg_transport(hixl_ctx_t *ctx, const hixl_transport_ops_
   return st;
 }
 
+/* For hixl_ctx_destroy: every region still registered. */
 void hixl__mrs_destroy(hixl_ctx_t *ctx)
 {
   while (ctx->mrs)
