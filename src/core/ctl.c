@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -357,53 +358,138 @@ static void close_sock_locked(hixl_ctx_t *ctx, hixl_peer_t *p)
   pthread_mutex_unlock(&p->send_lock);
 }
 
-/* The inbound connection longest in its handshake (not authenticated
- * yet), and how many there are.  ctx->lock held. */
-static hixl_peer_t *oldest_handshake_locked(hixl_ctx_t *ctx, int *n_p)
+/* The listen backlog: connections the kernel completes while we do not
+ * accept (a burst past the handshake cap waits there).  The kernel caps it
+ * at net.core.somaxconn (4096 by default since Linux 5.4); a full backlog
+ * drops SYNs, and each costs the initiator a 1 s retransmission. */
+#define HIXL_BACKLOG 4096
+
+/* ------------------------------------------------------- handshake cap
+ *
+ * At most ctx->max_handshakes inbound connections may be in their
+ * handshake (not authenticated yet) at once: each one that never
+ * authenticates holds a descriptor and a peer.  Past the cap, or at the
+ * descriptor limit, a connection is shed only when it waits on its
+ * initiator -- nothing unread on its socket -- and has had a fair time to
+ * answer.  When every one waits on us it is our own pace, not an attack:
+ * new connections then wait in the kernel's listen backlog (HIXL_BACKLOG)
+ * instead, so a burst of thousands of legitimate connects is slowed,
+ * never refused.  The list is ctx->hs_head, oldest first: the cap walks
+ * it, never every peer (O(peers) per accept made bursts quadratic). */
+
+static bool in_handshake(const hixl_peer_t *p)
 {
-  hixl_peer_t *old = NULL;
-  int n = 0;
-  for (hixl_peer_t *p = ctx->peers; p; p = p->next)
-    if (p->inbound && p->fd >= 0 && atomic_load(&p->state) == HIXL_PEER_CONNECTING &&
-        p->ops == NULL && p->hs_stage < 2) {
-      n++;
-      if (old == NULL || p->born_ns < old->born_ns)
-        old = p;
-    }
-  *n_p = n;
-  return old;
+  return p->fd >= 0 && p->ops == NULL && p->hs_stage < 2 &&
+         atomic_load(&p->state) == HIXL_PEER_CONNECTING;
 }
 
-/* Out of descriptors: a listener stays readable while accept fails, and
- * epoll would wake us for it forever (a control thread at 100% of a CPU,
- * refusing everyone).  Shed the oldest connection still in its handshake
- * (its descriptor frees at once) and take the listeners out of epoll for a
- * moment -- longer when there was nothing to shed. */
-static void out_of_fds(hixl_ctx_t *ctx, int err)
+static void hs_unlink_locked(hixl_ctx_t *ctx, hixl_peer_t *p)
 {
-  int64_t now = hixl__now_ns();
-  pthread_mutex_lock(&ctx->lock);
-  int n;
-  hixl_peer_t *old = oldest_handshake_locked(ctx, &n);
-  if (old) {
-    hixl__peer_fail_locked(old, HIXL_PEER_LOST, "shed: out of file descriptors");
-    close_sock_locked(ctx, old);
+  for (hixl_peer_t **pp = &ctx->hs_head; *pp; pp = &(*pp)->hs_next)
+    if (*pp == p) {
+      *pp = p->hs_next;
+      break;
+    }
+  p->hs_next = NULL;
+  p->in_hs = false;
+}
+
+/* Drops the connections whose handshake ended from the list; returns how
+ * many remain, and in *tail where a new one goes.  ctx->lock held. */
+static int hs_count_locked(hixl_ctx_t *ctx, hixl_peer_t ***tail)
+{
+  int n = 0;
+  hixl_peer_t **pp = &ctx->hs_head;
+  while (*pp) {
+    hixl_peer_t *p = *pp;
+    if (in_handshake(p)) {
+      n++;
+      pp = &p->hs_next;
+      continue;
+    }
+    *pp = p->hs_next;
+    p->hs_next = NULL;
+    p->in_hs = false;
   }
-  pthread_mutex_unlock(&ctx->lock);
-  if (now - ctx->emfile_warned_ns > 1000000000) {
-    char hint[200];
-    hixl_warn("accept: %s: %s: %s", strerror(err), hixl__nofile_hint(hint, sizeof(hint)),
-              old ? "shedding the oldest connections still in their handshake"
-                  : "pausing new connections");
-    ctx->emfile_warned_ns = now;
+  *tail = pp;
+  return n;
+}
+
+/* How long an initiator may take to answer before its handshake may be
+ * shed: an eighth of the handshake deadline, within 50..500 ms (a loaded
+ * initiator in a burst of its own connects answers in milliseconds). */
+static int64_t hs_fair_ns(const hixl_ctx_t *ctx)
+{
+  int64_t ns = (int64_t)(ctx->cfg.timeout_ms < HIXL_LIVENESS_FLOOR_MS ? HIXL_LIVENESS_FLOOR_MS
+                                                                      : ctx->cfg.timeout_ms) *
+               125000;
+  return ns < 50000000 ? 50000000 : ns > 500000000 ? 500000000 : ns;
+}
+
+/* The oldest handshake that waits on its initiator and had its fair time,
+ * or NULL with *retry_ns set to when to look again.  ctx->lock held. */
+static hixl_peer_t *hs_victim_locked(hixl_ctx_t *ctx, int64_t now, int64_t *retry_ns)
+{
+  int64_t fair = hs_fair_ns(ctx);
+  bool ours = false; /* an old one waits on us: look again soon */
+  for (hixl_peer_t *p = ctx->hs_head; p; p = p->hs_next) {
+    if (!in_handshake(p))
+      continue;
+    if (now - p->born_ns < fair) { /* the rest are younger */
+      *retry_ns = ours && now + 2000000 < p->born_ns + fair ? now + 2000000 : p->born_ns + fair;
+      return NULL;
+    }
+    int unread = 0;
+    if (ioctl(p->fd, FIONREAD, &unread) == 0 && unread == 0)
+      return p;
+    ours = true;
   }
-  ctx->accept_paused_until = now + (old ? 10 : 100) * 1000000ll;
+  *retry_ns = now + (ours ? 2000000 : fair);
+  return NULL;
+}
+
+/* Shed p: it waited on its initiator past the cap.  ctx->lock held. */
+static void hs_shed_locked(hixl_ctx_t *ctx, hixl_peer_t *p, const char *why)
+{
+  hixl__peer_fail_locked(p, HIXL_PEER_LOST, why);
+  close_sock_locked(ctx, p);
+  hs_unlink_locked(ctx, p);
+}
+
+/* Listeners out of epoll until `until` (the control loop puts them back). */
+static void accept_pause(hixl_ctx_t *ctx, int64_t until)
+{
+  ctx->accept_paused_until = until;
   if (!(ctx->accept_paused & 1) && ctx->listen_fd >= 0 &&
       epoll_ctl(ctx->epoll_fd, EPOLL_CTL_DEL, ctx->listen_fd, NULL) == 0)
     ctx->accept_paused |= 1;
   if (!(ctx->accept_paused & 2) && ctx->unix_fd >= 0 &&
       epoll_ctl(ctx->epoll_fd, EPOLL_CTL_DEL, ctx->unix_fd, NULL) == 0)
     ctx->accept_paused |= 2;
+}
+
+/* Out of descriptors: a listener stays readable while accept fails, and
+ * epoll would wake us for it forever (a control thread at 100% of a CPU,
+ * refusing everyone).  Shed a connection that stalls in its handshake (its
+ * descriptor frees at once) and take the listeners out of epoll for a
+ * moment -- until one may be shed when there was none. */
+static void out_of_fds(hixl_ctx_t *ctx, int err)
+{
+  int64_t now = hixl__now_ns(), retry = now + 100000000;
+  pthread_mutex_lock(&ctx->lock);
+  hixl_peer_t *old = hs_victim_locked(ctx, now, &retry);
+  if (old)
+    hs_shed_locked(ctx, old, "shed: out of file descriptors");
+  pthread_mutex_unlock(&ctx->lock);
+  if (now - ctx->emfile_warned_ns > 1000000000) {
+    char hint[200];
+    hixl_warn("accept: %s: %s: %s", strerror(err), hixl__nofile_hint(hint, sizeof(hint)),
+              old ? "shedding connections that stall in their handshake"
+                  : "pausing new connections");
+    ctx->emfile_warned_ns = now;
+  }
+  accept_pause(ctx, old || retry < now + 10000000 ? now + 10000000 : retry);
+  ctx->accept_capped = false;
 }
 
 static void accept_resume(hixl_ctx_t *ctx, int64_t now)
@@ -420,11 +506,30 @@ static void accept_resume(hixl_ctx_t *ctx, int64_t now)
     epoll_ctl(ctx->epoll_fd, EPOLL_CTL_ADD, ctx->unix_fd, &ev);
   }
   ctx->accept_paused = 0;
+  ctx->accept_capped = false;
 }
 
 static void accept_all(hixl_ctx_t *ctx, int lfd, bool is_unix)
 {
   for (;;) {
+    /* At the cap: shed one that stalls, or leave the rest in the backlog. */
+    int64_t now = hixl__now_ns(), retry = 0;
+    hixl_peer_t **tail;
+    pthread_mutex_lock(&ctx->lock);
+    if (hs_count_locked(ctx, &tail) >= ctx->max_handshakes) {
+      hixl_peer_t *old = hs_victim_locked(ctx, now, &retry);
+      if (old == NULL) {
+        pthread_mutex_unlock(&ctx->lock);
+        accept_pause(ctx, retry);
+        ctx->accept_capped = true; /* back as soon as a handshake ends */
+        return;
+      }
+      hs_shed_locked(ctx, old,
+                     "shed: it stalled in its handshake while HIXL_MAX_HANDSHAKES others were in "
+                     "theirs");
+      hs_count_locked(ctx, &tail);
+    }
+    pthread_mutex_unlock(&ctx->lock);
     int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EMFILE || errno == ENFILE)
@@ -433,15 +538,6 @@ static void accept_all(hixl_ctx_t *ctx, int lfd, bool is_unix)
     }
     hixl__set_sock_opts(fd, ctx->cfg.timeout_ms, !is_unix);
     pthread_mutex_lock(&ctx->lock);
-    /* A cap on connections not authenticated yet: the oldest goes. */
-    int n;
-    hixl_peer_t *old = oldest_handshake_locked(ctx, &n);
-    if (old && n >= ctx->max_handshakes) {
-      hixl__peer_fail_locked(old, HIXL_PEER_LOST,
-                             "shed: too many connections in their "
-                             "handshake (HIXL_MAX_HANDSHAKES)");
-      close_sock_locked(ctx, old);
-    }
     hixl_peer_t *p = hixl__peer_new(ctx, fd, true);
     if (p == NULL) {
       pthread_mutex_unlock(&ctx->lock);
@@ -461,6 +557,9 @@ static void accept_all(hixl_ctx_t *ctx, int lfd, bool is_unix)
       fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
     p->next = ctx->peers;
     ctx->peers = p;
+    hs_count_locked(ctx, &tail); /* the list may have changed while unlocked */
+    *tail = p;
+    p->in_hs = true;
     p->polled = true;
     struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = p};
     epoll_ctl(ctx->epoll_fd, EPOLL_CTL_ADD, fd, &ev);
@@ -557,6 +656,8 @@ static void housekeeping_locked(hixl_ctx_t *ctx, int64_t now)
     }
     if (st >= HIXL_PEER_LOST && p->inbound && (p->unix_pending || p->ops == NULL)) {
       /* Never visible to the user: free now. */
+      if (p->in_hs)
+        hs_unlink_locked(ctx, p);
       *pp = p->next;
       hixl__peer_free(p);
       continue;
@@ -577,8 +678,11 @@ static void *ctl_main(void *arg)
     if (hb_ms > 1000)
       hb_ms = 1000;
     int wait_ms = atomic_load(&ctx->tp_backlog) > 0 ? 1 : hb_ms;
-    if (ctx->accept_paused && wait_ms > 10)
-      wait_ms = 10; /* listeners back in epoll on time */
+    if (ctx->accept_paused) { /* listeners back in epoll on time */
+      int64_t ms = (ctx->accept_paused_until - hixl__now_ns() + 999999) / 1000000;
+      if (ms < wait_ms)
+        wait_ms = ms < 1 ? 1 : (int)ms;
+    }
     int n = epoll_wait(ctx->epoll_fd, evs, 32, wait_ms);
     accept_resume(ctx, hixl__now_ns());
     for (int i = 0; i < n; i++) {
@@ -616,7 +720,11 @@ static void *ctl_main(void *arg)
       housekeeping_locked(ctx, now);
       last_hk = now;
     }
+    hixl_peer_t **tail;
+    if (ctx->accept_capped && hs_count_locked(ctx, &tail) < ctx->max_handshakes)
+      ctx->accept_paused_until = 0; /* a handshake ended: accept again */
     pthread_mutex_unlock(&ctx->lock);
+    accept_resume(ctx, now);
   }
   return NULL;
 }
@@ -669,7 +777,7 @@ static hixl_status_t listen_tcp(hixl_ctx_t *ctx)
       continue;
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 256) == 0)
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, HIXL_BACKLOG) == 0)
       break;
     err = errno;
     close(fd);
@@ -706,7 +814,7 @@ static hixl_status_t listen_unix(hixl_ctx_t *ctx)
   if (fd < 0 ||
       bind(fd, (struct sockaddr *)&sa,
            (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + len)) != 0 ||
-      listen(fd, 256) != 0) {
+      listen(fd, HIXL_BACKLOG) != 0) {
     int e = errno;
     if (fd >= 0)
       close(fd);

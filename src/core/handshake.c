@@ -436,8 +436,10 @@ hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeou
       (st = hixl__peer_recv_sync(p, &chal, deadline)) != HIXL_OK) {
     if (st == HIXL_ERR_PEER_LOST && !ctx->tls)
       st = hixl__err(st,
-                     "%s closed the connection at HELLO (does it require TLS? HIXL_TLS must "
-                     "be the same on both sides)",
+                     "%s closed the connection at HELLO: it requires TLS (HIXL_TLS must be the "
+                     "same on both sides), or it shed our handshake (we were slow to answer "
+                     "while it had HIXL_MAX_HANDSHAKES connections in their handshake, or it "
+                     "is out of descriptors: its log says which)",
                      addr);
     goto fail;
   }

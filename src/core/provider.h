@@ -415,6 +415,11 @@ struct hixl_peer {
   uint32_t xchg_len;
   hixl_rmr_t *rmrs;       /* rmrs unpacked through this peer */
   struct hixl_peer *next; /* ctx->peers */
+  /* ctx->hs_head: inbound connections in their handshake, oldest first
+   * (the handshake cap walks these, never every peer).  Control thread,
+   * ctx->lock. */
+  struct hixl_peer *hs_next;
+  bool in_hs;
 };
 
 /* --------------------------------------------------------------- context */
@@ -454,6 +459,7 @@ struct hixl_ctx {
    * until this time (control thread only); the handshake cap. */
   int64_t accept_paused_until;
   unsigned accept_paused; /* bit 0: listen_fd, bit 1: unix_fd */
+  bool accept_capped;     /* paused for the handshake cap: back when one ends */
   int64_t emfile_warned_ns;
   int max_handshakes; /* HIXL_MAX_HANDSHAKES */
   int max_peers;      /* HIXL_MAX_PEERS: authenticated inbound peers at once */
@@ -470,6 +476,7 @@ struct hixl_ctx {
   pthread_mutex_t lock;
   pthread_cond_t cond;
   hixl_peer_t *peers;
+  hixl_peer_t *hs_head; /* inbound handshakes, oldest first (hs_next) */
   unsigned n_inbound;
   hixl_published_t published[HIXL_MAX_PUBLISHED];
   _Atomic unsigned notif_rr; /* round-robin start for notification polling */
