@@ -715,8 +715,11 @@ static void *ctl_main(void *arg)
         hixl__transports[t]->on_event(ctx);
     int64_t now = hixl__now_ns();
     pthread_mutex_lock(&ctx->lock);
-    /* Sockets of failed peers close promptly; heartbeats at their pace. */
-    if (n > 0 || now - last_hk >= (int64_t)hb_ms * 1000000) {
+    /* Sockets of failed peers close promptly (a failure sets hk_due);
+     * heartbeats and deadlines at the tick.  Not at every event: the scan
+     * is O(peers), and with thousands connected their heartbeats alone
+     * made it O(peers^2) a second. */
+    if (atomic_exchange(&ctx->hk_due, false) || now - last_hk >= (int64_t)hb_ms * 1000000) {
       housekeeping_locked(ctx, now);
       last_hk = now;
     }

@@ -90,6 +90,7 @@ void hixl__peer_lost_async(hixl_peer_t *p, const char *why)
   int up = HIXL_PEER_UP;
   if (atomic_compare_exchange_strong(&p->state, &up, HIXL_PEER_LOST)) {
     hixl_info("peer %s lost: %s", p->name, why);
+    atomic_store(&p->ctx->hk_due, true);
     hixl__wake(p->ctx);         /* the control thread fails its pending calls */
     hixl__wake_waiters(p->ctx); /* waits on this peer end */
   }
@@ -127,6 +128,7 @@ void hixl__peer_fail_locked(hixl_peer_t *p, int state, const char *why)
    * run out (verbs: the QPs go to ERROR and flush). */
   if (old == HIXL_PEER_UP && p->ops && p->ops->peer_lost)
     p->ops->peer_lost(p);
+  atomic_store(&p->ctx->hk_due, true); /* its socket closes at once */
   hixl__wake(p->ctx);
   hixl__wake_waiters(p->ctx); /* waits on this peer end */
 }
@@ -172,6 +174,7 @@ hixl_status_t hixl_disconnect(hixl_peer_t *peer)
   /* The control thread closes the socket; wait for it so that nothing
    * reads from a peer we are about to tear down. */
   while (peer->fd >= 0 && !peer->self) {
+    atomic_store(&ctx->hk_due, true);
     hixl__wake(ctx);
     hixl__cond_wait_until(ctx, hixl__deadline(100), 100);
   }

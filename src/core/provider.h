@@ -468,6 +468,7 @@ struct hixl_ctx {
   pthread_t ctl_thread;
   bool ctl_started;
   _Atomic bool stopping;
+  _Atomic bool hk_due; /* a peer failed: the control thread's housekeeping runs now */
   pthread_t prog_thread;
   bool prog_started;
 
