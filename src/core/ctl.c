@@ -607,6 +607,9 @@ static void housekeeping_locked(hixl_ctx_t *ctx, int64_t now)
       }
     }
     if (st == HIXL_PEER_UP && !p->self) {
+      int alive = p->ops && p->ops->peer_alive ? p->ops->peer_alive(p) : -1;
+      if (alive > 0)
+        p->last_rx_ns = now;
       if (now - p->last_rx_ns > timeout_ns) {
         char why[64];
         snprintf(why, sizeof(why), "no heartbeat for %d ms", liveness_ms(ctx));
@@ -618,8 +621,9 @@ static void housekeeping_locked(hixl_ctx_t *ctx, int64_t now)
          * for half of our timeout, probe it (it answers at once), so a live
          * peer is never declared dead for its slower pace. */
         bool probe = now - p->last_rx_ns > timeout_ns / 2;
-        if (now - atomic_load_explicit(&p->last_tx_ns, memory_order_relaxed) >
-            (probe ? hb_ns / 2 : hb_ns)) {
+        if ((probe || alive < 0) &&
+            now - atomic_load_explicit(&p->last_tx_ns, memory_order_relaxed) >
+                (probe ? hb_ns / 2 : hb_ns)) {
           hixl_msg_t hb = {.type = HIXL_MSG_HEARTBEAT};
           hb.heartbeat.flags = probe;
           hixl__send(p, &hb, NULL, 0);

@@ -276,6 +276,13 @@ typedef struct hixl_transport_ops {
   /* The control thread saw ctx->tp_fd[id] readable, or its periodic tick
    * (target-side work: verbs receive completions -> notifications). */
   void (*on_event)(hixl_ctx_t *ctx);
+  /* Optional: liveness without messages (shm: a counter in the peer's
+   * bell page that its control thread advances).  At each tick, for an up
+   * peer (ctx->lock held): 1 when the peer showed life since the last
+   * call (counts as hearing from it), 0 when not, -1 when this peer cannot
+   * tell.  Peers that can tell get no periodic heartbeats, only a probe
+   * when they seem silent for half the liveness period. */
+  int (*peer_alive)(hixl_peer_t *peer);
   /* Optional (NULL: the core issues each element, then notify): a whole
    * checked batch of total bytes, with its notification {*imm, total} when
    * imm is set. */

@@ -729,6 +729,29 @@ static void shm_notif_consumed(hixl_peer_t *peer)
 
 /* A thread is about to sleep (wait.c): our doorbell, unless it is the
  * progress thread (no shm event is progress). */
+/* The control thread's turn (shm_bell's `alive`): we are alive. */
+static void shm_on_event(hixl_ctx_t *ctx)
+{
+  shm_ctx_t *sc = ctx->tp[HIXL_TP_SHM];
+  if (sc && sc->bell)
+    atomic_fetch_add_explicit(&sc->bell->alive, 1, memory_order_relaxed);
+}
+
+/* Has the peer's control thread turned since we last looked?  Its page is
+ * sealed against shrinking (no SIGBUS) and any value is harmless: a peer
+ * that pretends to be alive could as well send heartbeats. */
+static int shm_peer_alive(hixl_peer_t *peer)
+{
+  shm_peer_t *sp = peer->tp;
+  if (sp == NULL || sp->bell == NULL)
+    return -1;
+  uint64_t v = atomic_load_explicit(&sp->bell->alive, memory_order_relaxed);
+  if (v == sp->alive_seen)
+    return 0;
+  sp->alive_seen = v;
+  return 1;
+}
+
 static int shm_arm(hixl_ctx_t *ctx, unsigned flags, int *fds, int max)
 {
   const shm_ctx_t *sc = ctx->tp[HIXL_TP_SHM];
@@ -941,7 +964,8 @@ const hixl_transport_ops_t hixl__shm_ops = {
     .batch = shm_batch,
     .atomic = shm_atomic,
     .progress = shm_progress,
-    .on_event = hixl__tp_on_event_none,
+    .on_event = shm_on_event,
+    .peer_alive = shm_peer_alive,
     .arm = shm_arm,
     .ack_event = shm_ack_event,
     .notif_consumed = shm_notif_consumed,

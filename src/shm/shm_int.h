@@ -121,12 +121,22 @@ _Static_assert(sizeof(shm_tag_t) == 16, "the tag table is shared between process
  * block its other writers either.  (A pipe, not a datagram socket: a unix
  * socket's wake-up took 46 us where a pipe's took 32 here.)  Only the owner
  * writes the page.
+ *
+ * `alive` is the owner's heartbeat: its control thread advances it at
+ * every turn of its loop (at least once a tick), and a peer that sees it
+ * move counts that as hearing from the owner (shm_peer_alive), so no
+ * heartbeat messages go between shm peers: one store per context and one
+ * load per peer per tick, where messages cost two system calls per peer
+ * (idle CPU at 4,096 peers, docs/scale.md).
  */
 typedef struct shm_bell {
   _Atomic uint32_t sleepers;
   uint32_t pad0[15];
   _Atomic uint32_t space_waiters;
+  uint32_t pad1[15];
+  _Atomic uint64_t alive;
 } shm_bell_t;
+_Static_assert(sizeof(shm_bell_t) <= 4096, "the bell is one page");
 #define SHM_BELL_PAGE 4096u
 #define SHM_TABLE_BYTES (SHM_TAGS_BYTES + SHM_BELL_PAGE) /* tags, then the bell */
 
@@ -134,6 +144,7 @@ typedef struct shm_peer {
   const shm_tag_t *table;        /* theirs, read-only */
   const shm_bell_t *bell;        /* theirs: the page after the table */
   int bell_w;                    /* their doorbell's write end */
+  uint64_t alive_seen;           /* bell->alive when we last looked (control thread) */
   hixl_ring_shared_t *outbox_sh; /* their inbox, mapped: we produce */
   hixl_ring_shared_t *inbox_sh;  /* ours, mapped by them: they produce */
   /* Our private views of both (ring.h): the capacity and our consumer

@@ -34,8 +34,8 @@ static const slot_t required[] = {
 };
 /* Looked at before each call (NULL: the core's default). */
 static const slot_t optional[] = {
-    SLOT(peer_lost),  SLOT(batch),          SLOT(arm),    SLOT(ack_event),
-    SLOT(notif_poll), SLOT(notif_consumed), SLOT(mr_key), SLOT(probe),
+    SLOT(peer_lost),      SLOT(batch),  SLOT(arm),   SLOT(ack_event),  SLOT(notif_poll),
+    SLOT(notif_consumed), SLOT(mr_key), SLOT(probe), SLOT(peer_alive),
 };
 
 static void *slot_at(const hixl_transport_ops_t *o, size_t off)
