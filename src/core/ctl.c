@@ -509,9 +509,14 @@ static void accept_resume(hixl_ctx_t *ctx, int64_t now)
   ctx->accept_capped = false;
 }
 
+/* Accept what the listener holds, ACCEPT_BATCH at most a turn: the
+ * listener stays readable (level-triggered), and the connected peers'
+ * requests (a first lookup, an rkey's mapping) are served between batches
+ * of a burst instead of after all of it. */
+#define ACCEPT_BATCH 16
 static void accept_all(hixl_ctx_t *ctx, int lfd, bool is_unix)
 {
-  for (;;) {
+  for (int batch = 0; batch < ACCEPT_BATCH; batch++) {
     /* At the cap: shed one that stalls, or leave the rest in the backlog. */
     int64_t now = hixl__now_ns(), retry = 0;
     hixl_peer_t **tail;

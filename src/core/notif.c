@@ -107,9 +107,7 @@ hixl_status_t hixl__notify_push(hixl_peer_t *peer, hixl_ring_t *ring, uint32_t i
   hixl_ctx_t *ctx = peer->ctx;
   int timeout = hixl__ctx_timeout(ctx);
   push_wait_t w = {.peer = peer, .ring = ring};
-  atomic_fetch_add(ctx->space_waiters, 1);
-  hixl_status_t st = hixl__wait(ctx, hixl__deadline(timeout), 0, push_ready, &w);
-  atomic_fetch_sub(ctx->space_waiters, 1);
+  hixl_status_t st = hixl__wait(ctx, hixl__deadline(timeout), HIXL_WAITF_SPACE, push_ready, &w);
   if (w.claimed) {
     hixl_ring_publish(ring, w.pos, imm, len);
     return HIXL_OK;

@@ -35,6 +35,8 @@ typedef bool (*hixl_wait_fn)(void *arg);
 enum {
   HIXL_WAITF_NOSPIN = 1,   /* sleep at once (the progress thread in event mode) */
   HIXL_WAITF_PROGRESS = 2, /* completions only: not notifications (the progress thread) */
+  HIXL_WAITF_SPACE = 4,    /* room in a ring we produce into: counted in *ctx->space_waiters
+                              while asleep (consumers ring us only then) */
 };
 hixl_status_t hixl__wait(hixl_ctx_t *ctx, int64_t deadline, unsigned flags, hixl_wait_fn fn,
                          void *arg);

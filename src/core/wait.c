@@ -186,6 +186,10 @@ static bool sleep_once(hixl_ctx_t *ctx, int64_t deadline, int cap_ms, unsigned f
   bool counted = !(flags & HIXL_WAITF_PROGRESS);
   if (counted)
     atomic_fetch_add_explicit(ctx->sleepers, 1, memory_order_seq_cst);
+  /* Waiting for room: announced only for the sleep, so a consumer pays no
+   * doorbell while we poll (it did on every take, a system call each). */
+  if (flags & HIXL_WAITF_SPACE)
+    atomic_fetch_add_explicit(ctx->space_waiters, 1, memory_order_seq_cst);
   atomic_thread_fence(memory_order_seq_cst);
   bool pending = false; /* a transport has events already: do not sleep */
   for (size_t t = 0; t < hixl__n_transports && !pending; t++) {
@@ -212,6 +216,8 @@ static bool sleep_once(hixl_ctx_t *ctx, int64_t deadline, int cap_ms, unsigned f
   }
   if (counted)
     atomic_fetch_sub_explicit(ctx->sleepers, 1, memory_order_seq_cst);
+  if (flags & HIXL_WAITF_SPACE)
+    atomic_fetch_sub_explicit(ctx->space_waiters, 1, memory_order_seq_cst);
   if (efd >= 0) {
     pthread_mutex_lock(&ctx->wait_lock);
     hixl_sleeper_t **pp = &ctx->sleeping;

@@ -55,7 +55,9 @@
 
 #include "shm_int.h"
 
-#define SHM_RING_CAP 16384u
+#ifndef SHM_RING_CAP
+#define SHM_RING_CAP 16384u /* entries of a peer's inbox (32 bytes each) */
+#endif
 #define SHM_MAX_INFLIGHT 1024 /* atomics executed by the owner, per peer */
 
 /* ------------------------------------------------------ the tag table */
