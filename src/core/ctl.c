@@ -426,11 +426,12 @@ static int64_t hs_fair_ns(const hixl_ctx_t *ctx)
   return ns < 50000000 ? 50000000 : ns > 500000000 ? 500000000 : ns;
 }
 
-/* The oldest handshake that waits on its initiator and had its fair time,
- * or NULL with *retry_ns set to when to look again.  ctx->lock held. */
-static hixl_peer_t *hs_victim_locked(hixl_ctx_t *ctx, int64_t now, int64_t *retry_ns)
+/* The oldest handshake that waits on its initiator and had its fair time
+ * (none at the descriptor limit: descriptors are what we lack, and an
+ * authenticated peer's bind needs some), or NULL with *retry_ns set to
+ * when to look again.  ctx->lock held. */
+static hixl_peer_t *hs_victim_locked(hixl_ctx_t *ctx, int64_t now, int64_t fair, int64_t *retry_ns)
 {
-  int64_t fair = hs_fair_ns(ctx);
   bool ours = false; /* an old one waits on us: look again soon */
   for (hixl_peer_t *p = ctx->hs_head; p; p = p->hs_next) {
     if (!in_handshake(p))
@@ -477,9 +478,16 @@ static void out_of_fds(hixl_ctx_t *ctx, int err)
 {
   int64_t now = hixl__now_ns(), retry = now + 100000000;
   pthread_mutex_lock(&ctx->lock);
-  hixl_peer_t *old = hs_victim_locked(ctx, now, &retry);
-  if (old)
-    hs_shed_locked(ctx, old, "shed: out of file descriptors");
+  /* Four: room for an authenticated peer's shm bind (its unix connection
+   * and the three descriptors it passes), not only for the next accept. */
+  hixl_peer_t *old = NULL;
+  for (int i = 0; i < 4; i++) {
+    hixl_peer_t *v = hs_victim_locked(ctx, now, 0, &retry);
+    if (v == NULL)
+      break;
+    hs_shed_locked(ctx, v, "shed: out of file descriptors");
+    old = v;
+  }
   pthread_mutex_unlock(&ctx->lock);
   if (now - ctx->emfile_warned_ns > 1000000000) {
     char hint[200];
@@ -522,7 +530,7 @@ static void accept_all(hixl_ctx_t *ctx, int lfd, bool is_unix)
     hixl_peer_t **tail;
     pthread_mutex_lock(&ctx->lock);
     if (hs_count_locked(ctx, &tail) >= ctx->max_handshakes) {
-      hixl_peer_t *old = hs_victim_locked(ctx, now, &retry);
+      hixl_peer_t *old = hs_victim_locked(ctx, now, hs_fair_ns(ctx), &retry);
       if (old == NULL) {
         pthread_mutex_unlock(&ctx->lock);
         accept_pause(ctx, retry);

@@ -15,8 +15,8 @@
  * A cell stores seq - i (seq_off), not seq: the initial state (seq == i for
  * every cell, head 0) is then all zeroes after the header, so a ring in a
  * fresh memfd is initialised by writing its header alone.  Its pages are
- * faulted in only as positions reach them: an idle peer's 16384-cell shm
- * inbox costs one page, not 512 KiB (issue 13, finding 6).
+ * faulted in only as positions reach them: an idle peer's 1024-cell shm
+ * inbox costs one page, not 32 KiB (issue 13, finding 6).
  *
  * Pure code: unit-tested on its own (tests/unit/test_ring.c).
  */

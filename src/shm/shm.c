@@ -56,7 +56,7 @@
 #include "shm_int.h"
 
 #ifndef SHM_RING_CAP
-#define SHM_RING_CAP 16384u /* entries of a peer's inbox (32 bytes each) */
+#define SHM_RING_CAP 1024u /* entries of a peer's inbox: 32 bytes each, 32 KiB (docs/scale.md) */
 #endif
 #define SHM_MAX_INFLIGHT 1024 /* atomics executed by the owner, per peer */
 
