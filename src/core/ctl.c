@@ -540,7 +540,6 @@ static void accept_all(hixl_ctx_t *ctx, int lfd, bool is_unix)
       hs_shed_locked(ctx, old,
                      "shed: it stalled in its handshake while HIXL_MAX_HANDSHAKES others were in "
                      "theirs");
-      hs_count_locked(ctx, &tail);
     }
     pthread_mutex_unlock(&ctx->lock);
     int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
