@@ -49,6 +49,12 @@ hixl_status_t hixl__wait_step(hixl_ctx_t *ctx, int64_t deadline, int cap_ms, hix
                               void *arg);
 /* Someone may sleep in hixl__wait: wake every waiter of ctx (they look again). */
 void hixl__wake_all(hixl_ctx_t *ctx);
+/* Bump a word sleepers watch (hixl_wait_word_t) and FUTEX_WAKE all of
+ * them; shared: the word is in memory other processes map. */
+void hixl__wake_word(_Atomic uint32_t *w, bool shared);
+/* A transport's set of words changed (arm_words would give others): every
+ * thread asleep on words wakes and arms again. */
+void hixl__wake_rearm(hixl_ctx_t *ctx);
 /* After making an event a waiter may wait for (a completion, a delivered
  * notification, a peer's loss): wake the sleepers, if any.  The fence pairs
  * with the waiter's after it announced itself; without sleepers this is
@@ -66,6 +72,23 @@ typedef struct hixl_sleeper {
   int efd; /* its thread's eventfd */
   struct hixl_sleeper *next;
 } hixl_sleeper_t;
+/* How a sleeper counts itself in *ctx->sleepers and *ctx->space_waiters
+ * (shm peers read both words): the low half counts threads asleep in
+ * poll() (woken through eventfds and the doorbell pipe), the high half
+ * threads asleep in futex_waitv on words (woken by bumping the word a
+ * waiter watches, then FUTEX_WAKE).  Whoever wakes pays only for the
+ * kinds that sleep; either half non-zero means someone sleeps. */
+#define HIXL_SLEEP_POLL 1u
+#define HIXL_SLEEP_WORD 0x10000u
+/* A word a sleeping waiter watches with futex_waitv: it sleeps while
+ * *word == val, and the event's maker bumps the word and wakes it.
+ * shared: the word is in memory other processes map (a shm ring) rather
+ * than private to this process. */
+typedef struct hixl_wait_word {
+  _Atomic uint32_t *word;
+  uint32_t val;
+  bool shared;
+} hixl_wait_word_t;
 
 /* -------------------------------------------------------------- regions */
 
@@ -300,7 +323,15 @@ typedef struct hixl_transport_ops {
    * woke: a transport that knows when its event was made samples the
    * wake-up latency, hixl__wait_sample). */
   int (*arm)(hixl_ctx_t *ctx, unsigned flags, int *fds, int max);
-  void (*ack_event)(hixl_ctx_t *ctx, int64_t woke_ns);
+  /* Optional, with arm: instead of fds, the words this transport's events
+   * bump (shm: one in each peer's inbox), stored in w[0..max) with their
+   * current values; returns how many, or -1 when it cannot (more than
+   * max): then the waiter sleeps in poll() on arm's fds.  A thread that
+   * sleeps on words counts itself with HIXL_SLEEP_WORD, so the transport's
+   * producers know to bump and FUTEX_WAKE rather than write an fd. */
+  int (*arm_words)(hixl_ctx_t *ctx, unsigned flags, hixl_wait_word_t *w, int max);
+  /* word: the event came on one of arm_words' words, not on arm's fds. */
+  void (*ack_event)(hixl_ctx_t *ctx, int64_t woke_ns, bool word);
   /* Optional: hixl_notif_poll is about to look at the inboxes (ctx->lock
    * not held): move what has arrived into them now (verbs: poll the receive
    * CQ directly, so a polling target does not wait for the control thread). */
@@ -512,7 +543,8 @@ struct hixl_ctx {
   /* Waiting (wait.c).  sleepers counts threads announced in hixl__wait;
    * it points at own_sleepers, or into memory shm peers map read-only
    * (they ring our doorbell only when it is non-zero). */
-  int wait_mode; /* HIXL_WAIT_* */
+  int wait_mode;      /* HIXL_WAIT_* */
+  int wait_safety_ms; /* the longest sleep before a look (SAFETY_MS) */
   _Atomic uint32_t *sleepers;
   _Atomic uint32_t own_sleepers;
   /* Threads waiting for room in a full notification ring (same placement:
@@ -520,7 +552,10 @@ struct hixl_ctx {
   _Atomic uint32_t *space_waiters;
   _Atomic uint32_t own_space_waiters;
   pthread_mutex_t wait_lock; /* sleeping (a leaf lock) */
-  hixl_sleeper_t *sleeping;
+  hixl_sleeper_t *sleeping;  /* threads asleep in poll() */
+  /* Threads asleep in futex_waitv watch this word (private): a local
+   * wake-up bumps it and wakes them all. */
+  _Atomic uint32_t wake_word;
   _Atomic int64_t spin_ns;       /* the adaptive polling budget */
   _Atomic int64_t wake_stamp_ns; /* when hixl__wake_all last ran */
 

@@ -46,9 +46,19 @@ typedef struct hixl_ring_shared {
   uint64_t cap; /* power of two: informational */
   char pad0[48];
   _Atomic uint64_t head; /* next position to produce */
-  char pad1[56];
+  /* The producer's wake-up word for a consumer asleep in futex_waitv
+   * (wait.c, shm): bumped, with the time it rang, then FUTEX_WAKE.  In the
+   * head's line, which the producer owns already when it rings.  A peer
+   * may write any value: it can wake, or fail to wake, only its own
+   * consumer's watch of this ring. */
+  _Atomic uint32_t bell;
+  uint32_t pad_bell;
+  _Atomic int64_t rang_ns;
+  char pad1[40];
   hixl_ring_cell_t cells[];
 } hixl_ring_shared_t;
+_Static_assert(offsetof(hixl_ring_shared_t, cells) == 128,
+               "ring layout is shared between processes");
 
 /* Each side's private view: the mask (cap - 1) and, for the consumer, the
  * next position to consume.  Never in shared memory, so a peer that

@@ -24,8 +24,10 @@
  * AUTH (the token never travels).  6: the shm bind passes a third fd (the
  * doorbell).  7: TP_MR / TP_MR_REPLY.  8: transports' binds and own
  * messages are TP_BIND / TP_BIND_REPLY and TP_REQ / TP_REPLY (each
- * transport reads its fields through its own view). */
-#define HIXL_WIRE_VERSION 8
+ * transport reads its fields through its own view).  9: shm's sleeper
+ * words count futex-word sleepers in their high half, woken through the
+ * word in the ring they sleep on rather than the doorbell pipe. */
+#define HIXL_WIRE_VERSION 9
 #define HIXL_WIRE_HDR 24
 #define HIXL_WIRE_MAX 4096 /* payload bytes; every message is far smaller */
 #define HIXL_WIRE_STR 256  /* string field capacity, NUL included */

@@ -739,9 +739,10 @@ static int fab_arm(hixl_ctx_t *ctx, unsigned flags, int *fds, int max)
   return 1;
 }
 
-static void fab_ack_event(hixl_ctx_t *ctx, int64_t woke_ns)
+static void fab_ack_event(hixl_ctx_t *ctx, int64_t woke_ns, bool word)
 {
   (void)woke_ns;
+  (void)word; /* no words: arm gives fds only */
   hixl__fab_progress(ctx);
 }
 

@@ -296,6 +296,7 @@ hixl_status_t hixl__shm_ctx_init(hixl_ctx_t *ctx)
     return st;
   }
   pthread_mutex_init(&sc->lock, NULL);
+  pthread_mutex_init(&sc->wlock, NULL);
   pthread_cond_init(&sc->work, NULL);
   pthread_cond_init(&sc->idle, NULL);
   ctx->tp[HIXL_TP_SHM] = sc;
@@ -315,6 +316,7 @@ void hixl__shm_ctx_fini(hixl_ctx_t *ctx)
   for (int i = 0; i < sc->started; i++)
     pthread_join(sc->threads[i], NULL);
   pthread_mutex_destroy(&sc->lock);
+  pthread_mutex_destroy(&sc->wlock);
   pthread_cond_destroy(&sc->work);
   pthread_cond_destroy(&sc->idle);
   hixl__shm_table_fini(ctx, sc);

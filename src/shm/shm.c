@@ -150,9 +150,15 @@ static hixl_status_t bell_init(hixl_ctx_t *ctx, shm_ctx_t *sc)
   return HIXL_OK;
 }
 
-void hixl__shm_bell_send(shm_peer_t *sp)
+void hixl__shm_bell_send(shm_peer_t *sp, uint32_t v)
 {
   int64_t now = hixl__now_ns();
+  if (v >= HIXL_SLEEP_WORD) { /* asleep on our inbox's word there */
+    atomic_store_explicit(&sp->outbox_sh->rang_ns, now, memory_order_relaxed);
+    hixl__wake_word(&sp->outbox_sh->bell, true);
+  }
+  if ((v & (HIXL_SLEEP_WORD - 1)) == 0)
+    return;
   struct iovec iov = {&now, sizeof(now)};
   /* Never blocks, whatever the peer did to the write end's flags: a full
    * pipe means the owner has wake-ups to read anyway. */
@@ -272,6 +278,45 @@ static shm_peer_t *shm_peer_new(hixl_ctx_t *ctx, pid_t pid)
   const shm_ctx_t *sc = ctx->tp[HIXL_TP_SHM];
   atomic_init(&sp->cma_refused, sc->cma_off || pid <= 0);
   return sp;
+}
+
+/* A peer's inbox is mapped and bound: sleepers may watch its word. */
+static void watch_add(hixl_ctx_t *ctx, shm_peer_t *sp)
+{
+  shm_ctx_t *sc = ctx->tp[HIXL_TP_SHM];
+  pthread_mutex_lock(&sc->wlock);
+  sp->wprev = NULL;
+  sp->wnext = sc->watch;
+  if (sc->watch)
+    sc->watch->wprev = sp;
+  sc->watch = sp;
+  sp->watched = true;
+  sc->n_watch++;
+  pthread_mutex_unlock(&sc->wlock);
+  /* A sleeper that armed before this peer was watched would not hear it:
+   * it wakes and arms again. */
+  hixl__wake_rearm(ctx);
+}
+
+/* Before the inbox is unmapped: no new sleeper reads its word, and those
+ * that did wake (their futex_waitv must not wait on memory being unmapped,
+ * whose address may come back as something else). */
+static void watch_del(hixl_ctx_t *ctx, shm_peer_t *sp)
+{
+  shm_ctx_t *sc = ctx->tp[HIXL_TP_SHM];
+  if (!sp->watched)
+    return;
+  pthread_mutex_lock(&sc->wlock);
+  if (sp->wprev)
+    sp->wprev->wnext = sp->wnext;
+  else
+    sc->watch = sp->wnext;
+  if (sp->wnext)
+    sp->wnext->wprev = sp->wprev;
+  sp->watched = false;
+  sc->n_watch--;
+  pthread_mutex_unlock(&sc->wlock);
+  hixl__wake_rearm(ctx);
 }
 
 static void shm_free(shm_peer_t *sp)
@@ -415,6 +460,7 @@ static hixl_status_t shm_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64
   close(tcp_fd);
   peer->tp = sp;
   peer->inbox = &sp->inbox;
+  watch_add(ctx, sp);
   return HIXL_OK;
 fail:
   peer->fd = tcp_fd;
@@ -457,6 +503,7 @@ hixl_status_t hixl__shm_accept(hixl_peer_t *peer, const int *fds, int nfds, int 
   *n_out = 3;
   peer->tp = sp;
   peer->inbox = &sp->inbox;
+  watch_add(peer->ctx, sp);
   return HIXL_OK;
 }
 
@@ -484,6 +531,8 @@ static const hixl_tp_msg_t shm_msgs[] = {
 
 static void shm_peer_close(hixl_peer_t *peer)
 {
+  if (peer->tp)
+    watch_del(peer->ctx, peer->tp);
   shm_free(peer->tp);
   peer->tp = NULL;
   peer->inbox = NULL;
@@ -725,8 +774,9 @@ static void shm_notif_consumed(hixl_peer_t *peer)
 {
   shm_peer_t *sp = peer->tp;
   atomic_thread_fence(memory_order_seq_cst);
-  if (hixl_unlikely(atomic_load_explicit(&sp->bell->space_waiters, memory_order_relaxed) != 0))
-    hixl__shm_bell_send(sp);
+  uint32_t v = atomic_load_explicit(&sp->bell->space_waiters, memory_order_relaxed);
+  if (hixl_unlikely(v != 0))
+    hixl__shm_bell_send(sp, v);
 }
 
 /* A thread is about to sleep (wait.c): our doorbell, unless it is the
@@ -754,6 +804,30 @@ static int shm_peer_alive(hixl_peer_t *peer)
   return 1;
 }
 
+/* The words our sleepers watch: each bound peer's inbox bell, while they
+ * are few (SHM_WAIT_WORDS); read under wlock, which watch_del takes before
+ * the ring is unmapped. */
+static int shm_arm_words(hixl_ctx_t *ctx, unsigned flags, hixl_wait_word_t *w, int max)
+{
+  shm_ctx_t *sc = ctx->tp[HIXL_TP_SHM];
+  if (flags & HIXL_WAITF_PROGRESS)
+    return 0;
+  pthread_mutex_lock(&sc->wlock);
+  int n = sc->n_watch;
+  if (n > max || n > SHM_WAIT_WORDS) {
+    pthread_mutex_unlock(&sc->wlock);
+    return -1;
+  }
+  int k = 0;
+  for (shm_peer_t *sp = sc->watch; sp; sp = sp->wnext)
+    w[k++] =
+        (hixl_wait_word_t){.word = &sp->inbox_sh->bell,
+                           .val = atomic_load_explicit(&sp->inbox_sh->bell, memory_order_seq_cst),
+                           .shared = true};
+  pthread_mutex_unlock(&sc->wlock);
+  return k;
+}
+
 static int shm_arm(hixl_ctx_t *ctx, unsigned flags, int *fds, int max)
 {
   const shm_ctx_t *sc = ctx->tp[HIXL_TP_SHM];
@@ -763,10 +837,25 @@ static int shm_arm(hixl_ctx_t *ctx, unsigned flags, int *fds, int max)
   return 1;
 }
 
-static void shm_ack_event(hixl_ctx_t *ctx, int64_t woke_ns)
+static void shm_ack_event(hixl_ctx_t *ctx, int64_t woke_ns, bool word)
 {
-  const shm_ctx_t *sc = ctx->tp[HIXL_TP_SHM];
+  shm_ctx_t *sc = ctx->tp[HIXL_TP_SHM];
   int64_t buf[64], last = 0;
+  if (word) { /* woken on a word: the latest time a watched peer rang */
+    pthread_mutex_lock(&sc->wlock);
+    for (shm_peer_t *sp = sc->watch; sp; sp = sp->wnext) {
+      int64_t t = atomic_load_explicit(&sp->inbox_sh->rang_ns, memory_order_relaxed);
+      if (t != sp->rang_seen) {
+        sp->rang_seen = t;
+        if (t > last && t < woke_ns)
+          last = t;
+      }
+    }
+    pthread_mutex_unlock(&sc->wlock);
+    if (last > 0)
+      hixl__wait_sample(ctx, woke_ns - last);
+    return;
+  }
   /* Bounded: a peer that keeps the pipe full must not keep us here. */
   for (int i = 0; i < 16; i++) {
     ssize_t r = read(sc->bell_r, buf, sizeof(buf));
@@ -969,6 +1058,7 @@ const hixl_transport_ops_t hixl__shm_ops = {
     .on_event = shm_on_event,
     .peer_alive = shm_peer_alive,
     .arm = shm_arm,
+    .arm_words = shm_arm_words,
     .ack_event = shm_ack_event,
     .notif_consumed = shm_notif_consumed,
 };

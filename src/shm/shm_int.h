@@ -155,12 +155,23 @@ typedef struct shm_peer {
   _Atomic bool cma_refused;
   shm_stage_out_t out;
   shm_stage_in_t in;
+  /* On the context's watch list (sc->watch, under sc->wlock): sleepers
+   * wait on inbox_sh->bell.  rang_seen: its rang_ns when we last sampled. */
+  struct shm_peer *wnext, *wprev;
+  bool watched;
+  int64_t rang_seen;
 } shm_peer_t;
 
 /* Per context (ctx->tp[HIXL_TP_SHM]): settings read at hixl_ctx_create and
  * the helper threads that split large CMA transfers (started lazily, at
  * the first transfer of split_min bytes or more). */
 #define SHM_CMA_MAX_THREADS 16
+/* Sleepers watch each bound peer's inbox word while there are at most this
+ * many peers (futex_waitv's cost grows with its words; wait.c's MAX_WORDS
+ * leaves one more for the context's own). */
+#ifndef SHM_WAIT_WORDS
+#define SHM_WAIT_WORDS 8
+#endif
 #define SHM_MAX_UIDS 64 /* in HIXL_SHM_ALLOW_UIDS */
 struct shm_cma_job;
 typedef struct shm_ctx {
@@ -177,6 +188,11 @@ typedef struct shm_ctx {
   bool uid_any;
   int n_uids;
   uint32_t uids[SHM_MAX_UIDS];
+  /* Bound peers whose inboxes sleepers may watch with futex_waitv (at
+   * most SHM_WAIT_WORDS of them: past that they sleep on the pipe). */
+  pthread_mutex_t wlock;
+  shm_peer_t *watch;
+  int n_watch;
   pthread_mutex_t lock;
   pthread_cond_t work, idle;
   struct shm_cma_job *queue; /* jobs helpers may join */
@@ -197,13 +213,15 @@ void hixl__shm_ctx_fini(hixl_ctx_t *ctx);
  * credential check is hixl__shm_bind_cred (core/provider.h). */
 hixl_status_t hixl__shm_table_init(hixl_ctx_t *ctx, shm_ctx_t *sc);
 void hixl__shm_table_fini(hixl_ctx_t *ctx, shm_ctx_t *sc);
-/* Ring peer's doorbell (its threads sleep, or wait for room; see shm_bell). */
-void hixl__shm_bell_send(shm_peer_t *sp);
+/* Wake peer's threads (they sleep, or wait for room; see shm_bell): v is
+ * the word of its page that says how many sleep, and how (HIXL_SLEEP_*). */
+void hixl__shm_bell_send(shm_peer_t *sp, uint32_t v);
 static inline void hixl__shm_ring_if_sleeping(shm_peer_t *sp)
 {
   atomic_thread_fence(memory_order_seq_cst); /* our store first: pairs with its announce */
-  if (hixl_unlikely(atomic_load_explicit(&sp->bell->sleepers, memory_order_relaxed) != 0))
-    hixl__shm_bell_send(sp);
+  uint32_t v = atomic_load_explicit(&sp->bell->sleepers, memory_order_relaxed);
+  if (hixl_unlikely(v != 0))
+    hixl__shm_bell_send(sp, v);
 }
 /* Move cnt paired elements (l[i].iov_len == r[i].iov_len, total bytes in
  * all) to or from the peer's memory with process_vm_writev/readv, split

@@ -791,6 +791,54 @@ static void test_sleep(void **state)
   hixl_ctx_destroy(ctx);
 }
 
+/* A target asleep in hixl_notif_wait while its peers come and go: each
+ * peer that connects during the sleep, and each that stays after another
+ * left, must wake it with its notification.  Over shm the sleeper watches
+ * one word per peer while they are few (docs/waiting.md) and the pipe
+ * past SHM_WAIT_WORDS (8): PEERS crosses that both ways.  Run with the
+ * waits' safety net off (HIXL_WAIT_SAFETY_MS in meson.build), so a lost
+ * wake-up is a timeout here, not a 1 s delay. */
+#define WAKE_PEERS 12
+static void wake_check(target_t *t, hixl_peer_t *from, unsigned imm, const char *when)
+{
+  char resp[256];
+  EXPECT_OK(hixl_notify(from, imm, 0, NULL));
+  unsigned got = 0;
+  if (!target_reply(t, resp, sizeof(resp)) || sscanf(resp, "ok %u", &got) != 1 || got != imm)
+    fail_msg("%s: the sleeping target did not get notification %u: %s", when, imm, resp);
+}
+
+static void test_wake_peers(void **state)
+{
+  (void)state;
+  hixl_ctx_t *first = test_ctx(0, NULL);
+  target_t t;
+  target_start(&t, first, NULL, 0);
+  hixl_ctx_t *ctx[WAKE_PEERS];
+  hixl_peer_t *peer[WAKE_PEERS];
+  char when[64];
+  for (int i = 0; i < WAKE_PEERS; i++) {
+    target_send(&t, "sleepwait 20000");
+    usleep(20000); /* it sleeps */
+    ctx[i] = i == 0 ? first : test_ctx(0, NULL);
+    peer[i] = connect_to(ctx[i], &t);
+    snprintf(when, sizeof(when), "peer %d connected during the sleep", i);
+    wake_check(&t, peer[i], (unsigned)i, when);
+  }
+  for (int i = WAKE_PEERS - 1; i > 0; i--) {
+    target_send(&t, "sleepwait 20000");
+    usleep(20000);
+    EXPECT_OK(hixl_disconnect(peer[i]));
+    hixl_ctx_destroy(ctx[i]);
+    usleep(20000); /* the target tears the peer down meanwhile */
+    snprintf(when, sizeof(when), "peer %d left during the sleep", i);
+    wake_check(&t, peer[i - 1], 100u + (unsigned)i, when);
+  }
+  hixl_disconnect(peer[0]);
+  target_stop(&t);
+  hixl_ctx_destroy(first);
+}
+
 /* ----------------------------------------------------------------- main */
 
 int main(int argc, char **argv)
@@ -804,6 +852,7 @@ int main(int argc, char **argv)
       cmocka_unit_test(test_connect_churn), cmocka_unit_test(test_world),
       cmocka_unit_test(test_remap),         cmocka_unit_test(test_flood),
       cmocka_unit_test(test_choice),        cmocka_unit_test(test_sleep),
+      cmocka_unit_test(test_wake_peers),
   };
   cases_options(CASES(tests), argc, argv);
   if (argc != 3) {

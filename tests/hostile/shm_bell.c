@@ -11,11 +11,22 @@
  * target, once it continues, must receive every notification.  The attacker also tries to read the
  * pipe (steal wake-ups): it has no read end.
  *
+ * A sleeper with few peers waits on one futex word per peer instead, in
+ * the inbox that peer writes (docs/waiting.md).  Second round: while the
+ * target sleeps, the attacker scribbles its own word and the time beside
+ * it (random values, FUTEX_WAKEs) from a thread, and the honest peer's
+ * notifications, sent one at a time, must each still reach the target.
+ * Run with the waits' safety net off (meson.build), and also with
+ * HIXL_NO_FUTEX_WAITV=1 (the pipe alone).
+ *
  * Linked with the internal objects: the attacker takes the fd from its own
  * shm peer state.
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <sys/syscall.h>
 #include <fcntl.h>
 #include <hixl.h>
 #include <signal.h>
@@ -30,6 +41,8 @@
 
 #define N 20
 
+static _Atomic bool scribbling = true;
+
 #define FAIL(...)                                                                                  \
   do {                                                                                             \
     fprintf(stderr, "shm_bell: " __VA_ARGS__);                                                     \
@@ -42,6 +55,23 @@
     if (st_ != HIXL_OK)                                                                            \
       FAIL("%s: %s (%s)", #call, hixl_strerror(st_), hixl_last_error());                           \
   } while (0)
+
+/* The attacker's thread: its inbox word at the target, and the ring time
+ * beside it, get any value, and the target's sleepers FUTEX_WAKEs. */
+static void *scribble(void *arg)
+{
+  hixl_ring_shared_t *sh = arg;
+  unsigned x = 12345;
+  while (atomic_load(&scribbling)) {
+    x = x * 1103515245u + 12345u;
+    atomic_store(&sh->bell, x);
+    atomic_store(&sh->rang_ns, (int64_t)x * ((x & 1) ? -1 : 1000));
+    if (x & 2)
+      syscall(SYS_futex, &sh->bell, FUTEX_WAKE, 1, NULL, NULL, 0);
+    usleep(100);
+  }
+  return NULL;
+}
 
 static hixl_ctx_t *mk_ctx(void)
 {
@@ -66,10 +96,10 @@ int main(void)
     if (write(out[1], addr, strlen(addr)) < 0)
       _exit(2);
     int got = 0;
-    while (got < N) {
+    while (got < 2 * N) {
       hixl_notif_t n;
       if (hixl_notif_wait(ctx, &n, 30000) != HIXL_OK)
-        FAIL("target: notification %d of %d did not come: %s", got, N, hixl_last_error());
+        FAIL("target: notification %d of %d did not come: %s", got, 2 * N, hixl_last_error());
       if (n.imm != (uint32_t)got)
         FAIL("target: notification %u, expected %d", n.imm, got);
       got++;
@@ -120,12 +150,24 @@ int main(void)
   for (int i = 0; i < N; i++)
     CHECK(hixl_notify(hp, (uint32_t)i, 0, NULL));
   kill(t, SIGCONT);
+
+  /* Round two: the target asleep (not stopped), the attacker's word and
+   * time scribbled all along, the honest peer's notifications one by one. */
+  pthread_t th;
+  if (pthread_create(&th, NULL, scribble, ((shm_peer_t *)ap->tp)->outbox_sh) != 0)
+    FAIL("pthread_create");
+  for (int i = N; i < 2 * N; i++) {
+    usleep(20000); /* it has drained round one and sleeps again */
+    CHECK(hixl_notify(hp, (uint32_t)i, 0, NULL));
+  }
   int status = 0;
   if (waitpid(t, &status, 0) != t || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
     FAIL("the target did not receive every notification (status %d)", status);
+  atomic_store(&scribbling, false);
+  pthread_join(th, NULL);
   printf("honest peer: %d notifications delivered to a sleeping target past a full, "
-         "blocking doorbell\n",
-         N);
+         "blocking doorbell, %d past a scribbled word\n",
+         N, N);
   hixl_disconnect(hp);
   hixl_disconnect(ap);
   hixl_ctx_destroy(hctx);

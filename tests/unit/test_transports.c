@@ -34,8 +34,8 @@ static const slot_t required[] = {
 };
 /* Looked at before each call (NULL: the core's default). */
 static const slot_t optional[] = {
-    SLOT(peer_lost),      SLOT(batch),  SLOT(arm),   SLOT(ack_event),  SLOT(notif_poll),
-    SLOT(notif_consumed), SLOT(mr_key), SLOT(probe), SLOT(peer_alive),
+    SLOT(peer_lost),  SLOT(batch),          SLOT(arm),    SLOT(arm_words), SLOT(ack_event),
+    SLOT(notif_poll), SLOT(notif_consumed), SLOT(mr_key), SLOT(probe),     SLOT(peer_alive),
 };
 
 static void *slot_at(const hixl_transport_ops_t *o, size_t off)
@@ -76,6 +76,8 @@ static void check_table(const hixl_transport_ops_t *o, bool closed)
       fail_msg("transport %s: required slot %s is NULL", o->name, required[i].name);
   if ((o->arm == NULL) != (o->ack_event == NULL))
     fail_msg("transport %s: arm and ack_event come together", o->name);
+  if (o->arm_words && !o->arm)
+    fail_msg("transport %s: arm_words needs arm (the fds when words cannot do)", o->name);
   if (closed)
     return;
   if (o->id < 0 || o->id >= HIXL_TP_MAX)

@@ -100,7 +100,7 @@ static void test_rejects(void **state)
   size_t n = hixl_wire_encode(&m, buf, sizeof(buf)), need;
   /* Bad magic, version, type, oversized length, too many fds. */
   size_t pos[] = {0, 4, 6, 8, 12};
-  uint8_t val[] = {'X', 9, 200, 0xff, 9};
+  uint8_t val[] = {'X', HIXL_WIRE_VERSION + 1, 200, 0xff, 9};
   for (size_t i = 0; i < 5; i++) {
     memcpy(bad, buf, n);
     bad[pos[i]] = val[i];
