@@ -120,7 +120,10 @@ _Static_assert(sizeof(shm_tag_t) == 16, "the tag table is shared between process
  * fills the pipe and clears O_NONBLOCK on the shared write end cannot
  * block its other writers either.  (A pipe, not a datagram socket: a unix
  * socket's wake-up took 46 us where a pipe's took 32 here.)  Only the owner
- * writes the page.
+ * writes the page.  Each word's low half counts threads asleep in poll()
+ * (the pipe); its high half threads asleep in futex_waitv on one word per
+ * peer (HIXL_SLEEP_WORD), which the peer bumps in the ring it produces
+ * into, ring.h's `bell`, and FUTEX_WAKEs (hixl__shm_bell_send).
  *
  * `alive` is the owner's heartbeat: its control thread advances it at
  * every turn of its loop (at least once a tick), and a peer that sees it
