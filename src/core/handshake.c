@@ -537,6 +537,10 @@ hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeou
   epoll_ctl(ctx->epoll_fd, EPOLL_CTL_ADD, p->fd, &ev);
   pthread_mutex_unlock(&p->send_lock);
   pthread_mutex_unlock(&ctx->lock);
+  /* Its notifications may have come already (the target can notify once
+   * it has bound), while a waiter of ours looked at a peer list without
+   * it: that waiter looks again. */
+  hixl__wake_waiters(ctx);
   hixl_info("connected to %s over %s", addr, ops->name);
   *peer_p = p;
   return HIXL_OK;

@@ -70,17 +70,18 @@
 #ifdef SYS_futex_waitv
 /* Linux 5.16; seccomp profiles may refuse it (EPERM) as an old kernel
  * does (ENOSYS).  nr == 0 is EINVAL where it exists. */
-static bool futex_waitv_ok;
+static _Atomic bool futex_waitv_ok;
 static pthread_once_t futex_once = PTHREAD_ONCE_INIT;
 static void futex_probe(void)
 {
-  futex_waitv_ok = syscall(SYS_futex_waitv, NULL, 0, 0, NULL, 0) < 0 && errno == EINVAL &&
-                   getenv("HIXL_NO_FUTEX_WAITV") == NULL;
+  const char *e = getenv("HIXL_NO_FUTEX_WAITV");
+  atomic_store(&futex_waitv_ok, syscall(SYS_futex_waitv, NULL, 0, 0, NULL, 0) < 0 &&
+                                    errno == EINVAL && !(e && *e && strcmp(e, "0") != 0));
 }
 static bool words_ok(void)
 {
   pthread_once(&futex_once, futex_probe);
-  return futex_waitv_ok;
+  return atomic_load_explicit(&futex_waitv_ok, memory_order_relaxed);
 }
 #else
 static bool words_ok(void) { return false; }
@@ -206,7 +207,7 @@ static __thread struct {
   hixl_ctx_t *ctx;
   unsigned fired; /* bit 0: our eventfd (or wake_word); bit 1 + i: transport i's */
   bool word;      /* the sleep was on words */
-  int64_t woke_ns;
+  int64_t slept_ns, woke_ns;
 } last;
 
 static void drain_last(hixl_ctx_t *ctx)
@@ -216,8 +217,10 @@ static void drain_last(hixl_ctx_t *ctx)
   if (last.fired & 1) {
     uint64_t v;
     if (last.word || read(thread_efd(), &v, sizeof(v)) == (ssize_t)sizeof(v)) {
+      /* A stamp from before the sleep is an older wake-up's (a re-arm
+       * stamps none): not this one's latency. */
       int64_t stamp = atomic_load_explicit(&ctx->wake_stamp_ns, memory_order_relaxed);
-      if (stamp && stamp < last.woke_ns)
+      if (stamp > last.slept_ns && stamp < last.woke_ns)
         hixl__wait_sample(ctx, last.woke_ns - stamp);
     }
   }
@@ -318,7 +321,11 @@ static unsigned sleep_words(const sources_t *s, int ms)
   if (r >= 0 && r < s->nw)
     return s->wbit[r];
   /* EAGAIN: a word moved (look again); ETIMEDOUT, EINTR; EFAULT: a peer's
-   * ring unmapped under us (its peer is gone; look again). */
+   * ring unmapped under us (its peer is gone; look again).  Anything else
+   * (a seccomp filter installed since the probe, ENOMEM) would return at
+   * once every time: a busy loop.  From then on, poll(). */
+  if (r < 0 && errno != EAGAIN && errno != ETIMEDOUT && errno != EINTR && errno != EFAULT)
+    atomic_store(&futex_waitv_ok, false);
   return 0;
 #else
   (void)s;
@@ -364,7 +371,9 @@ static bool sleep_once(hixl_ctx_t *ctx, int64_t deadline, int cap_ms, unsigned f
   atomic_thread_fence(memory_order_seq_cst);
   bool done = fn(arg);
   unsigned fired = 0;
+  int64_t slept_ns = 0;
   if (!done && armed) {
+    slept_ns = hixl__now_ns();
     int ms = ms_left(deadline, cap_ms);
     if (!s.words && efd < 0 && ms > 1)
       ms = 1; /* no eventfd (out of fds): local wake-ups cannot reach us */
@@ -393,6 +402,7 @@ static bool sleep_once(hixl_ctx_t *ctx, int64_t deadline, int cap_ms, unsigned f
     last.woke_ns = hixl__now_ns();
     last.fired = fired;
     last.word = s.words;
+    last.slept_ns = slept_ns;
   }
   return done;
 }

@@ -799,6 +799,7 @@ static void test_sleep(void **state)
  * waits' safety net off (HIXL_WAIT_SAFETY_MS in meson.build), so a lost
  * wake-up is a timeout here, not a 1 s delay. */
 #define WAKE_PEERS 12
+#define WAKE_TIMEOUT_MS 1500 /* the target's: its release grace is 4 s */
 static void wake_check(target_t *t, hixl_peer_t *from, unsigned imm, const char *when)
 {
   char resp[256];
@@ -813,7 +814,7 @@ static void test_wake_peers(void **state)
   (void)state;
   hixl_ctx_t *first = test_ctx(0, NULL);
   target_t t;
-  target_start(&t, first, NULL, 0);
+  target_start(&t, first, NULL, WAKE_TIMEOUT_MS);
   hixl_ctx_t *ctx[WAKE_PEERS];
   hixl_peer_t *peer[WAKE_PEERS];
   char when[64];
@@ -825,12 +826,23 @@ static void test_wake_peers(void **state)
     snprintf(when, sizeof(when), "peer %d connected during the sleep", i);
     wake_check(&t, peer[i], (unsigned)i, when);
   }
-  for (int i = WAKE_PEERS - 1; i > 0; i--) {
+  /* The target frees a lost peer (its rings, its watch) only after the
+   * release grace, timeout_ms * 2 + 1 s: four leave, and the sleeper must
+   * hear peer 7 after they are freed under it, back to 8 words. */
+  target_send(&t, "sleepwait 20000");
+  usleep(20000);
+  for (int i = WAKE_PEERS - 1; i >= 8; i--) {
+    EXPECT_OK(hixl_disconnect(peer[i]));
+    hixl_ctx_destroy(ctx[i]);
+  }
+  usleep((WAKE_TIMEOUT_MS * 2 + 2000) * 1000);
+  wake_check(&t, peer[7], 200u, "four peers left and were freed during the sleep");
+  for (int i = 7; i > 0; i--) {
     target_send(&t, "sleepwait 20000");
     usleep(20000);
     EXPECT_OK(hixl_disconnect(peer[i]));
     hixl_ctx_destroy(ctx[i]);
-    usleep(20000); /* the target tears the peer down meanwhile */
+    usleep(20000); /* the target sees the loss meanwhile */
     snprintf(when, sizeof(when), "peer %d left during the sleep", i);
     wake_check(&t, peer[i - 1], 100u + (unsigned)i, when);
   }

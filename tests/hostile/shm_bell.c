@@ -14,7 +14,7 @@
  * A sleeper with few peers waits on one futex word per peer instead, in
  * the inbox that peer writes (docs/waiting.md).  Second round: while the
  * target sleeps, the attacker scribbles its own word and the time beside
- * it (random values, FUTEX_WAKEs) from a thread, and the honest peer's
+ * it (random values, stores only) from a thread, and the honest peer's
  * notifications, sent one at a time, must each still reach the target.
  * Run with the waits' safety net off (meson.build), and also with
  * HIXL_NO_FUTEX_WAITV=1 (the pipe alone).
@@ -24,9 +24,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <linux/futex.h>
 #include <pthread.h>
-#include <sys/syscall.h>
 #include <fcntl.h>
 #include <hixl.h>
 #include <signal.h>
@@ -57,7 +55,7 @@ static _Atomic bool scribbling = true;
   } while (0)
 
 /* The attacker's thread: its inbox word at the target, and the ring time
- * beside it, get any value, and the target's sleepers FUTEX_WAKEs. */
+ * beside it, get any value, by plain stores. */
 static void *scribble(void *arg)
 {
   hixl_ring_shared_t *sh = arg;
@@ -66,8 +64,8 @@ static void *scribble(void *arg)
     x = x * 1103515245u + 12345u;
     atomic_store(&sh->bell, x);
     atomic_store(&sh->rang_ns, (int64_t)x * ((x & 1) ? -1 : 1000));
-    if (x & 2)
-      syscall(SYS_futex, &sh->bell, FUTEX_WAKE, 1, NULL, NULL, 0);
+    /* Stores only: a FUTEX_WAKE here would wake the target anyway and
+     * hide an honest wake-up that was lost. */
     usleep(100);
   }
   return NULL;
@@ -156,10 +154,24 @@ int main(void)
   pthread_t th;
   if (pthread_create(&th, NULL, scribble, ((shm_peer_t *)ap->tp)->outbox_sh) != 0)
     FAIL("pthread_create");
+  /* How it sleeps, from its page (which we map read-only): on words (the
+   * high half) unless HIXL_NO_FUTEX_WAITV keeps it in poll(). */
+  const char *nofw = getenv("HIXL_NO_FUTEX_WAITV");
+  bool want_words = !(nofw && *nofw && strcmp(nofw, "0") != 0);
+  const shm_bell_t *tb = ((shm_peer_t *)hp->tp)->bell;
+  int asleep_as_wanted = 0;
   for (int i = N; i < 2 * N; i++) {
     usleep(20000); /* it has drained round one and sleeps again */
+    uint32_t v = atomic_load(&tb->sleepers);
+    if (v != 0 && (v >= HIXL_SLEEP_WORD) == want_words)
+      asleep_as_wanted++;
     CHECK(hixl_notify(hp, (uint32_t)i, 0, NULL));
   }
+  if (asleep_as_wanted == 0)
+    FAIL("the target never slept %s (this kernel lacks futex_waitv?)",
+         want_words ? "on futex words" : "in poll()");
+  printf("target asleep %s at %d of %d notifications\n", want_words ? "on words" : "in poll()",
+         asleep_as_wanted, N);
   int status = 0;
   if (waitpid(t, &status, 0) != t || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
     FAIL("the target did not receive every notification (status %d)", status);
