@@ -92,6 +92,14 @@ static void futex_wake(_Atomic uint32_t *w, bool shared)
   syscall(SYS_futex, w, shared ? FUTEX_WAKE : FUTEX_WAKE_PRIVATE, INT32_MAX, NULL, NULL, 0);
 }
 
+/* Does a thread of ctx sleep on words (either count's high half)? */
+static bool word_sleepers(const hixl_ctx_t *ctx)
+{
+  uint32_t v = atomic_load_explicit(ctx->sleepers, memory_order_relaxed) |
+               atomic_load_explicit(ctx->space_waiters, memory_order_relaxed);
+  return v >= HIXL_SLEEP_WORD;
+}
+
 void hixl__wake_word(_Atomic uint32_t *w, bool shared)
 {
   atomic_fetch_add_explicit(w, 1, memory_order_seq_cst);
@@ -105,9 +113,7 @@ void hixl__wake_rearm(hixl_ctx_t *ctx)
    * new value), and one that announced itself before our look is woken. */
   atomic_fetch_add_explicit(&ctx->wake_word, 1, memory_order_seq_cst);
   atomic_thread_fence(memory_order_seq_cst);
-  uint32_t v = atomic_load_explicit(ctx->sleepers, memory_order_relaxed) |
-               atomic_load_explicit(ctx->space_waiters, memory_order_relaxed);
-  if (v >= HIXL_SLEEP_WORD)
+  if (word_sleepers(ctx))
     futex_wake(&ctx->wake_word, false);
 }
 
@@ -152,9 +158,7 @@ void hixl__wait_fini(hixl_ctx_t *ctx) { pthread_mutex_destroy(&ctx->wait_lock); 
 void hixl__wake_all(hixl_ctx_t *ctx)
 {
   atomic_store_explicit(&ctx->wake_stamp_ns, hixl__now_ns(), memory_order_relaxed);
-  uint32_t v = atomic_load_explicit(ctx->sleepers, memory_order_relaxed) |
-               atomic_load_explicit(ctx->space_waiters, memory_order_relaxed);
-  if (v >= HIXL_SLEEP_WORD)
+  if (word_sleepers(ctx))
     hixl__wake_word(&ctx->wake_word, false);
   uint64_t one = 1;
   pthread_mutex_lock(&ctx->wait_lock);
@@ -299,9 +303,10 @@ static bool arm_all(hixl_ctx_t *ctx, unsigned flags, sources_t *s)
   return true;
 }
 
-/* futex_waitv on s's words for at most ms; the bit of what woke us, 0 for
- * a timeout or a word that had moved already. */
-static unsigned sleep_words(const sources_t *s, int ms)
+/* futex_waitv on s's words for at most ms from now_ns (CLOCK_MONOTONIC,
+ * read by the caller already); the bit of what woke us, 0 for a timeout or
+ * a word that had moved already. */
+static unsigned sleep_words(const sources_t *s, int64_t now_ns, int ms)
 {
 #ifdef SYS_futex_waitv
   struct futex_waitv wv[MAX_WORDS];
@@ -309,14 +314,8 @@ static unsigned sleep_words(const sources_t *s, int ms)
     wv[i] = (struct futex_waitv){.val = s->w[i].val,
                                  .uaddr = (uint64_t)(uintptr_t)s->w[i].word,
                                  .flags = FUTEX_32 | (s->w[i].shared ? 0 : FUTEX_PRIVATE_FLAG)};
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  ts.tv_sec += ms / 1000;
-  ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-  if (ts.tv_nsec >= 1000000000L) {
-    ts.tv_sec++;
-    ts.tv_nsec -= 1000000000L;
-  }
+  int64_t until = now_ns + (int64_t)ms * 1000000;
+  struct timespec ts = {.tv_sec = until / 1000000000, .tv_nsec = until % 1000000000};
   long r = syscall(SYS_futex_waitv, wv, (unsigned)s->nw, 0, &ts, CLOCK_MONOTONIC);
   if (r >= 0 && r < s->nw)
     return s->wbit[r];
@@ -329,6 +328,7 @@ static unsigned sleep_words(const sources_t *s, int ms)
   return 0;
 #else
   (void)s;
+  (void)now_ns;
   (void)ms;
   return 0;
 #endif
@@ -346,13 +346,11 @@ static bool sleep_once(hixl_ctx_t *ctx, int64_t deadline, int cap_ms, unsigned f
   sources_t s;
   bool armed = arm_all(ctx, flags, &s);
   uint32_t unit = s.words ? HIXL_SLEEP_WORD : HIXL_SLEEP_POLL;
-  int efd = -1;
   hixl_sleeper_t me = {.efd = -1};
   s.pf[0] = (struct pollfd){.fd = -1}; /* poll() skips a negative fd */
   s.bit[0] = 1;
-  if (!s.words && (efd = thread_efd()) >= 0) {
-    s.pf[0] = (struct pollfd){.fd = efd, .events = POLLIN};
-    me.efd = efd;
+  if (!s.words && (me.efd = thread_efd()) >= 0) {
+    s.pf[0] = (struct pollfd){.fd = me.efd, .events = POLLIN};
     pthread_mutex_lock(&ctx->wait_lock);
     me.next = ctx->sleeping;
     ctx->sleeping = &me;
@@ -375,10 +373,10 @@ static bool sleep_once(hixl_ctx_t *ctx, int64_t deadline, int cap_ms, unsigned f
   if (!done && armed) {
     slept_ns = hixl__now_ns();
     int ms = ms_left(deadline, cap_ms);
-    if (!s.words && efd < 0 && ms > 1)
+    if (!s.words && me.efd < 0 && ms > 1)
       ms = 1; /* no eventfd (out of fds): local wake-ups cannot reach us */
     if (ms > 0 && s.words) {
-      fired = sleep_words(&s, ms);
+      fired = sleep_words(&s, slept_ns, ms);
     } else if (ms > 0 && poll(s.pf, s.n, ms) > 0) {
       for (nfds_t i = 0; i < s.n; i++)
         if (s.pf[i].revents)

@@ -290,7 +290,6 @@ static void watch_add(hixl_ctx_t *ctx, shm_peer_t *sp)
   if (sc->watch)
     sc->watch->wprev = sp;
   sc->watch = sp;
-  sp->watched = true;
   sc->n_watch++;
   pthread_mutex_unlock(&sc->wlock);
   /* A sleeper that armed before this peer was watched would not hear it:
@@ -300,12 +299,11 @@ static void watch_add(hixl_ctx_t *ctx, shm_peer_t *sp)
 
 /* Before the inbox is unmapped: no new sleeper reads its word, and those
  * that did wake (their futex_waitv must not wait on memory being unmapped,
- * whose address may come back as something else). */
+ * whose address may come back as something else).  For a peer whose tp is
+ * set: connect and accept set it and watch_add together. */
 static void watch_del(hixl_ctx_t *ctx, shm_peer_t *sp)
 {
   shm_ctx_t *sc = ctx->tp[HIXL_TP_SHM];
-  if (!sp->watched)
-    return;
   pthread_mutex_lock(&sc->wlock);
   if (sp->wprev)
     sp->wprev->wnext = sp->wnext;
@@ -313,7 +311,6 @@ static void watch_del(hixl_ctx_t *ctx, shm_peer_t *sp)
     sc->watch = sp->wnext;
   if (sp->wnext)
     sp->wnext->wprev = sp->wprev;
-  sp->watched = false;
   sc->n_watch--;
   pthread_mutex_unlock(&sc->wlock);
   hixl__wake_rearm(ctx);

@@ -161,7 +161,6 @@ typedef struct shm_peer {
   /* On the context's watch list (sc->watch, under sc->wlock): sleepers
    * wait on inbox_sh->bell.  rang_seen: its rang_ns when we last sampled. */
   struct shm_peer *wnext, *wprev;
-  bool watched;
   int64_t rang_seen;
 } shm_peer_t;
 
