@@ -25,6 +25,7 @@
 
 #include "cases.h"
 #include "harness.h"
+#include "usage.h"
 
 static bool is_self(void) { return strcmp(g_transport, "self") == 0; }
 
@@ -687,21 +688,6 @@ static void test_choice(void **state)
 }
 
 /* --------------------------------------------------------------- sleep */
-
-static long long cpu_us(void)
-{
-  struct rusage r;
-  getrusage(RUSAGE_SELF, &r);
-  return (r.ru_utime.tv_sec + r.ru_stime.tv_sec) * 1000000LL + r.ru_utime.tv_usec +
-         r.ru_stime.tv_usec;
-}
-
-static long long wall_us(void)
-{
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1000000LL + ts.tv_nsec / 1000;
-}
 
 /* SIGSTOP, and wait until the kernel says it took effect (state T): kill()
  * returns before the target's threads have all stopped. */

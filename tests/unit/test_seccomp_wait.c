@@ -29,6 +29,7 @@
 #include <cmocka.h>
 
 #include <hixl.h>
+#include "../common/usage.h"
 
 #ifdef SYS_futex_waitv
 
@@ -70,21 +71,6 @@ static void deny_futex_waitv(void)
   errno = 0;
   CHILD_CHECK(syscall(SYS_futex_waitv, NULL, 0, 0, NULL, 0) < 0 && errno == ENOSYS,
               "the filter does not deny futex_waitv");
-}
-
-static long long cpu_us(void)
-{
-  struct rusage r;
-  getrusage(RUSAGE_SELF, &r);
-  return (r.ru_utime.tv_sec + r.ru_stime.tv_sec) * 1000000LL + r.ru_utime.tv_usec +
-         r.ru_stime.tv_usec;
-}
-
-static long long wall_us(void)
-{
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1000000LL + t.tv_nsec / 1000;
 }
 
 typedef struct {
