@@ -94,9 +94,9 @@ hixl_status_t hixl__lookup_blob(hixl_peer_t *peer, const char *name, uint8_t *bl
 /* Retire a handle (its magic already set dead); ctx->lock held. */
 void hixl__quarantine_locked(hixl_ctx_t *ctx, void *obj);
 void hixl__mrs_destroy(hixl_ctx_t *ctx);
-/* The context's notification inbox (notif.c). */
-hixl_status_t hixl__inbox_init(hixl_ctx_t *ctx);
-void hixl__inbox_fini(hixl_ctx_t *ctx);
+/* The context's notification state: its inbox, its sources (notif.c). */
+hixl_status_t hixl__notif_init(hixl_ctx_t *ctx);
+void hixl__notif_fini(hixl_ctx_t *ctx);
 /* A lazy transport just set up: register every region with it, then mark
  * it ready, under reg_lock (so a region registered meanwhile is done by
  * exactly one of us).  On an error, what was registered is undone. */

@@ -133,7 +133,7 @@ hixl_status_t hixl_ctx_create(const hixl_config_t *cfg_in, hixl_ctx_t **ctx_p)
   pthread_cond_init(&ctx->cond, &ca);
   pthread_condattr_destroy(&ca);
 
-  hixl_status_t st = hixl__inbox_init(ctx);
+  hixl_status_t st = hixl__notif_init(ctx);
   if (st != HIXL_OK)
     goto fail;
   st = hixl__parse_transports(ctx->cfg.transports, ctx->tp_order, &ctx->n_tp_order,
@@ -231,7 +231,7 @@ void hixl_ctx_destroy(hixl_ctx_t *ctx)
   for (unsigned i = 0; i < HIXL_QUARANTINE; i++)
     free(ctx->quarantine[i]);
   hixl__pool_destroy(ctx);
-  hixl__inbox_fini(ctx);
+  hixl__notif_fini(ctx);
   if (ctx->reg_table)
     munmap(ctx->reg_table, HIXL_REG_SLOTS * sizeof(hixl_reg_slot_t));
   free(ctx->slot_mr);

@@ -5,10 +5,11 @@
  * in our process (receive completions) and go into one inbox per context,
  * each entry tagged with its peer (docs/scale.md: 2 MiB per peer before).
  * Polling takes entries in ring order, which is issue order for a peer;
- * the shm peers are visited round robin, and the context's inbox in turn
- * with them, so none starves.
+ * the peers' own rings are visited round robin, and the context's inbox
+ * in turn with them, so none starves.
  */
 #define _GNU_SOURCE
+#include <stdlib.h>
 #include <sys/mman.h>
 
 #include "core.h"
@@ -18,8 +19,12 @@
  * the transport's receive buffers: nothing is lost). */
 #define CTX_INBOX_CAP 65536u
 
-hixl_status_t hixl__inbox_init(hixl_ctx_t *ctx)
+hixl_status_t hixl__notif_init(hixl_ctx_t *ctx)
 {
+  pthread_mutex_init(&ctx->notif.lock, NULL);
+  for (size_t t = 0; t < hixl__n_transports; t++)
+    if (hixl__transports[t]->notif_poll)
+      ctx->notif.tp_mask |= 1u << hixl__transports[t]->id;
   /* Anonymous memory is zero, so only the header is written and the cells'
    * pages come as positions reach them. */
   void *m = mmap(NULL, hixl_ring_bytes(CTX_INBOX_CAP), PROT_READ | PROT_WRITE,
@@ -31,11 +36,51 @@ hixl_status_t hixl__inbox_init(hixl_ctx_t *ctx)
   return HIXL_OK;
 }
 
-void hixl__inbox_fini(hixl_ctx_t *ctx)
+void hixl__notif_fini(hixl_ctx_t *ctx)
 {
   if (ctx->inbox)
     munmap(ctx->inbox, hixl_ring_bytes(CTX_INBOX_CAP));
   ctx->inbox = NULL;
+  free(ctx->notif.v);
+  ctx->notif.v = NULL;
+  ctx->notif.n = ctx->notif.cap = 0;
+  pthread_mutex_destroy(&ctx->notif.lock);
+}
+
+hixl_status_t hixl__notif_src_add(hixl_peer_t *peer, hixl_ring_t *ring)
+{
+  hixl_ctx_t *ctx = peer->ctx;
+  hixl_status_t st = HIXL_OK;
+  pthread_mutex_lock(&ctx->notif.lock);
+  if (ctx->notif.n == ctx->notif.cap) {
+    unsigned cap = ctx->notif.cap ? 2 * ctx->notif.cap : 16;
+    hixl_notif_src_t *v = realloc(ctx->notif.v, cap * sizeof(*v));
+    if (v == NULL)
+      st = hixl__err(HIXL_ERR_NOMEM, "no memory to poll the notifications of peer %s", peer->name);
+    else {
+      ctx->notif.v = v;
+      ctx->notif.cap = cap;
+    }
+  }
+  if (st == HIXL_OK) {
+    ctx->notif.v[ctx->notif.n++] = (hixl_notif_src_t){.ring = ring, .peer = peer};
+    peer->inbox = ring;
+  }
+  pthread_mutex_unlock(&ctx->notif.lock);
+  return st;
+}
+
+void hixl__notif_src_del(hixl_peer_t *peer)
+{
+  hixl_ctx_t *ctx = peer->ctx;
+  pthread_mutex_lock(&ctx->notif.lock);
+  for (unsigned i = 0; i < ctx->notif.n; i++)
+    if (ctx->notif.v[i].peer == peer) {
+      ctx->notif.v[i] = ctx->notif.v[--ctx->notif.n]; /* order is the round robin's only */
+      break;
+    }
+  peer->inbox = NULL;
+  pthread_mutex_unlock(&ctx->notif.lock);
 }
 
 bool hixl__inbox_push(hixl_peer_t *peer, uint32_t imm, uint64_t len)
@@ -55,12 +100,16 @@ void hixl__inbox_forget(hixl_peer_t *peer)
 {
   if (atomic_load(&peer->inbox_queued) == 0)
     return;
-  /* Tag 0: hixl_notif_poll skips the entry. */
-  unsigned n = hixl_ring_retag(peer->ctx->inbox, (uint64_t)(uintptr_t)peer, 0);
+  /* Tag 0: hixl_notif_poll skips the entry.  Under the consumers' lock:
+   * none of them reads a tag meanwhile. */
+  hixl_ctx_t *ctx = peer->ctx;
+  pthread_mutex_lock(&ctx->notif.lock);
+  unsigned n = hixl_ring_retag(ctx->inbox, (uint64_t)(uintptr_t)peer, 0);
+  pthread_mutex_unlock(&ctx->notif.lock);
   atomic_fetch_sub(&peer->inbox_queued, n);
 }
 
-/* Take up to max entries of the context's inbox into out (ctx->lock held). */
+/* Take up to max entries of the context's inbox into out (notif.lock held). */
 static int inbox_take_locked(hixl_ctx_t *ctx, hixl_notif_t *out, int max)
 {
   int n = 0;
@@ -129,45 +178,47 @@ int hixl_notif_poll(hixl_ctx_t *ctx, hixl_notif_t *out, int max)
                      : out == NULL ? "NULL out"
                                    : "max < 0");
   int n = 0;
-  for (size_t t = 0; t < hixl__n_transports; t++) {
-    const hixl_transport_ops_t *o = hixl__transports[t];
-    if (o->notif_poll && (ctx->tp_ready & (1u << o->id)))
-      o->notif_poll(ctx);
-  }
-  pthread_mutex_lock(&ctx->lock);
-  unsigned npeers = 0;
-  for (hixl_peer_t *p = ctx->peers; p; p = p->next)
-    npeers++;
+  /* Transports that deliver into the context's inbox bring in what
+   * arrived (verbs, fabric: while they are set up). */
+  if (atomic_load_explicit(&ctx->tp_ready, memory_order_relaxed) & ctx->notif.tp_mask)
+    for (size_t t = 0; t < hixl__n_transports; t++) {
+      const hixl_transport_ops_t *o = hixl__transports[t];
+      if (o->notif_poll && (ctx->tp_ready & (1u << o->id)))
+        o->notif_poll(ctx);
+    }
+  pthread_mutex_lock(&ctx->notif.lock);
+  unsigned ns = ctx->notif.n;
   /* The context's inbox takes its turn as one more member of the round. */
-  unsigned start = atomic_fetch_add(&ctx->notif_rr, 1) % (npeers + 1);
-  bool inbox_first = start == npeers;
+  unsigned start = ctx->notif.rr++ % (ns + 1);
+  bool inbox_first = start == ns;
   if (inbox_first) {
     n = inbox_take_locked(ctx, out, max);
     start = 0;
   }
-  for (int pass = 0; pass < 2 && n < max; pass++) {
-    unsigned i = 0;
-    for (hixl_peer_t *p = ctx->peers; p && n < max; p = p->next, i++) {
-      /* First pass: from start to the end; second: the ones before start. */
-      if ((pass == 0) != (i >= start) || p->inbox == NULL)
-        continue;
-      uint32_t imm;
-      uint64_t len;
-      int n0 = n;
-      while (n < max && hixl_ring_pop(p->inbox, &imm, &len)) {
-        out[n].peer = p;
-        out[n].imm = imm;
-        out[n].len = (size_t)len;
-        n++;
-      }
-      /* Room made: a producer may wait for it (hixl__notify_push). */
-      if (n > n0 && p->ops->notif_consumed)
-        p->ops->notif_consumed(p);
+  for (unsigned k = 0; k < ns && n < max; k++) {
+    const hixl_notif_src_t *s = &ctx->notif.v[(start + k) % ns];
+    if (!hixl_ring_maybe_nonempty(s->ring))
+      continue;
+    hixl_peer_t *p = s->peer;
+    /* Not up yet (its connect has not returned): later, as in the inbox. */
+    if (atomic_load_explicit(&p->state, memory_order_acquire) == HIXL_PEER_CONNECTING)
+      continue;
+    uint32_t imm;
+    uint64_t len;
+    int n0 = n;
+    while (n < max && hixl_ring_pop(s->ring, &imm, &len)) {
+      out[n].peer = p;
+      out[n].imm = imm;
+      out[n].len = (size_t)len;
+      n++;
     }
+    /* Room made: a producer may wait for it (hixl__notify_push). */
+    if (n > n0 && p->ops->notif_consumed)
+      p->ops->notif_consumed(p);
   }
   if (n < max && !inbox_first)
     n += inbox_take_locked(ctx, out + n, max - n);
-  pthread_mutex_unlock(&ctx->lock);
+  pthread_mutex_unlock(&ctx->notif.lock);
   return n;
 }
 

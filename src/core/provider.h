@@ -68,6 +68,11 @@ void hixl__wake_rearm(hixl_ctx_t *ctx);
 /* A measured wake-up latency (waker's timestamp to the waiter running):
  * what the adaptive polling budget follows. */
 void hixl__wait_sample(hixl_ctx_t *ctx, int64_t wake_ns);
+/* An inbox ring of a peer's own (notif.c). */
+typedef struct hixl_notif_src {
+  hixl_ring_t *ring;
+  hixl_peer_t *peer;
+} hixl_notif_src_t;
 typedef struct hixl_sleeper {
   int efd; /* its thread's eventfd */
   struct hixl_sleeper *next;
@@ -356,9 +361,14 @@ typedef struct hixl_transport_ops {
  * lock (one producer per transport at a time). */
 bool hixl__inbox_push(hixl_peer_t *peer, uint32_t imm, uint64_t len);
 /* In such a transport's peer_close, once nothing more can be delivered
- * for peer: drop its entries still in the inbox (ctx->lock held, or peer
- * never was up). */
+ * for peer: drop its entries still in the inbox. */
 void hixl__inbox_forget(hixl_peer_t *peer);
+/* A transport whose peers write an inbox ring of their own (shm, self):
+ * ring becomes peer->inbox and one of what hixl_notif_poll visits (from
+ * when peer is up); NOMEM.  del before the ring's memory goes: once it
+ * returns, no poller reads the ring. */
+hixl_status_t hixl__notif_src_add(hixl_peer_t *peer, hixl_ring_t *ring);
+void hixl__notif_src_del(hixl_peer_t *peer);
 
 /* Slots a transport without such a step fills with (transport.c). */
 hixl_status_t hixl__tp_ctx_init_none(hixl_ctx_t *ctx);
@@ -520,11 +530,23 @@ struct hixl_ctx {
   hixl_peer_t *hs_head; /* inbound handshakes, oldest first (hs_next) */
   unsigned n_inbound;
   hixl_published_t published[HIXL_MAX_PUBLISHED];
-  _Atomic unsigned notif_rr; /* round-robin start for notification polling */
   /* Notifications from every verbs and fabric peer, in arrival order, each
    * tagged with its peer (notif.c): one ring per context, not per peer
    * (docs/scale.md).  Its pages are touched only as positions reach them. */
   hixl_ring_t *inbox;
+  /* What hixl_notif_poll visits (notif.c), side by side because a waiter
+   * woken after a long sleep finds all of it cold: the rings of the peers
+   * with an inbox of their own (shm, self) in an array, not the peer list
+   * (no peer's line is read unless its ring has entries), under a lock of
+   * its own, not ctx->lock (a leaf: taken under ctx->lock, never around
+   * it), which also serializes the consumers of the context's inbox. */
+  struct {
+    pthread_mutex_t lock;
+    hixl_notif_src_t *v;
+    unsigned n, cap;
+    unsigned rr;      /* round-robin start */
+    uint32_t tp_mask; /* transports with a notif_poll hook */
+  } notif;
 
   /* Region registry. */
   pthread_mutex_t reg_lock;

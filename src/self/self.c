@@ -24,11 +24,14 @@ static hixl_status_t self_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int6
   (void)ack;
   (void)deadline;
   /* calloc of 2 MiB maps zero pages: the ring touches them as it fills. */
-  peer->inbox = calloc(1, hixl_ring_bytes(SELF_RING_CAP));
-  if (peer->inbox == NULL)
+  hixl_ring_t *ring = calloc(1, hixl_ring_bytes(SELF_RING_CAP));
+  if (ring == NULL)
     return HIXL_ERR_NOMEM;
-  hixl_ring_init_zeroed(peer->inbox, SELF_RING_CAP);
-  return HIXL_OK;
+  hixl_ring_init_zeroed(ring, SELF_RING_CAP);
+  hixl_status_t st = hixl__notif_src_add(peer, ring);
+  if (st != HIXL_OK)
+    free(ring);
+  return st;
 }
 
 static bool self_usable(hixl_ctx_t *ctx, const hixl_msg_t *m)
@@ -40,8 +43,11 @@ static bool self_usable(hixl_ctx_t *ctx, const hixl_msg_t *m)
 
 static void self_peer_close(hixl_peer_t *p)
 {
-  free(p->inbox);
-  p->inbox = NULL;
+  hixl_ring_t *ring = p->inbox;
+  if (ring == NULL)
+    return;
+  hixl__notif_src_del(p);
+  free(ring);
 }
 
 static hixl_status_t self_rmr_attach(hixl_rmr_t *r, int64_t deadline)

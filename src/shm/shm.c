@@ -453,10 +453,13 @@ static hixl_status_t shm_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64
     close(got[i]);
   if (st != HIXL_OK)
     goto fail;
+  peer->tp = sp;
+  if ((st = hixl__notif_src_add(peer, &sp->inbox)) != HIXL_OK) {
+    peer->tp = NULL;
+    goto fail;
+  }
   close(inbox_fd);
   close(tcp_fd);
-  peer->tp = sp;
-  peer->inbox = &sp->inbox;
   watch_add(ctx, sp);
   return HIXL_OK;
 fail:
@@ -484,11 +487,18 @@ hixl_status_t hixl__shm_accept(hixl_peer_t *peer, const int *fds, int nfds, int 
   const shm_ctx_t *sc = peer->ctx->tp[HIXL_TP_SHM];
   int table_fd = st == HIXL_OK ? fcntl(sc->tags_fd, F_DUPFD_CLOEXEC, 0) : -1;
   int bell_fd = table_fd >= 0 ? fcntl(sc->bell_w, F_DUPFD_CLOEXEC, 0) : -1;
+  if (bell_fd >= 0) {
+    peer->tp = sp;
+    if ((st = hixl__notif_src_add(peer, &sp->inbox)) != HIXL_OK)
+      peer->tp = NULL;
+  }
   if (st != HIXL_OK || bell_fd < 0) {
     if (inbox_fd >= 0)
       close(inbox_fd);
     if (table_fd >= 0)
       close(table_fd);
+    if (bell_fd >= 0)
+      close(bell_fd);
     shm_free(sp);
     return st != HIXL_OK ? st : HIXL_ERR_NOMEM;
   }
@@ -498,8 +508,6 @@ hixl_status_t hixl__shm_accept(hixl_peer_t *peer, const int *fds, int nfds, int 
   out_fds[1] = inbox_fd;
   out_fds[2] = bell_fd;
   *n_out = 3;
-  peer->tp = sp;
-  peer->inbox = &sp->inbox;
   watch_add(peer->ctx, sp);
   return HIXL_OK;
 }
@@ -528,11 +536,12 @@ static const hixl_tp_msg_t shm_msgs[] = {
 
 static void shm_peer_close(hixl_peer_t *peer)
 {
-  if (peer->tp)
+  if (peer->tp) {
     watch_del(peer->ctx, peer->tp);
+    hixl__notif_src_del(peer);
+  }
   shm_free(peer->tp);
   peer->tp = NULL;
-  peer->inbox = NULL;
 }
 
 /* A device region: the owner exports it, we import it (device.h). */
