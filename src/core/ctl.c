@@ -670,8 +670,12 @@ static void housekeeping_locked(hixl_ctx_t *ctx, int64_t now)
       p->rx = NULL;
       p->rx_len = 0;
     }
-    if (st >= HIXL_PEER_LOST && p->inbound && (p->unix_pending || p->ops == NULL)) {
-      /* Never visible to the user: free now. */
+    /* Never visible to the user (no handshake done, or released and its
+     * handle never given out): free now, so that connections that come
+     * and go cost nothing once they are gone (docs/scale.md). */
+    if (st >= HIXL_PEER_LOST && p->inbound &&
+        (p->unix_pending || p->ops == NULL ||
+         (p->ops == &hixl__closed_ops && !atomic_load(&p->handed)))) {
       if (p->in_hs)
         hs_unlink_locked(ctx, p);
       *pp = p->next;

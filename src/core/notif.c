@@ -120,6 +120,7 @@ static int inbox_take_locked(hixl_ctx_t *ctx, hixl_notif_t *out, int max)
     if (p == NULL)
       continue; /* its peer was closed (hixl__inbox_forget) */
     atomic_fetch_sub_explicit(&p->inbox_queued, 1, memory_order_relaxed);
+    hixl__peer_handed(p);
     out[n].peer = p;
     out[n].imm = imm;
     out[n].len = (size_t)len;
@@ -212,8 +213,11 @@ int hixl_notif_poll(hixl_ctx_t *ctx, hixl_notif_t *out, int max)
       out[n].len = (size_t)len;
       n++;
     }
+    if (n == n0)
+      continue;
+    hixl__peer_handed(p);
     /* Room made: a producer may wait for it (hixl__notify_push). */
-    if (n > n0 && p->ops->notif_consumed)
+    if (p->ops->notif_consumed)
       p->ops->notif_consumed(p);
   }
   if (n < max && !inbox_first)

@@ -405,6 +405,10 @@ struct hixl_peer {
   void *tp; /* transport-private state */
   _Atomic int state;
   bool inbound; /* they connected to us; owned by the context */
+  /* An inbound peer whose handle reached the user (a notification, a
+   * world): kept, lost or not, until hixl_ctx_destroy.  One that never
+   * did is freed once lost and released (ctl.c: housekeeping). */
+  _Atomic bool handed;
   bool self;
   bool unix_pending;         /* an accepted unix connection not yet bound to its peer */
   _Atomic bool used;         /* an operation was issued (fence reports loss only then) */
@@ -471,6 +475,13 @@ struct hixl_peer {
   struct hixl_peer *hs_next;
   bool in_hs;
 };
+
+/* peer's handle is about to reach the user (see hixl_peer.handed). */
+static inline void hixl__peer_handed(hixl_peer_t *peer)
+{
+  if (!atomic_load_explicit(&peer->handed, memory_order_relaxed))
+    atomic_store_explicit(&peer->handed, true, memory_order_relaxed);
+}
 
 /* --------------------------------------------------------------- context */
 

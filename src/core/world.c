@@ -552,6 +552,7 @@ hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char 
         if (p->inbound && p->tag == tag_of(w->id, j) && atomic_load(&p->state) == HIXL_PEER_UP)
           break;
       if (p) {
+        hixl__peer_handed(p);
         w->peers[j++] = p;
         continue;
       }

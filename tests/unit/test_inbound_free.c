@@ -1,0 +1,140 @@
+/* SPDX-License-Identifier: MIT */
+/* Inbound peers that come and go cost nothing once gone (docs/scale.md):
+ * a target frees the record of a peer that connected to it, once that
+ * peer is lost or disconnected and released, unless its handle reached the
+ * user (a notification's peer, a world's rank), which stays valid until
+ * hixl_ctx_destroy as the header promises.  White-box: counts the
+ * target's peer list; the handles it handed out are used after the
+ * others were freed (under ASan a use after free fails here). */
+#define _GNU_SOURCE
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "core.h"
+
+#define TIMEOUT_MS 200 /* liveness floor 1 s; release grace 1.4 s */
+#define N_INI 12
+
+static hixl_ctx_t *make(const char *transports)
+{
+  hixl_config_t cfg;
+  hixl_config_init(&cfg);
+  cfg.transports = transports;
+  cfg.listen = "127.0.0.1:0";
+  cfg.timeout_ms = TIMEOUT_MS;
+  hixl_ctx_t *c = NULL;
+  if (hixl_ctx_create(&cfg, &c) != HIXL_OK)
+    fail_msg("hixl_ctx_create(%s): %s", transports, hixl_last_error());
+  return c;
+}
+
+static unsigned inbound_peers(hixl_ctx_t *ctx)
+{
+  unsigned n = 0;
+  pthread_mutex_lock(&ctx->lock);
+  for (hixl_peer_t *p = ctx->peers; p; p = p->next)
+    n += p->inbound;
+  pthread_mutex_unlock(&ctx->lock);
+  return n;
+}
+
+/* Wait up to 15 s for the target to hold want inbound peers. */
+static unsigned settle(hixl_ctx_t *ctx, unsigned want)
+{
+  unsigned n = inbound_peers(ctx);
+  for (int i = 0; i < 300 && n != want; i++) {
+    usleep(50000);
+    n = inbound_peers(ctx);
+  }
+  return n;
+}
+
+static void churn(const char *transports)
+{
+  hixl_ctx_t *tgt = make(transports);
+  uint64_t *mem;
+  hixl_mr_t *mr;
+  assert_int_equal(hixl_mem_alloc(tgt, 4096, HIXL_MEM_HOST, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE,
+                                  (void **)&mem, &mr),
+                   HIXL_OK);
+  assert_int_equal(hixl_mr_publish(mr, "m"), HIXL_OK);
+  /* Each initiator puts its index; the even ones also notify, and the
+   * target takes their notifications: those handles reach the user. */
+  hixl_ctx_t *ini[N_INI];
+  hixl_peer_t *to[N_INI], *handed[N_INI];
+  int n_handed = 0;
+  for (int i = 0; i < N_INI; i++) {
+    ini[i] = make(transports);
+    hixl_peer_t *p = NULL;
+    if (hixl_connect(ini[i], hixl_ctx_address(tgt), 10000, &p) != HIXL_OK)
+      fail_msg("connect %d over %s: %s", i, transports, hixl_last_error());
+    hixl_rmr_t *r = NULL;
+    assert_int_equal(hixl_rmr_lookup(p, "m", 10000, &r), HIXL_OK);
+    uint64_t v = (uint64_t)i + 1;
+    assert_int_equal(hixl_put(p, &v, sizeof(v), r, (uint64_t)i * 8, 0, NULL), HIXL_OK);
+    if (i % 2 == 0)
+      assert_int_equal(hixl_notify(p, (uint32_t)i, 0, NULL), HIXL_OK);
+    assert_int_equal(hixl_fence(ini[i], p, 10000), HIXL_OK);
+    if (i % 2 == 0) {
+      hixl_notif_t nt;
+      assert_int_equal(hixl_notif_wait(tgt, &nt, 10000), HIXL_OK);
+      assert_int_equal(nt.imm, (uint32_t)i);
+      handed[n_handed++] = nt.peer;
+    }
+    hixl_rmr_release(r);
+    to[i] = p;
+  }
+  for (int i = 0; i < N_INI; i++)
+    assert_int_equal(mem[i], (uint64_t)i + 1);
+  assert_int_equal(settle(tgt, N_INI), N_INI);
+  /* A third disconnect, then every initiator's context goes. */
+  for (int i = 0; i < N_INI; i += 3)
+    assert_int_equal(hixl_disconnect(to[i]), HIXL_OK);
+  for (int i = 0; i < N_INI; i++)
+    hixl_ctx_destroy(ini[i]);
+  unsigned left = settle(tgt, (unsigned)n_handed);
+  printf("# %s: %u of %d inbound peers left after the grace (%d handed out)\n", transports, left,
+         N_INI, n_handed);
+  assert_int_equal(left, (unsigned)n_handed);
+  /* And they stay: a few more ticks free nothing handed out. */
+  usleep(3 * 250000);
+  assert_int_equal(inbound_peers(tgt), (unsigned)n_handed);
+  /* The handles it gave out still answer, and say the peer is gone. */
+  for (int i = 0; i < n_handed; i++) {
+    assert_int_equal(hixl_notify(handed[i], 1, 0, NULL), HIXL_ERR_PEER_LOST);
+    assert_non_null(hixl_peer_transport(handed[i]));
+  }
+  hixl_notif_t nt;
+  assert_int_equal(hixl_notif_poll(tgt, &nt, 1), 0);
+  hixl_mr_dereg(mr);
+  hixl_ctx_destroy(tgt);
+}
+
+static void test_shm(void **state)
+{
+  (void)state;
+  churn("shm");
+}
+
+static void test_fabric(void **state)
+{
+  (void)state;
+  churn("fabric");
+}
+
+int main(void)
+{
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_shm),
+      cmocka_unit_test(test_fabric),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
