@@ -50,6 +50,8 @@ int hixl__memfd(const char *name, size_t len);
 /* "RLIMIT_NOFILE is 1024 (hard 524288): raise it (ulimit -n; systemd:
  * LimitNOFILE=)" in buf: what to say when the kernel drops passed fds. */
 const char *hixl__nofile_hint(char *buf, size_t n);
+/* strerror(err), and for EMFILE/ENFILE the hint above after it, in buf. */
+const char *hixl__strerror_fd(int err, char *buf, size_t n);
 /* Whether a memfd another process lent us may be mapped: only if it cannot
  * shrink under the mapping (a truncation would make every access past the
  * new end SIGBUS): sealed against shrinking and against further seals, and

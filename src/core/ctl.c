@@ -796,8 +796,10 @@ static hixl_status_t listen_tcp(hixl_ctx_t *ctx)
     if (host[0] == 0 && ai->ai_family != AF_INET)
       continue; /* any address: IPv4 wildcard, the common case */
     fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0)
+    if (fd < 0) {
+      err = errno;
       continue;
+    }
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, HIXL_BACKLOG) == 0)
@@ -807,9 +809,10 @@ static hixl_status_t listen_tcp(hixl_ctx_t *ctx)
     fd = -1;
   }
   freeaddrinfo(res);
+  char why[320];
   if (fd < 0)
     return hixl__err(HIXL_ERR_TRANSPORT, "cannot listen on \"%s\": %s", listen_addr,
-                     strerror(err ? err : EADDRNOTAVAIL));
+                     hixl__strerror_fd(err ? err : EADDRNOTAVAIL, why, sizeof(why)));
   ctx->listen_fd = fd;
   struct sockaddr_storage ss;
   socklen_t sl = sizeof(ss);
@@ -841,7 +844,9 @@ static hixl_status_t listen_unix(hixl_ctx_t *ctx)
     int e = errno;
     if (fd >= 0)
       close(fd);
-    return hixl__err(HIXL_ERR_TRANSPORT, "cannot listen on unix socket: %s", strerror(e));
+    char why[320];
+    return hixl__err(HIXL_ERR_TRANSPORT, "cannot listen on unix socket: %s",
+                     hixl__strerror_fd(e, why, sizeof(why)));
   }
   ctx->unix_fd = fd;
   return HIXL_OK;
@@ -866,8 +871,10 @@ hixl_status_t hixl__ctl_start(hixl_ctx_t *ctx)
     return st;
   ctx->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
   ctx->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  char why[320];
   if (ctx->epoll_fd < 0 || ctx->wake_fd < 0)
-    return hixl__err(HIXL_ERR_TRANSPORT, "epoll/eventfd: %s", strerror(errno));
+    return hixl__err(HIXL_ERR_TRANSPORT, "epoll/eventfd: %s",
+                     hixl__strerror_fd(errno, why, sizeof(why)));
   struct epoll_event ev = {.events = EPOLLIN};
   ev.data.ptr = &ctx->listen_fd;
   epoll_ctl(ctx->epoll_fd, EPOLL_CTL_ADD, ctx->listen_fd, &ev);

@@ -152,7 +152,9 @@ hixl_status_t hixl_ctx_create(const hixl_config_t *cfg_in, hixl_ctx_t **ctx_p)
   ctx->reg_fd = hixl__memfd("hixl-regions", table_bytes);
   ctx->slot_mr = calloc(HIXL_REG_SLOTS, sizeof(*ctx->slot_mr));
   if (ctx->reg_fd < 0 || ctx->slot_mr == NULL) {
-    st = hixl__err(HIXL_ERR_NOMEM, "hixl_ctx_create: region table: %s", strerror(errno));
+    char why[320];
+    st = hixl__err(HIXL_ERR_NOMEM, "hixl_ctx_create: region table: %s",
+                   hixl__strerror_fd(errno, why, sizeof(why)));
     goto fail;
   }
   ctx->reg_table = mmap(NULL, table_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, ctx->reg_fd, 0);

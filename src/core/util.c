@@ -225,6 +225,16 @@ void hixl__copy_fence(void) {}
 void hixl__copy(void *dst, const void *src, size_t len) { memcpy(dst, src, len); }
 #endif
 
+const char *hixl__strerror_fd(int err, char *buf, size_t n)
+{
+  int k = snprintf(buf, n, "%s", strerror(err));
+  if ((err == EMFILE || err == ENFILE) && k > 0 && (size_t)k + 2 < n) {
+    memcpy(buf + k, ": ", 2);
+    hixl__nofile_hint(buf + k + 2, n - (size_t)k - 2);
+  }
+  return buf;
+}
+
 const char *hixl__nofile_hint(char *buf, size_t n)
 {
   struct rlimit rl;

@@ -44,7 +44,15 @@
 
 hixl_status_t hixl__fab_err(hixl_status_t st, const char *what, ssize_t rc)
 {
-  return hixl__err(st, "fabric: %s: %s (%zd)", what, fi_strerror((int)-rc), rc);
+  /* The provider opens sockets and epoll sets as it goes (an endpoint, a
+   * connection on first use): at the limit, say which and how to raise it. */
+  char hint[200] = "";
+  if (rc == -FI_EMFILE || rc == -ENFILE) {
+    hint[0] = ':';
+    hint[1] = ' ';
+    hixl__nofile_hint(hint + 2, sizeof(hint) - 2);
+  }
+  return hixl__err(st, "fabric: %s: %s (%zd)%s", what, fi_strerror((int)-rc), rc, hint);
 }
 
 /* ------------------------------------------------------------ set-up */

@@ -127,11 +127,21 @@ static void test_shm(void **state)
 static void test_fabric(void **state)
 {
   (void)state;
+#ifdef HIXL_HAVE_FABRIC
+  setenv("HIXL_FABRIC_PROVIDER", "tcp;ofi_rxm", 1); /* the default may pick shm's */
   churn("fabric");
+#else
+  skip();
+#endif
 }
 
 int main(void)
 {
+  /* Transports set up at hixl_ctx_create: the target's lazy fabric set-up
+   * at the first connect takes seconds under ASan, past the handshake
+   * deadline of so short a timeout (that race is issue 16's, not this
+   * test's). */
+  setenv("HIXL_LAZY", "0", 1);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_shm),
       cmocka_unit_test(test_fabric),

@@ -8,7 +8,11 @@
  * has open plus `extra`, for extra = 1, 2, ...: with little room its accept
  * of the unix connection fails (it pauses accepting: the connect times
  * out), with a little more the bind's 3 descriptors are dropped (the case
- * under test), with enough it connects. */
+ * under test), with enough it connects.
+ *
+ * Second case: hixl_ctx_create with fabric set up at once, at open +
+ * extra: every "Too many open files" it reports (the provider's FI_EMFILE,
+ * its own sockets, epoll set, eventfd, memfd) must name RLIMIT_NOFILE. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <setjmp.h>
@@ -16,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -139,10 +144,79 @@ static void test_limit_is_named(void **state)
   assert_int_equal(ok, 1); /* with room, it connects */
 }
 
+/* A context whose fabric set-up (HIXL_LAZY=0: at hixl_ctx_create) runs
+ * out of descriptors, in a child at open + extra: every failure that says
+ * "Too many open files" must also name RLIMIT_NOFILE, and with room it
+ * is created.  The child sends back its status and hixl_last_error(). */
+static int fabric_create_at(int extra, char *err, size_t n)
+{
+  int pfd[2];
+  assert_int_equal(pipe(pfd), 0);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    close(pfd[0]);
+    setenv("HIXL_LAZY", "0", 1);
+    struct rlimit rl;
+    getrlimit(RLIMIT_NOFILE, &rl);
+    rl.rlim_cur = (rlim_t)(open_fds() + extra);
+    setrlimit(RLIMIT_NOFILE, &rl);
+    hixl_config_t cfg;
+    hixl_config_init(&cfg);
+    cfg.transports = "fabric";
+    cfg.listen = "127.0.0.1:0";
+    hixl_ctx_t *c = NULL;
+    hixl_status_t st = hixl_ctx_create(&cfg, &c);
+    char msg[600];
+    int k = snprintf(msg, sizeof(msg), "%d %s", (int)st, st == HIXL_OK ? "" : hixl_last_error());
+    if (write(pfd[1], msg, (size_t)k + 1) < 0)
+      _exit(4);
+    _exit(0); /* no destroy: the process goes */
+  }
+  close(pfd[1]);
+  char buf[600];
+  ssize_t k = read(pfd[0], buf, sizeof(buf) - 1);
+  close(pfd[0]);
+  waitpid(pid, NULL, 0);
+  if (k <= 0)
+    fail_msg("the child at open+%d said nothing", extra);
+  buf[k] = 0;
+  int st = atoi(buf);
+  const char *sp = strchr(buf, ' ');
+  snprintf(err, n, "%s", sp ? sp + 1 : "");
+  return st;
+}
+
+static void test_fabric_limit_is_named(void **state)
+{
+  (void)state;
+#ifndef HIXL_HAVE_FABRIC
+  skip();
+#endif
+  setenv("HIXL_FABRIC_PROVIDER", "tcp;ofi_rxm", 1); /* the default may pick shm's */
+  int named = 0, ok = 0;
+  for (int extra = 0; extra <= 60 && ok == 0; extra++) {
+    char err[600];
+    int st = fabric_create_at(extra, err, sizeof(err));
+    if (st == HIXL_OK) {
+      ok++;
+      continue;
+    }
+    print_message("fabric set-up at open+%d: %s\n", extra, err);
+    if (strstr(err, "Too many open files") && !strstr(err, "RLIMIT_NOFILE"))
+      fail_msg("at open+%d the error does not name the limit: %s", extra, err);
+    named += strstr(err, "RLIMIT_NOFILE") != NULL;
+  }
+  assert_true(named > 0);  /* the provider ran out, and it was named */
+  assert_int_equal(ok, 1); /* with room, it is set up */
+}
+
 int main(void)
 {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_limit_is_named),
+      cmocka_unit_test(test_fabric_limit_is_named),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
