@@ -150,8 +150,14 @@ void hixl__handle_auth_locked(hixl_peer_t *p, const hixl_msg_t *m, hixl_msg_t *a
   while ((ops = pick_transport_locked(ctx, m)) != NULL &&
          !(atomic_load(&ctx->tp_ready) & (1u << ops->id))) {
     pthread_mutex_unlock(&ctx->lock);
+    int64_t t0 = hixl__now_ns();
     (void)hixl__tp_need(ctx, ops);
     pthread_mutex_lock(&ctx->lock);
+    /* The control thread was the set-up's: no handshake could move on
+     * meanwhile, so their deadlines (from born_ns) do not count it. */
+    int64_t spent = hixl__now_ns() - t0;
+    for (hixl_peer_t *q = ctx->hs_head; q; q = q->hs_next)
+      q->born_ns += spent;
   }
   if (ops == NULL) {
     ack->status = HIXL_ERR_UNSUPPORTED;

@@ -1,0 +1,105 @@
+/* SPDX-License-Identifier: MIT */
+/* A target's lazy transport set-up (docs/scale.md) runs on its control
+ * thread in the middle of a handshake; no handshake moves on meanwhile,
+ * so that time must not count against their deadline (the liveness
+ * period from the accept).  White-box: the library is linked with
+ * --wrap=hixl__tp_need, which makes the target's fabric set-up take
+ * longer than its 1 s handshake deadline; the connect must still succeed
+ * and the peer serve a put.  Before the fix the target dropped the
+ * handshake as timed out ("closed the connection during the handshake"). */
+#define _GNU_SOURCE
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "core.h"
+
+#define SETUP_DELAY_US 1600000 /* past the 1 s liveness floor */
+
+hixl_status_t __real_hixl__tp_need(hixl_ctx_t *ctx, const hixl_transport_ops_t *ops);
+hixl_status_t __wrap_hixl__tp_need(hixl_ctx_t *ctx, const hixl_transport_ops_t *ops);
+static hixl_ctx_t *g_slow; /* whose first set-up is slow */
+
+hixl_status_t __wrap_hixl__tp_need(hixl_ctx_t *ctx, const hixl_transport_ops_t *ops)
+{
+  if (ctx == g_slow && !(atomic_load(&ctx->tp_ready) & (1u << ops->id)))
+    usleep(SETUP_DELAY_US);
+  return __real_hixl__tp_need(ctx, ops);
+}
+
+#ifdef HIXL_HAVE_FABRIC
+static uint32_t fabric_bit(void)
+{
+  for (size_t t = 0; t < hixl__n_transports; t++)
+    if (strcmp(hixl__transports[t]->name, "fabric") == 0)
+      return 1u << hixl__transports[t]->id;
+  fail_msg("fabric is built but not in hixl__transports");
+  return 0;
+}
+
+static hixl_ctx_t *make(const char *transports, int timeout_ms)
+{
+  hixl_config_t cfg;
+  hixl_config_init(&cfg);
+  cfg.transports = transports;
+  cfg.listen = "127.0.0.1:0";
+  cfg.timeout_ms = timeout_ms;
+  hixl_ctx_t *c = NULL;
+  if (hixl_ctx_create(&cfg, &c) != HIXL_OK)
+    fail_msg("hixl_ctx_create(%s): %s", transports, hixl_last_error());
+  return c;
+}
+#endif
+
+static void test_slow_setup_keeps_handshake(void **state)
+{
+  (void)state;
+#ifdef HIXL_HAVE_FABRIC
+  setenv("HIXL_FABRIC_PROVIDER", "tcp;ofi_rxm", 1); /* the default may pick shm's */
+  /* The initiator sets fabric up at creation, so only the target's
+   * set-up falls inside the handshake. */
+  setenv("HIXL_LAZY", "0", 1);
+  hixl_ctx_t *ini = make("fabric", 10000);
+  unsetenv("HIXL_LAZY");
+  hixl_ctx_t *tgt = make("shm,fabric", 200);                /* liveness floor: 1 s */
+  assert_false(atomic_load(&tgt->tp_ready) & fabric_bit()); /* lazy: not set up yet */
+  uint64_t *mem;
+  hixl_mr_t *mr;
+  assert_int_equal(hixl_mem_alloc(tgt, 4096, HIXL_MEM_HOST, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE,
+                                  (void **)&mem, &mr),
+                   HIXL_OK);
+  assert_int_equal(hixl_mr_publish(mr, "m"), HIXL_OK);
+  g_slow = tgt;
+  hixl_peer_t *p = NULL;
+  if (hixl_connect(ini, hixl_ctx_address(tgt), 10000, &p) != HIXL_OK)
+    fail_msg("connect during a %d ms set-up: %s", SETUP_DELAY_US / 1000, hixl_last_error());
+  assert_string_equal(hixl_peer_transport(p), "fabric");
+  hixl_rmr_t *r = NULL;
+  assert_int_equal(hixl_rmr_lookup(p, "m", 10000, &r), HIXL_OK);
+  uint64_t v = 0x5ca1e;
+  assert_int_equal(hixl_put(p, &v, sizeof(v), r, 0, 0, NULL), HIXL_OK);
+  assert_int_equal(hixl_fence(ini, p, 10000), HIXL_OK);
+  assert_int_equal(mem[0], v);
+  hixl_rmr_release(r);
+  hixl_disconnect(p);
+  hixl_ctx_destroy(ini);
+  hixl_mr_dereg(mr);
+  hixl_ctx_destroy(tgt);
+#else
+  skip();
+#endif
+}
+
+int main(void)
+{
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_slow_setup_keeps_handshake),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
