@@ -274,6 +274,19 @@ void hixl__shm_stage_serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *o
   HIXL_MSG_AS(shm_stage_msg_t, out)->size = in->size;
 }
 
+/* This thread copies into (or out of) the application's memory for a
+ * peer; the application's thread that then takes the notification the
+ * peer sends after the copy (or that wrote what a get reads, then polled)
+ * meets it only through the peer's messages, another process, which no
+ * C11 happens-before (nor TSan) follows.  Passing through the lock that
+ * hixl_notif_poll holds, just before and just after the copy, makes that
+ * order one within this process; never held across the copy itself. */
+static void notif_edge(hixl_ctx_t *ctx)
+{
+  pthread_mutex_lock(&ctx->notif.lock);
+  pthread_mutex_unlock(&ctx->notif.lock);
+}
+
 void hixl__shm_copy_serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out, int *out_fds,
                           int *n_out)
 {
@@ -306,10 +319,14 @@ void hixl__shm_copy_serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *ou
     st =
         hixl__serve_range_locked(ctx, mc->slot, mc->rkey, mc->off, len,
                                  dir == SHM_COPY_PUT ? HIXL_ACCESS_WRITE : HIXL_ACCESS_READ, &addr);
-    if (st == HIXL_OK && dir == SHM_COPY_PUT)
-      memcpy(addr, in->data + soff, (size_t)len);
-    else if (st == HIXL_OK)
-      memcpy(in->data + soff, addr, (size_t)len);
+    if (st == HIXL_OK) {
+      notif_edge(ctx);
+      if (dir == SHM_COPY_PUT)
+        memcpy(addr, in->data + soff, (size_t)len);
+      else
+        memcpy(in->data + soff, addr, (size_t)len);
+      notif_edge(ctx);
+    }
     pthread_mutex_unlock(&ctx->reg_lock);
     pthread_mutex_lock(&ctx->lock);
   }
