@@ -306,13 +306,16 @@ typedef struct hixl_transport_ops {
   /* The control thread saw ctx->tp_fd[id] readable, or its periodic tick
    * (target-side work: verbs receive completions -> notifications). */
   void (*on_event)(hixl_ctx_t *ctx);
-  /* Optional: liveness without messages (shm: a counter in the peer's
-   * bell page that its control thread advances).  At each tick, for an up
-   * peer (ctx->lock held): 1 when the peer showed life since the last
-   * call (counts as hearing from it), 0 when not, -1 when this peer cannot
-   * tell.  Peers that can tell get no periodic heartbeats, only a probe
-   * when they seem silent for half the liveness period. */
-  int (*peer_alive)(hixl_peer_t *peer);
+  /* Optional: liveness without messages (shm: the time of its control
+   * thread's last turn, which it stores in its bell page).  For an up
+   * peer, ctl.c's housekeeping (ctx->lock held), only once it has not
+   * heard from the peer for half the liveness period, so an idle peer
+   * costs one read per T/2, not one per tick: 1 when the peer showed life
+   * since the last call, with *seen_ns the latest time it surely was
+   * alive (<= now); 0 when not; -1 when this peer cannot tell.  Peers that
+   * can tell get no periodic heartbeats, only a probe when they seem
+   * silent for half the liveness period. */
+  int (*peer_alive)(hixl_peer_t *peer, int64_t now, int64_t *seen_ns);
   /* Optional (NULL: the core issues each element, then notify): a whole
    * checked batch of total bytes, with its notification {*imm, total} when
    * imm is set. */
@@ -457,8 +460,9 @@ struct hixl_peer {
   size_t rx_len, rx_cap;
   int rx_fds[8]; /* fds received, in order, not yet claimed */
   int n_rx_fds;
-  bool rx_fds_dropped; /* the kernel dropped some (MSG_CTRUNC: EMFILE) */
-  int64_t last_rx_ns;
+  bool rx_fds_dropped;        /* the kernel dropped some (MSG_CTRUNC: EMFILE) */
+  int64_t last_rx_ns;         /* when we last heard from it (a message, or peer_alive) */
+  bool alive_ok;              /* its ops' peer_alive can tell: ask only when it seems quiet */
   int64_t born_ns;            /* created / accepted: a handshake's deadline runs from here, not from
                                  its last byte (a peer trickling bytes is not kept forever) */
   _Atomic int64_t last_tx_ns; /* written under send_lock, read by heartbeats */

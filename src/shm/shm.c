@@ -787,26 +787,44 @@ static void shm_notif_consumed(hixl_peer_t *peer)
 
 /* A thread is about to sleep (wait.c): our doorbell, unless it is the
  * progress thread (no shm event is progress). */
-/* The control thread's turn (shm_bell's `alive`): we are alive. */
+/* The control thread's turn (shm_bell's `alive`): we are alive now. */
 static void shm_on_event(hixl_ctx_t *ctx)
 {
   shm_ctx_t *sc = ctx->tp[HIXL_TP_SHM];
   if (sc && sc->bell)
-    atomic_fetch_add_explicit(&sc->bell->alive, 1, memory_order_relaxed);
+    atomic_store_explicit(&sc->bell->alive, (uint64_t)hixl__now_ns(), memory_order_relaxed);
 }
 
-/* Has the peer's control thread turned since we last looked?  Its page is
- * sealed against shrinking (no SIGBUS) and any value is harmless: a peer
- * that pretends to be alive could as well send heartbeats. */
-static int shm_peer_alive(hixl_peer_t *peer)
+/* A stored time this far from what our clock allows (earlier than our
+ * previous look, though stored after it, or later than now) is not on our
+ * clock. */
+#define SHM_ALIVE_SLACK_NS 1000000000
+
+/* Has the peer's control thread turned since we last looked, and when?
+ * Its page is sealed against shrinking (no SIGBUS) and any value is
+ * harmless: a peer that pretends to be alive could as well send
+ * heartbeats, and one that says it turned long ago is lost sooner. */
+static int shm_peer_alive(hixl_peer_t *peer, int64_t now, int64_t *seen_ns)
 {
   shm_peer_t *sp = peer->tp;
   if (sp == NULL || sp->bell == NULL)
     return -1;
   uint64_t v = atomic_load_explicit(&sp->bell->alive, memory_order_relaxed);
+  int64_t before = sp->alive_read_ns;
+  sp->alive_read_ns = now;
   if (v == sp->alive_seen)
     return 0;
   sp->alive_seen = v;
+  int64_t t = (int64_t)v;
+  /* Same host, same CLOCK_MONOTONIC -- unless the owner lives in another
+   * time namespace.  Then all we know is that it turned since our last
+   * look: count it as now, which may find it lost up to T/2 late
+   * (docs/scale.md), never early. */
+  if (!sp->alive_unclocked && (t > now + SHM_ALIVE_SLACK_NS || t < before - SHM_ALIVE_SLACK_NS)) {
+    hixl_debug("shm peer %s: its clock is not ours; liveness from its turns only", peer->name);
+    sp->alive_unclocked = true;
+  }
+  *seen_ns = sp->alive_unclocked || t > now ? now : t;
   return 1;
 }
 

@@ -125,12 +125,18 @@ _Static_assert(sizeof(shm_tag_t) == 16, "the tag table is shared between process
  * peer (HIXL_SLEEP_WORD), which the peer bumps in the ring it produces
  * into, ring.h's `bell`, and FUTEX_WAKEs (hixl__shm_bell_send).
  *
- * `alive` is the owner's heartbeat: its control thread advances it at
- * every turn of its loop (at least once a tick), and a peer that sees it
- * move counts that as hearing from the owner (shm_peer_alive), so no
- * heartbeat messages go between shm peers: one store per context and one
- * load per peer per tick, where messages cost two system calls per peer
- * (idle CPU at 4,096 peers, docs/scale.md).
+ * `alive` is the owner's heartbeat: its control thread stores its
+ * CLOCK_MONOTONIC time there at every turn of its loop (at least once a
+ * tick), and a peer that sees it move counts that as hearing from the
+ * owner at that time (shm_peer_alive), so no heartbeat messages go between
+ * shm peers, and a peer reads the page only once it has not heard from the
+ * owner for half its liveness period: one store per context per turn and
+ * one load per peer per T/2, where messages cost two system calls per peer
+ * and a load per tick cost a TLB miss per peer per tick (idle CPU at 4,096
+ * peers, docs/scale.md).  A time, not a counter, because a counter that
+ * moved between two reads T/2 apart says the owner lived at some point in
+ * between, too vague for both promises (a silent peer lost within T plus
+ * a tick, a live one never before T).
  */
 typedef struct shm_bell {
   _Atomic uint32_t sleepers;
@@ -148,6 +154,8 @@ typedef struct shm_peer {
   const shm_bell_t *bell;        /* theirs: the page after the table */
   int bell_w;                    /* their doorbell's write end */
   uint64_t alive_seen;           /* bell->alive when we last looked (control thread) */
+  int64_t alive_read_ns;         /* when we looked */
+  bool alive_unclocked;          /* its times are not on our clock (shm_peer_alive) */
   hixl_ring_shared_t *outbox_sh; /* their inbox, mapped: we produce */
   hixl_ring_shared_t *inbox_sh;  /* ours, mapped by them: they produce */
   /* Our private views of both (ring.h): the capacity and our consumer

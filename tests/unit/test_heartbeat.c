@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* Heartbeats (docs/architecture.md, docs/scale.md): idle shm peers send
- * each other no heartbeat messages -- each control thread advances a
- * counter in its bell page, and the other side's tick reads it -- while
+ * each other no heartbeat messages -- each control thread stores the time
+ * of its turn in its bell page, and the other side reads it once it has
+ * not heard from it for half the liveness period -- while
  * peers over a socket-only transport (fabric) still do.  White-box: the
  * library is linked with --wrap=hixl__send, which counts HEARTBEAT
  * messages, so the test sees every one the control threads send. */
