@@ -52,6 +52,13 @@ int hixl__memfd(const char *name, size_t len);
 const char *hixl__nofile_hint(char *buf, size_t n);
 /* strerror(err), and for EMFILE/ENFILE the hint above after it, in buf. */
 const char *hixl__strerror_fd(int err, char *buf, size_t n);
+/* Whether the process is out of descriptors now (duplicating any_fd, an
+ * open one, fails with EMFILE or ENFILE).  For loops that keep waking on
+ * an fd whose work cannot be done without one: a provider's listening
+ * socket whose accept fails stays readable. */
+bool hixl__fd_exhausted(int any_fd);
+/* Consecutive futile wake-ups after which such a loop asks. */
+#define HIXL_FUTILE_WAKEUPS 1024u
 /* Whether a memfd another process lent us may be mapped: only if it cannot
  * shrink under the mapping (a truncation would make every access past the
  * new end SIGBUS): sealed against shrinking and against further seals, and

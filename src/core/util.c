@@ -235,6 +235,16 @@ const char *hixl__strerror_fd(int err, char *buf, size_t n)
   return buf;
 }
 
+bool hixl__fd_exhausted(int any_fd)
+{
+  int fd = fcntl(any_fd, F_DUPFD_CLOEXEC, 0);
+  if (fd >= 0) {
+    close(fd);
+    return false;
+  }
+  return errno == EMFILE || errno == ENFILE;
+}
+
 const char *hixl__nofile_hint(char *buf, size_t n)
 {
   struct rlimit rl;

@@ -212,6 +212,8 @@ static __thread struct {
   unsigned fired; /* bit 0: our eventfd (or wake_word); bit 1 + i: transport i's */
   bool word;      /* the sleep was on words */
   int64_t slept_ns, woke_ns;
+  unsigned futile; /* sleeps in a row that woke (or did not sleep) for nothing */
+  bool exhausted;  /* and we are out of descriptors: nap between them */
 } last;
 
 static void drain_last(hixl_ctx_t *ctx)
@@ -402,6 +404,19 @@ static bool sleep_once(hixl_ctx_t *ctx, int64_t deadline, int cap_ms, unsigned f
     last.word = s.words;
     last.slept_ns = slept_ns;
   }
+  /* Woken (or not armed) again and again for nothing: a transport fd that
+   * stays readable for work that needs a descriptor we cannot get (the
+   * fabric provider's listening socket at EMFILE) made this a busy loop
+   * at 100% of a CPU.  At the descriptor limit, nap a millisecond a turn
+   * (asking again every HIXL_FUTILE_WAKEUPS turns). */
+  if (done || (!fired && armed)) {
+    last.futile = 0;
+    last.exhausted = false;
+  } else if (++last.futile % HIXL_FUTILE_WAKEUPS == 0) {
+    last.exhausted = hixl__fd_exhausted(ctx->epoll_fd);
+  }
+  if (last.exhausted)
+    nanosleep(&(struct timespec){0, 1000000}, NULL);
   return done;
 }
 

@@ -598,6 +598,11 @@ void *hixl__fab_thread(void *arg)
 {
   fab_ctx_t *fc = arg;
   unsigned idle = 0;
+  /* Wake-ups in a row that found nothing to do.  A provider whose fd
+   * stays readable for work it cannot do (its listening socket, when
+   * accept fails with EMFILE) kept us at 100% of a CPU. */
+  unsigned empty = 0;
+  bool warned = false;
   uint64_t seen = atomic_load(&fc->user_polls);
   int64_t seen_ns = hixl__now_ns();
   bool user_spins = false;
@@ -621,11 +626,29 @@ void *hixl__fab_thread(void *arg)
     pthread_mutex_unlock(&fc->poll_lock);
     if (n > 0 || fc->n_pend || fc->n_parked) {
       idle = 0;
+      empty = 0;
       if (fc->n_pend || fc->n_parked) /* a full ring: its owner polls it eventually */
         nanosleep(&(struct timespec){0, 100000}, NULL);
       continue;
     }
     if (fc->wait_covers) {
+      /* Empty wake-ups are normal (target-side RMA makes no completion),
+       * and a thousand in a row too: back off only when we cannot get a
+       * descriptor, asking once a millisecond while backed off. */
+      if (empty >= HIXL_FUTILE_WAKEUPS) {
+        if (!hixl__fd_exhausted(fc->wait_fd)) {
+          empty = 0;
+        } else {
+          if (!warned) {
+            warned = true;
+            char hint[256];
+            hixl_warn("fabric progress: the provider keeps waking us for work it cannot do "
+                      "(%s); polling it once a millisecond until descriptors are free",
+                      hixl__nofile_hint(hint, sizeof(hint)));
+          }
+          nanosleep(&(struct timespec){0, 1000000}, NULL);
+        }
+      }
       struct fid *f = &fc->cq->fid;
       if (fi_trywait(fc->fabric, &f, 1) == FI_SUCCESS) {
         struct pollfd pfd = {fc->wait_fd, POLLIN, 0};
@@ -635,8 +658,14 @@ void *hixl__fab_thread(void *arg)
          * trylock then failed, it found nothing and slept again until our
          * delivery woke it a second time (a notification's wake-up over
          * tcp took 120-146 us p50 that way, 45-70 without; docs/waiting.md). */
-        if (poll(&pfd, 1, 100) > 0 && atomic_load(fc->ctx->sleepers) > 0)
+        int r = poll(&pfd, 1, 100);
+        if (r > 0 && atomic_load(fc->ctx->sleepers) > 0)
           nanosleep(&(struct timespec){0, 50000}, NULL);
+        /* Idle for real, or woken (a sleeper may have taken the work: we
+         * then back off too, and it wakes on the fd itself). */
+        empty = r == 0 ? 0 : empty + 1;
+      } else {
+        empty++; /* the provider says there is work: the next round does it */
       }
       continue;
     }

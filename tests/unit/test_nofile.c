@@ -12,7 +12,12 @@
  *
  * Second case: hixl_ctx_create with fabric set up at once, at open +
  * extra: every "Too many open files" it reports (the provider's FI_EMFILE,
- * its own sockets, epoll set, eventfd, memfd) must name RLIMIT_NOFILE. */
+ * its own sockets, epoll set, eventfd, memfd) must name RLIMIT_NOFILE.
+ *
+ * Third: a fabric target at its limit while initiators open data
+ * connections it cannot accept (the provider's listening socket stays
+ * readable): its progress thread must not spin, and a peer it can still
+ * serve is served. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <setjmp.h>
@@ -25,6 +30,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
@@ -212,11 +218,164 @@ static void test_fabric_limit_is_named(void **state)
   assert_int_equal(ok, 1); /* with room, it is set up */
 }
 
+static double cpu_s(void)
+{
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
+         ru.ru_stime.tv_usec / 1e6;
+}
+
+static double wall_s(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+enum { SPIN_INI = 12, SPIN_ROOM = 16 };
+
+/* The target of the third case: fabric only, a region "m", its limit at
+ * open + SPIN_ROOM (room for the control connections and a few data
+ * connections, not for all).  On each byte from `cmd` it reports the CPU
+ * it used over the next 2 s, as CPU seconds / wall seconds. */
+static pid_t fabric_target(char *addr, size_t n, int *cmd, int *rep)
+{
+  int a[2], c[2], r[2];
+  assert_int_equal(pipe(a), 0);
+  assert_int_equal(pipe(c), 0);
+  assert_int_equal(pipe(r), 0);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    close(a[0]);
+    close(c[1]);
+    close(r[0]);
+    setenv("HIXL_LAZY", "0", 1);
+    hixl_config_t cfg;
+    hixl_config_init(&cfg);
+    cfg.transports = "fabric";
+    cfg.listen = "127.0.0.1:0";
+    cfg.timeout_ms = 3000;
+    hixl_ctx_t *t = NULL;
+    void *mem;
+    hixl_mr_t *mr;
+    if (hixl_ctx_create(&cfg, &t) != HIXL_OK ||
+        hixl_mem_alloc(t, 4096, HIXL_MEM_HOST, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &mem, &mr) !=
+            HIXL_OK ||
+        hixl_mr_publish(mr, "m") != HIXL_OK)
+      _exit(2);
+    struct rlimit rl;
+    getrlimit(RLIMIT_NOFILE, &rl);
+    rl.rlim_cur = (rlim_t)(open_fds() + SPIN_ROOM);
+    setrlimit(RLIMIT_NOFILE, &rl);
+    char s[128];
+    snprintf(s, sizeof(s), "%s", hixl_ctx_address(t));
+    if (write(a[1], s, strlen(s) + 1) < 0)
+      _exit(4);
+    char b;
+    while (read(c[0], &b, 1) == 1) {
+      double c0 = cpu_s(), w0 = wall_s();
+      /* Asleep as a target is (its wait arms the provider's fd too). */
+      hixl_notif_t nt;
+      while (wall_s() - w0 < 2)
+        hixl_notif_wait(t, &nt, 2000);
+      double frac = (cpu_s() - c0) / (wall_s() - w0);
+      if (write(r[1], &frac, sizeof(frac)) != sizeof(frac))
+        _exit(5);
+    }
+    _exit(0);
+  }
+  close(a[1]);
+  close(c[0]);
+  close(r[1]);
+  ssize_t k = read(a[0], addr, n - 1);
+  close(a[0]);
+  if (k <= 0)
+    fail_msg("the fabric target did not start");
+  addr[k] = 0;
+  *cmd = c[1];
+  *rep = r[0];
+  return pid;
+}
+
+static double target_cpu(int cmd, int rep)
+{
+  double frac = -1;
+  assert_int_equal(write(cmd, "m", 1), 1);
+  assert_int_equal(read(rep, &frac, sizeof(frac)), (ssize_t)sizeof(frac));
+  return frac;
+}
+
+static void test_fabric_at_limit_does_not_spin(void **state)
+{
+  (void)state;
+#ifndef HIXL_HAVE_FABRIC
+  skip();
+#endif
+  setenv("HIXL_FABRIC_PROVIDER", "tcp;ofi_rxm", 1);
+  char addr[128];
+  int cmd, rep;
+  pid_t pid = fabric_target(addr, sizeof(addr), &cmd, &rep);
+  double quiet = target_cpu(cmd, rep);
+  hixl_config_t cfg;
+  hixl_config_init(&cfg);
+  cfg.transports = "fabric";
+  cfg.listen = "127.0.0.1:0";
+  cfg.timeout_ms = 3000;
+  hixl_ctx_t *ini[SPIN_INI] = {0};
+  hixl_peer_t *p[SPIN_INI] = {0};
+  hixl_rmr_t *r[SPIN_INI] = {0};
+  int connected = 0, served = 0;
+  /* Until one is connected but not served: its data connection waits in
+   * the target's backlog, which is what made the provider spin. */
+  for (int i = 0; i < SPIN_INI && served == connected; i++) {
+    if (hixl_ctx_create(&cfg, &ini[i]) != HIXL_OK)
+      fail_msg("hixl_ctx_create: %s", hixl_last_error());
+    if (hixl_connect(ini[i], addr, 3000, &p[i]) != HIXL_OK ||
+        hixl_rmr_lookup(p[i], "m", 3000, &r[i]) != HIXL_OK) {
+      print_message("initiator %d: %s\n", i, hixl_last_error());
+      continue;
+    }
+    connected++;
+    /* The first put opens the data connection (lazy), which the target
+     * accepts only while it has descriptors. */
+    uint64_t v = (uint64_t)i;
+    hixl_status_t st = hixl_put(p[i], &v, sizeof(v), r[i], 8 * (uint64_t)i, 0, NULL);
+    if (st == HIXL_OK)
+      st = hixl_fence(ini[i], p[i], 1500);
+    if (st == HIXL_OK)
+      served++;
+    else
+      print_message("initiator %d: put: %s (%s)\n", i, hixl_strerror(st), hixl_last_error());
+  }
+  double busy = target_cpu(cmd, rep);
+  print_message("target CPU: %.3f of a core idle, %.3f with %d connected, %d served\n", quiet, busy,
+                connected, served);
+  assert_true(connected > 0);
+  assert_true(served > 0);              /* it serves whom it can */
+  assert_true(served < connected);      /* and the limit was reached */
+  assert_true(busy < 0.25 + 2 * quiet); /* not a spinning thread (1.0) */
+  for (int i = 0; i < SPIN_INI; i++) {
+    if (r[i])
+      hixl_rmr_release(r[i]);
+    if (p[i])
+      hixl_disconnect(p[i]);
+    hixl_ctx_destroy(ini[i]);
+  }
+  close(cmd);
+  close(rep);
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+}
+
 int main(void)
 {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_limit_is_named),
       cmocka_unit_test(test_fabric_limit_is_named),
+      cmocka_unit_test(test_fabric_at_limit_does_not_spin),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
