@@ -699,10 +699,25 @@ static void housekeeping_locked(hixl_ctx_t *ctx, int64_t now)
   }
 }
 
+/* Events per turn of the control loop: enough to see every ready fd of a
+ * burst at once (handshakes are capped at HIXL_MAX_HANDSHAKES, 256 by
+ * default), so that up peers' requests are served first; of the others,
+ * at most CTL_HS_EVENTS a turn. */
+#define CTL_EVENTS 512
+#define CTL_HS_EVENTS 8
+
+/* An epoll event's pointer is a peer's (NULL: handled already), not one of
+ * the context's own fds. */
+static bool is_peer_event(const hixl_ctx_t *ctx, const void *ptr)
+{
+  return ptr != NULL && ptr != &ctx->listen_fd && ptr != &ctx->unix_fd && ptr != &ctx->wake_fd &&
+         !((const int *)ptr >= ctx->tp_fd && (const int *)ptr < ctx->tp_fd + HIXL_TP_MAX);
+}
+
 static void *ctl_main(void *arg)
 {
   hixl_ctx_t *ctx = arg;
-  struct epoll_event evs[32];
+  struct epoll_event evs[CTL_EVENTS];
   int64_t last_hk = 0;
   while (!atomic_load(&ctx->stopping)) {
     int hb_ms = liveness_ms(ctx) / 4;
@@ -716,22 +731,40 @@ static void *ctl_main(void *arg)
       if (ms < wait_ms)
         wait_ms = ms < 1 ? 1 : (int)ms;
     }
-    int n = epoll_wait(ctx->epoll_fd, evs, 32, wait_ms);
+    int n = epoll_wait(ctx->epoll_fd, evs, CTL_EVENTS, wait_ms);
     accept_resume(ctx, hixl__now_ns());
-    for (int i = 0; i < n; i++) {
-      void *ptr = evs[i].data.ptr;
-      if (ptr == &ctx->listen_fd) {
-        accept_all(ctx, ctx->listen_fd, false);
-      } else if (ptr == &ctx->unix_fd) {
-        accept_all(ctx, ctx->unix_fd, true);
-      } else if (ptr == &ctx->wake_fd) {
-        uint64_t v;
-        ssize_t r = read(ctx->wake_fd, &v, sizeof(v));
-        (void)r;
-      } else if ((int *)ptr >= ctx->tp_fd && (int *)ptr < ctx->tp_fd + HIXL_TP_MAX) {
-        /* handled below, with the periodic tick */
-      } else {
+    /* Up peers' events first, all of them; then at most CTL_HS_EVENTS of
+     * the others (handshakes, lost peers' hang-ups), the rest left for the
+     * next turn (level-triggered: epoll reports them again).  In a burst
+     * of connections a bound peer's request (the mapping of an rkey, before
+     * its first put) waited behind every ready handshake: up to 256 of
+     * them, a third of a millisecond each (docs/scale.md). */
+    int hs_left = CTL_HS_EVENTS;
+    for (int pass = 0; pass < 2; pass++) {
+      for (int i = 0; i < n; i++) {
+        void *ptr = evs[i].data.ptr;
+        if (!is_peer_event(ctx, ptr)) {
+          if (pass == 0)
+            continue;
+          if (ptr == &ctx->listen_fd) {
+            accept_all(ctx, ctx->listen_fd, false);
+          } else if (ptr == &ctx->unix_fd) {
+            accept_all(ctx, ctx->unix_fd, true);
+          } else if (ptr == &ctx->wake_fd) {
+            uint64_t v;
+            ssize_t r = read(ctx->wake_fd, &v, sizeof(v));
+            (void)r;
+          } /* a transport's fd: handled below, with the periodic tick */
+          continue;
+        }
         hixl_peer_t *p = ptr;
+        if (pass == 0) {
+          if (atomic_load(&p->state) != HIXL_PEER_UP)
+            continue;
+          evs[i].data.ptr = NULL; /* done: pass 1 skips it */
+        } else if (hs_left-- <= 0) {
+          continue;
+        }
         /* The event may be stale: p might have been freed by the
          * housekeeping of an earlier event in this batch only if its fd was
          * removed from epoll first, which drops pending events for it. */
