@@ -704,7 +704,7 @@ static void housekeeping_locked(hixl_ctx_t *ctx, int64_t now)
  * default), so that up peers' requests are served first; of the others,
  * at most CTL_HS_EVENTS a turn. */
 #define CTL_EVENTS 512
-#define CTL_HS_EVENTS 8
+#define CTL_HS_EVENTS ACCEPT_BATCH /* the handshakes keep up with the accepts */
 
 /* An epoll event's pointer is a peer's (NULL: handled already), not one of
  * the context's own fds. */
@@ -762,7 +762,7 @@ static void *ctl_main(void *arg)
           if (atomic_load(&p->state) != HIXL_PEER_UP)
             continue;
           evs[i].data.ptr = NULL; /* done: pass 1 skips it */
-        } else if (hs_left-- <= 0) {
+        } else if (p->fd < 0 || hs_left-- <= 0) {
           continue;
         }
         /* The event may be stale: p might have been freed by the

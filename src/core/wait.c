@@ -216,6 +216,15 @@ static __thread struct {
   bool exhausted;  /* and we are out of descriptors: nap between them */
 } last;
 
+/* A nap between futile wake-ups at the descriptor limit (sleep_once). */
+#define FUTILE_NAP_NS 250000
+
+static void futile_reset(void)
+{
+  last.futile = 0;
+  last.exhausted = false;
+}
+
 static void drain_last(hixl_ctx_t *ctx)
 {
   if (last.ctx != ctx || last.fired == 0)
@@ -404,19 +413,20 @@ static bool sleep_once(hixl_ctx_t *ctx, int64_t deadline, int cap_ms, unsigned f
     last.word = s.words;
     last.slept_ns = slept_ns;
   }
-  /* Woken (or not armed) again and again for nothing: a transport fd that
-   * stays readable for work that needs a descriptor we cannot get (the
-   * fabric provider's listening socket at EMFILE) made this a busy loop
-   * at 100% of a CPU.  At the descriptor limit, nap a millisecond a turn
-   * (asking again every HIXL_FUTILE_WAKEUPS turns). */
-  if (done || (!fired && armed)) {
-    last.futile = 0;
-    last.exhausted = false;
+  /* Woken by a transport (or not armed) again and again, and still not
+   * done: a transport fd that stays readable for work that needs a
+   * descriptor we cannot get (the fabric provider's listening socket at
+   * EMFILE) made this a busy loop at 100% of a CPU.  At the descriptor
+   * limit, nap a quarter of a millisecond a turn (asking again every
+   * HIXL_FUTILE_WAKEUPS turns).  The count is this thread's, cleared by
+   * every wait that ends (hixl__wait, hixl__wait_step). */
+  if (done || !((fired & ~1u) || !armed)) {
+    futile_reset(); /* done, a full sleep, or a local wake-up: not futile */
   } else if (++last.futile % HIXL_FUTILE_WAKEUPS == 0) {
     last.exhausted = hixl__fd_exhausted(ctx->epoll_fd);
   }
   if (last.exhausted)
-    nanosleep(&(struct timespec){0, 1000000}, NULL);
+    nanosleep(&(struct timespec){0, FUTILE_NAP_NS}, NULL);
   return done;
 }
 
@@ -458,8 +468,8 @@ static bool poll_phase(hixl_ctx_t *ctx, int64_t deadline, unsigned flags, hixl_w
   return false;
 }
 
-hixl_status_t hixl__wait(hixl_ctx_t *ctx, int64_t deadline, unsigned flags, hixl_wait_fn fn,
-                         void *arg)
+static hixl_status_t wait_loop(hixl_ctx_t *ctx, int64_t deadline, unsigned flags, hixl_wait_fn fn,
+                               void *arg)
 {
   hixl_status_t st;
   if (poll_phase(ctx, deadline, flags, fn, arg, &st))
@@ -476,8 +486,15 @@ hixl_status_t hixl__wait(hixl_ctx_t *ctx, int64_t deadline, unsigned flags, hixl
   }
 }
 
-hixl_status_t hixl__wait_step(hixl_ctx_t *ctx, int64_t deadline, int cap_ms, hixl_wait_fn fn,
-                              void *arg)
+hixl_status_t hixl__wait(hixl_ctx_t *ctx, int64_t deadline, unsigned flags, hixl_wait_fn fn,
+                         void *arg)
+{
+  hixl_status_t st = wait_loop(ctx, deadline, flags, fn, arg);
+  futile_reset();
+  return st;
+}
+
+static hixl_status_t step(hixl_ctx_t *ctx, int64_t deadline, int cap_ms, hixl_wait_fn fn, void *arg)
 {
   hixl_status_t st;
   if (poll_phase(ctx, deadline, 0, fn, arg, &st))
@@ -487,4 +504,15 @@ hixl_status_t hixl__wait_step(hixl_ctx_t *ctx, int64_t deadline, int cap_ms, hix
   if (sleep_once(ctx, deadline, cap_ms, 0, fn, arg) || fn(arg))
     return HIXL_OK;
   return hixl__expired(deadline) ? HIXL_ERR_TIMEOUT : HIXL_INPROGRESS;
+}
+
+/* One step of a wait its caller loops over (INPROGRESS: not yet): the
+ * futile count runs on across steps, and stops with the wait. */
+hixl_status_t hixl__wait_step(hixl_ctx_t *ctx, int64_t deadline, int cap_ms, hixl_wait_fn fn,
+                              void *arg)
+{
+  hixl_status_t st = step(ctx, deadline, cap_ms, fn, arg);
+  if (st != HIXL_INPROGRESS)
+    futile_reset();
+  return st;
 }

@@ -602,7 +602,7 @@ void *hixl__fab_thread(void *arg)
    * stays readable for work it cannot do (its listening socket, when
    * accept fails with EMFILE) kept us at 100% of a CPU. */
   unsigned empty = 0;
-  bool warned = false;
+  bool exhausted = false, warned = false;
   uint64_t seen = atomic_load(&fc->user_polls);
   int64_t seen_ns = hixl__now_ns();
   bool user_spins = false;
@@ -634,19 +634,24 @@ void *hixl__fab_thread(void *arg)
     if (fc->wait_covers) {
       /* Empty wake-ups are normal (target-side RMA makes no completion),
        * and a thousand in a row too: back off only when we cannot get a
-       * descriptor, asking once a millisecond while backed off. */
+       * descriptor, asking again every HIXL_FUTILE_WAKEUPS rounds.  The
+       * nap is short: while backed off, the connections the target has
+       * are progressed only between naps (docs/scale.md). */
       if (empty >= HIXL_FUTILE_WAKEUPS) {
-        if (!hixl__fd_exhausted(fc->wait_fd)) {
+        if (empty % HIXL_FUTILE_WAKEUPS == 0)
+          exhausted = hixl__fd_exhausted(fc->wait_fd);
+        if (!exhausted) {
           empty = 0;
         } else {
           if (!warned) {
             warned = true;
             char hint[256];
             hixl_warn("fabric progress: the provider keeps waking us for work it cannot do "
-                      "(%s); polling it once a millisecond until descriptors are free",
+                      "(%s); polling it every quarter of a millisecond until descriptors are "
+                      "free",
                       hixl__nofile_hint(hint, sizeof(hint)));
           }
-          nanosleep(&(struct timespec){0, 1000000}, NULL);
+          nanosleep(&(struct timespec){0, 250000}, NULL);
         }
       }
       struct fid *f = &fc->cq->fid;

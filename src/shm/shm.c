@@ -787,12 +787,14 @@ static void shm_notif_consumed(hixl_peer_t *peer)
 
 /* A thread is about to sleep (wait.c): our doorbell, unless it is the
  * progress thread (no shm event is progress). */
-/* The control thread's turn (shm_bell's `alive`): we are alive now. */
+/* The control thread's turn (shm_bell's `alive`): we are alive now.  The
+ * coarse clock (a few ms behind, never a system call) is plenty for a
+ * liveness period of a second or more. */
 static void shm_on_event(hixl_ctx_t *ctx)
 {
   shm_ctx_t *sc = ctx->tp[HIXL_TP_SHM];
   if (sc && sc->bell)
-    atomic_store_explicit(&sc->bell->alive, (uint64_t)hixl__now_ns(), memory_order_relaxed);
+    atomic_store_explicit(&sc->bell->alive, (uint64_t)hixl__now_coarse_ns(), memory_order_relaxed);
 }
 
 /* A stored time this far from what our clock allows (earlier than our

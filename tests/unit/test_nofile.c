@@ -355,9 +355,9 @@ static void test_fabric_at_limit_does_not_spin(void **state)
   print_message("target CPU: %.3f of a core idle, %.3f with %d connected, %d served\n", quiet, busy,
                 connected, served);
   assert_true(connected > 0);
-  assert_true(served > 0);              /* it serves whom it can */
-  assert_true(served < connected);      /* and the limit was reached */
-  assert_true(busy < 0.25 + 2 * quiet); /* not a spinning thread (1.0) */
+  assert_true(served > 0);             /* it serves whom it can */
+  assert_true(served < connected);     /* and the limit was reached */
+  assert_true(busy < 0.5 + 2 * quiet); /* a busy loop was a whole core (1.0), or two */
   for (int i = 0; i < SPIN_INI; i++) {
     if (r[i])
       hixl_rmr_release(r[i]);
