@@ -57,8 +57,18 @@ const char *hixl__strerror_fd(int err, char *buf, size_t n);
  * an fd whose work cannot be done without one: a provider's listening
  * socket whose accept fails stays readable. */
 bool hixl__fd_exhausted(int any_fd);
-/* Consecutive futile wake-ups after which such a loop asks. */
+/* Such a loop's run of futile wake-ups (woken, nothing it could do):
+ * hixl__futile_step counts one round and says whether to nap
+ * HIXL_FUTILE_NAP_NS, which it does only while the process is out of
+ * descriptors, asking again every HIXL_FUTILE_WAKEUPS futile rounds (the
+ * fabric progress thread, sleepers in wait.c; docs/scale.md). */
 #define HIXL_FUTILE_WAKEUPS 1024u
+#define HIXL_FUTILE_NAP_NS 250000
+typedef struct hixl_futile {
+  unsigned n;     /* futile rounds in a row */
+  bool exhausted; /* and no descriptor could be had when last asked */
+} hixl_futile_t;
+bool hixl__futile_step(hixl_futile_t *f, bool futile, int any_fd);
 /* Whether a memfd another process lent us may be mapped: only if it cannot
  * shrink under the mapping (a truncation would make every access past the
  * new end SIGBUS): sealed against shrinking and against further seals, and

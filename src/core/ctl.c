@@ -704,9 +704,7 @@ static void housekeeping_locked(hixl_ctx_t *ctx, int64_t now)
  * default), so that up peers' requests are served first; of the others,
  * at most CTL_HS_EVENTS a turn. */
 #define CTL_EVENTS 512
-#define CTL_HS_EVENTS                                                                              \
-  32 /* the old batch: handshakes as fast as before */ /* the handshakes keep up with the accepts  \
-                                                        */
+#define CTL_HS_EVENTS 32 /* the batch it took before: handshakes as fast as then */
 
 /* An epoll event's pointer is a peer's (NULL: handled already), not one of
  * the context's own fds. */

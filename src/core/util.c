@@ -245,6 +245,17 @@ bool hixl__fd_exhausted(int any_fd)
   return errno == EMFILE || errno == ENFILE;
 }
 
+bool hixl__futile_step(hixl_futile_t *f, bool futile, int any_fd)
+{
+  if (!futile) {
+    *f = (hixl_futile_t){0};
+    return false;
+  }
+  if (++f->n % HIXL_FUTILE_WAKEUPS == 0)
+    f->exhausted = hixl__fd_exhausted(any_fd);
+  return f->exhausted;
+}
+
 const char *hixl__nofile_hint(char *buf, size_t n)
 {
   struct rlimit rl;

@@ -212,18 +212,10 @@ static __thread struct {
   unsigned fired; /* bit 0: our eventfd (or wake_word); bit 1 + i: transport i's */
   bool word;      /* the sleep was on words */
   int64_t slept_ns, woke_ns;
-  unsigned futile; /* sleeps in a row that woke (or did not sleep) for nothing */
-  bool exhausted;  /* and we are out of descriptors: nap between them */
+  hixl_futile_t futile; /* sleeps in a row that woke (or did not sleep) for nothing */
 } last;
 
-/* A nap between futile wake-ups at the descriptor limit (sleep_once). */
-#define FUTILE_NAP_NS 250000
-
-static void futile_reset(void)
-{
-  last.futile = 0;
-  last.exhausted = false;
-}
+static void futile_reset(void) { last.futile = (hixl_futile_t){0}; }
 
 static void drain_last(hixl_ctx_t *ctx)
 {
@@ -420,13 +412,9 @@ static bool sleep_once(hixl_ctx_t *ctx, int64_t deadline, int cap_ms, unsigned f
    * limit, nap a quarter of a millisecond a turn (asking again every
    * HIXL_FUTILE_WAKEUPS turns).  The count is this thread's, cleared by
    * every wait that ends (hixl__wait, hixl__wait_step). */
-  if (done || !((fired & ~1u) || !armed)) {
-    futile_reset(); /* done, a full sleep, or a local wake-up: not futile */
-  } else if (++last.futile % HIXL_FUTILE_WAKEUPS == 0) {
-    last.exhausted = hixl__fd_exhausted(ctx->epoll_fd);
-  }
-  if (last.exhausted)
-    nanosleep(&(struct timespec){0, FUTILE_NAP_NS}, NULL);
+  bool futile = !done && ((fired & ~1u) || !armed); /* not a full sleep or a local wake-up */
+  if (hixl__futile_step(&last.futile, futile, ctx->epoll_fd))
+    nanosleep(&(struct timespec){0, HIXL_FUTILE_NAP_NS}, NULL);
   return done;
 }
 

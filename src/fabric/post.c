@@ -600,9 +600,13 @@ void *hixl__fab_thread(void *arg)
   unsigned idle = 0;
   /* Wake-ups in a row that found nothing to do.  A provider whose fd
    * stays readable for work it cannot do (its listening socket, when
-   * accept fails with EMFILE) kept us at 100% of a CPU. */
-  unsigned empty = 0;
-  bool exhausted = false, warned = false;
+   * accept fails with EMFILE) kept us at 100% of a CPU.  Empty wake-ups
+   * are normal (target-side RMA makes no completion), a thousand in a row
+   * too: we nap only when no descriptor can be had, and briefly (while
+   * backed off, the connections the target has are progressed between
+   * naps; docs/scale.md). */
+  hixl_futile_t empty = {0};
+  bool warned = false;
   uint64_t seen = atomic_load(&fc->user_polls);
   int64_t seen_ns = hixl__now_ns();
   bool user_spins = false;
@@ -626,35 +630,14 @@ void *hixl__fab_thread(void *arg)
     pthread_mutex_unlock(&fc->poll_lock);
     if (n > 0 || fc->n_pend || fc->n_parked) {
       idle = 0;
-      empty = 0;
+      hixl__futile_step(&empty, false, fc->wait_fd);
       if (fc->n_pend || fc->n_parked) /* a full ring: its owner polls it eventually */
         nanosleep(&(struct timespec){0, 100000}, NULL);
       continue;
     }
     if (fc->wait_covers) {
-      /* Empty wake-ups are normal (target-side RMA makes no completion),
-       * and a thousand in a row too: back off only when we cannot get a
-       * descriptor, asking again every HIXL_FUTILE_WAKEUPS rounds.  The
-       * nap is short: while backed off, the connections the target has
-       * are progressed only between naps (docs/scale.md). */
-      if (empty >= HIXL_FUTILE_WAKEUPS) {
-        if (empty % HIXL_FUTILE_WAKEUPS == 0)
-          exhausted = hixl__fd_exhausted(fc->wait_fd);
-        if (!exhausted) {
-          empty = 0;
-        } else {
-          if (!warned) {
-            warned = true;
-            char hint[256];
-            hixl_warn("fabric progress: the provider keeps waking us for work it cannot do "
-                      "(%s); polling it every quarter of a millisecond until descriptors are "
-                      "free",
-                      hixl__nofile_hint(hint, sizeof(hint)));
-          }
-          nanosleep(&(struct timespec){0, 250000}, NULL);
-        }
-      }
       struct fid *f = &fc->cq->fid;
+      int r = -1;
       if (fi_trywait(fc->fabric, &f, 1) == FI_SUCCESS) {
         struct pollfd pfd = {fc->wait_fd, POLLIN, 0};
         /* Woken by the provider; 100 ms: re-check stop.  A user asleep in
@@ -663,14 +646,22 @@ void *hixl__fab_thread(void *arg)
          * trylock then failed, it found nothing and slept again until our
          * delivery woke it a second time (a notification's wake-up over
          * tcp took 120-146 us p50 that way, 45-70 without; docs/waiting.md). */
-        int r = poll(&pfd, 1, 100);
+        r = poll(&pfd, 1, 100);
         if (r > 0 && atomic_load(fc->ctx->sleepers) > 0)
           nanosleep(&(struct timespec){0, 50000}, NULL);
-        /* Idle for real, or woken (a sleeper may have taken the work: we
-         * then back off too, and it wakes on the fd itself). */
-        empty = r == 0 ? 0 : empty + 1;
-      } else {
-        empty++; /* the provider says there is work: the next round does it */
+      }
+      /* Futile unless idle for real (r == 0); woken, a sleeper may have
+       * taken the work: we then back off too, and it wakes on the fd
+       * itself.  Not ready (trywait failed): the next round does it. */
+      if (hixl__futile_step(&empty, r != 0, fc->wait_fd)) {
+        if (!warned) {
+          warned = true;
+          char hint[256];
+          hixl_warn("fabric progress: the provider keeps waking us for work it cannot do (%s); "
+                    "polling it every quarter of a millisecond until descriptors are free",
+                    hixl__nofile_hint(hint, sizeof(hint)));
+        }
+        nanosleep(&(struct timespec){0, HIXL_FUTILE_NAP_NS}, NULL);
       }
       continue;
     }

@@ -48,6 +48,23 @@ static int open_fds(void)
   return n - 1; /* the directory's own */
 }
 
+/* In a child: at most what it has open now plus extra descriptors. */
+static void limit_to(int extra)
+{
+  struct rlimit rl;
+  getrlimit(RLIMIT_NOFILE, &rl);
+  rl.rlim_cur = (rlim_t)(open_fds() + extra);
+  setrlimit(RLIMIT_NOFILE, &rl);
+}
+
+/* In a child: t's address to the parent, with its NUL. */
+static void send_address(int fd, hixl_ctx_t *t)
+{
+  const char *a = hixl_ctx_address(t);
+  if (write(fd, a, strlen(a) + 1) < 0)
+    _exit(4);
+}
+
 static hixl_ctx_t *make(void)
 {
   hixl_config_t cfg;
@@ -87,14 +104,8 @@ static pid_t target(int extra, char *addr, size_t n)
     hixl_disconnect(p);
     hixl_ctx_destroy(w);
     usleep(300000);
-    struct rlimit rl;
-    getrlimit(RLIMIT_NOFILE, &rl);
-    rl.rlim_cur = (rlim_t)(open_fds() + extra);
-    setrlimit(RLIMIT_NOFILE, &rl);
-    char a[128];
-    snprintf(a, sizeof(a), "%s", hixl_ctx_address(t));
-    if (write(pfd[1], a, strlen(a) + 1) < 0)
-      _exit(4);
+    limit_to(extra);
+    send_address(pfd[1], t);
     for (;;)
       pause();
   }
@@ -164,10 +175,7 @@ static int fabric_create_at(int extra, char *err, size_t n)
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     close(pfd[0]);
     setenv("HIXL_LAZY", "0", 1);
-    struct rlimit rl;
-    getrlimit(RLIMIT_NOFILE, &rl);
-    rl.rlim_cur = (rlim_t)(open_fds() + extra);
-    setrlimit(RLIMIT_NOFILE, &rl);
+    limit_to(extra);
     hixl_config_t cfg;
     hixl_config_init(&cfg);
     cfg.transports = "fabric";
@@ -266,14 +274,8 @@ static pid_t fabric_target(char *addr, size_t n, int *cmd, int *rep)
             HIXL_OK ||
         hixl_mr_publish(mr, "m") != HIXL_OK)
       _exit(2);
-    struct rlimit rl;
-    getrlimit(RLIMIT_NOFILE, &rl);
-    rl.rlim_cur = (rlim_t)(open_fds() + SPIN_ROOM);
-    setrlimit(RLIMIT_NOFILE, &rl);
-    char s[128];
-    snprintf(s, sizeof(s), "%s", hixl_ctx_address(t));
-    if (write(a[1], s, strlen(s) + 1) < 0)
-      _exit(4);
+    limit_to(SPIN_ROOM);
+    send_address(a[1], t);
     char b;
     while (read(c[0], &b, 1) == 1) {
       double c0 = cpu_s(), w0 = wall_s();
