@@ -58,15 +58,22 @@ const char *hixl__strerror_fd(int err, char *buf, size_t n);
  * socket whose accept fails stays readable. */
 bool hixl__fd_exhausted(int any_fd);
 /* Such a loop's run of futile wake-ups (woken, nothing it could do):
- * hixl__futile_step counts one round and says whether to nap
- * HIXL_FUTILE_NAP_NS, which it does only while the process is out of
- * descriptors, asking again every HIXL_FUTILE_WAKEUPS futile rounds (the
+ * hixl__futile_step counts one round and, only while the process is out
+ * of descriptors (asked again every HIXL_FUTILE_WAKEUPS futile rounds),
+ * naps and says so.  The nap is HIXL_FUTILE_DUTY times what the round
+ * took since the last step, at least HIXL_FUTILE_NAP_NS and at most
+ * HIXL_FUTILE_NAP_MAX_NS: such a loop then uses at most a tenth of a CPU
+ * however slow a round is (a sanitizer's build, a loaded machine), and
+ * the connections it has wait at most a few milliseconds longer (the
  * fabric progress thread, sleepers in wait.c; docs/scale.md). */
 #define HIXL_FUTILE_WAKEUPS 1024u
+#define HIXL_FUTILE_DUTY 9
 #define HIXL_FUTILE_NAP_NS 250000
+#define HIXL_FUTILE_NAP_MAX_NS 4000000
 typedef struct hixl_futile {
   unsigned n;     /* futile rounds in a row */
   bool exhausted; /* and no descriptor could be had when last asked */
+  int64_t end_ns; /* when the last step returned (0: none in this run) */
 } hixl_futile_t;
 bool hixl__futile_step(hixl_futile_t *f, bool futile, int any_fd);
 /* Whether a memfd another process lent us may be mapped: only if it cannot

@@ -253,6 +253,18 @@ bool hixl__futile_step(hixl_futile_t *f, bool futile, int any_fd)
   }
   if (++f->n % HIXL_FUTILE_WAKEUPS == 0)
     f->exhausted = hixl__fd_exhausted(any_fd);
+  int64_t now = hixl__now_ns();
+  if (f->exhausted) {
+    /* The round's cost as wall time (a descheduled round counts in full:
+     * the bound then errs on the side of napping longer). */
+    int64_t nap = f->end_ns ? HIXL_FUTILE_DUTY * (now - f->end_ns) : 0;
+    nap = nap < HIXL_FUTILE_NAP_NS       ? HIXL_FUTILE_NAP_NS
+          : nap > HIXL_FUTILE_NAP_MAX_NS ? HIXL_FUTILE_NAP_MAX_NS
+                                         : nap;
+    nanosleep(&(struct timespec){0, (long)nap}, NULL);
+    now = hixl__now_ns();
+  }
+  f->end_ns = now;
   return f->exhausted;
 }
 

@@ -409,12 +409,11 @@ static bool sleep_once(hixl_ctx_t *ctx, int64_t deadline, int cap_ms, unsigned f
    * done: a transport fd that stays readable for work that needs a
    * descriptor we cannot get (the fabric provider's listening socket at
    * EMFILE) made this a busy loop at 100% of a CPU.  At the descriptor
-   * limit, nap a quarter of a millisecond a turn (asking again every
-   * HIXL_FUTILE_WAKEUPS turns).  The count is this thread's, cleared by
+   * limit, hixl__futile_step naps (a tenth of a CPU at most; it asks
+   * again every HIXL_FUTILE_WAKEUPS turns).  The count is this thread's, cleared by
    * every wait that ends (hixl__wait, hixl__wait_step). */
   bool futile = !done && ((fired & ~1u) || !armed); /* not a full sleep or a local wake-up */
-  if (hixl__futile_step(&last.futile, futile, ctx->epoll_fd))
-    nanosleep(&(struct timespec){0, HIXL_FUTILE_NAP_NS}, NULL);
+  hixl__futile_step(&last.futile, futile, ctx->epoll_fd);
   return done;
 }
 

@@ -658,10 +658,9 @@ void *hixl__fab_thread(void *arg)
           warned = true;
           char hint[256];
           hixl_warn("fabric progress: the provider keeps waking us for work it cannot do (%s); "
-                    "polling it every quarter of a millisecond until descriptors are free",
+                    "polling it at most a tenth of the time until descriptors are free",
                     hixl__nofile_hint(hint, sizeof(hint)));
         }
-        nanosleep(&(struct timespec){0, HIXL_FUTILE_NAP_NS}, NULL);
       }
       continue;
     }
