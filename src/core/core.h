@@ -71,6 +71,10 @@ hixl_peer_t *hixl__self_peer(hixl_ctx_t *ctx);
  * true when it is UP. */
 bool hixl__peer_await_up(hixl_peer_t *peer, int64_t deadline);
 void hixl__peer_free(hixl_peer_t *peer);
+/* Into ctx->peers and ctx->hk (false: no memory for the slot); out of both.
+ * ctx->lock held. */
+bool hixl__peer_link_locked(hixl_ctx_t *ctx, hixl_peer_t *p);
+void hixl__peer_unlink_locked(hixl_ctx_t *ctx, hixl_peer_t *p);
 /* Sleep on ctx->cond (ctx->lock held) until signalled, deadline, or cap_ms:
  * the one timed wait of control calls and world rendezvous. */
 void hixl__cond_wait_until(hixl_ctx_t *ctx, int64_t deadline, int cap_ms);

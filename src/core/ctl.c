@@ -567,8 +567,12 @@ static void accept_all(hixl_ctx_t *ctx, int lfd, bool is_unix)
     p->tls_fd = p->tls ? fd : -1;
     if (p->tls) /* GnuTLS reads with recv(): it must not block the control thread */
       fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-    p->next = ctx->peers;
-    ctx->peers = p;
+    if (!hixl__peer_link_locked(ctx, p)) {
+      hixl_warn("refused a connection: no memory for its peer");
+      pthread_mutex_unlock(&ctx->lock);
+      hixl__peer_free(p);
+      continue;
+    }
     hs_count_locked(ctx, &tail); /* the list may have changed while unlocked */
     *tail = p;
     p->in_hs = true;
@@ -589,113 +593,151 @@ static int liveness_ms(const hixl_ctx_t *ctx)
                                                       : ctx->cfg.timeout_ms;
 }
 
-/* Close sockets of failed peers; free connections nobody can see.  Also
- * heartbeats.  Control thread, ctx->lock held. */
-static void housekeeping_locked(hixl_ctx_t *ctx, int64_t now)
+#define HK_FREED INT64_MIN /* visit_locked freed the peer */
+
+/* Housekeeping for one peer: liveness and heartbeats of an up peer, the
+ * handshake deadline, closing a failed peer's socket, releasing and
+ * freeing.  Returns when it next has something to do for the peer (the
+ * next tick: now; never: INT64_MAX), or HK_FREED.  Control thread,
+ * ctx->lock held. */
+static int64_t visit_locked(hixl_ctx_t *ctx, hixl_peer_t *p, int64_t now)
 {
   int64_t timeout_ns = (int64_t)liveness_ms(ctx) * 1000000;
   int64_t hb_ns = timeout_ns / 4;
-  hixl_peer_t **pp = &ctx->peers;
-  while (*pp) {
-    hixl_peer_t *p = *pp;
-    int st = atomic_load(&p->state);
-    bool stalled = false;
-    if (st == HIXL_PEER_UP && !p->self) {
-      /* Messages queued for it and none taken for the liveness period: it
-       * is alive enough to send but does not read (or is wedged). */
-      pthread_mutex_lock(&p->send_lock);
-      stalled = p->oq_head && now - p->oq_progress_ns > timeout_ns;
-      size_t queued = p->oq_bytes;
-      pthread_mutex_unlock(&p->send_lock);
-      if (stalled) {
-        char why[96];
-        snprintf(why, sizeof(why),
-                 "it has not read its control connection for %d ms (%zu bytes "
-                 "wait)",
-                 liveness_ms(ctx), queued);
-        hixl_warn("peer %s: %s; dropping it", p->name, why);
-        hixl__peer_fail_locked(p, HIXL_PEER_LOST, why);
-        st = HIXL_PEER_LOST;
-      }
-    }
-    if (st == HIXL_PEER_UP && !p->self) {
-      /* Liveness without messages costs a read of the peer's memory: a
-       * TLB and cache miss per peer, the idle cost at thousands of peers.
-       * So only once it seems quiet for half the period (the reading
-       * tells when it last turned, so the bound is the same as at every
-       * tick). */
-      int alive = -1;
-      if (p->ops && p->ops->peer_alive) {
-        alive = 0;
-        if (!p->alive_ok || now - p->last_rx_ns > timeout_ns / 2) {
-          int64_t seen = now;
-          alive = p->ops->peer_alive(p, now, &seen);
-          p->alive_ok = alive >= 0;
-          if (alive > 0 && seen > p->last_rx_ns)
-            p->last_rx_ns = seen;
-        }
-      }
-      if (now - p->last_rx_ns > timeout_ns) {
-        char why[64];
-        snprintf(why, sizeof(why), "no heartbeat for %d ms", liveness_ms(ctx));
-        hixl__peer_fail_locked(p, HIXL_PEER_LOST, why);
-        st = HIXL_PEER_LOST;
-      } else {
-        /* Each side sends heartbeats at a quarter of its own timeout, and
-         * the peer's may be much longer than ours: once it has been silent
-         * for half of our timeout, probe it (it answers at once), so a live
-         * peer is never declared dead for its slower pace. */
-        bool probe = now - p->last_rx_ns > timeout_ns / 2;
-        if ((probe || alive < 0) &&
-            now - atomic_load_explicit(&p->last_tx_ns, memory_order_relaxed) >
-                (probe ? hb_ns / 2 : hb_ns)) {
-          hixl_msg_t hb = {.type = HIXL_MSG_HEARTBEAT};
-          hb.heartbeat.flags = probe;
-          hixl__send(p, &hb, NULL, 0);
-        }
-      }
-    } else if (st == HIXL_PEER_CONNECTING && p->inbound && now - p->born_ns > timeout_ns) {
-      /* From the accept, not the last byte: trickling bytes buys nothing. */
-      hixl__peer_fail_locked(p, HIXL_PEER_LOST, "handshake timed out");
+  int st = atomic_load(&p->state);
+  bool stalled = false;
+  int64_t oq_due = INT64_MAX;
+  if (st == HIXL_PEER_UP && !p->self) {
+    /* Messages queued for it and none taken for the liveness period: it
+     * is alive enough to send but does not read (or is wedged). */
+    pthread_mutex_lock(&p->send_lock);
+    stalled = p->oq_head && now - p->oq_progress_ns > timeout_ns;
+    if (p->oq_head)
+      oq_due = p->oq_progress_ns + timeout_ns + 1;
+    size_t queued = p->oq_bytes;
+    pthread_mutex_unlock(&p->send_lock);
+    if (stalled) {
+      char why[96];
+      snprintf(why, sizeof(why),
+               "it has not read its control connection for %d ms (%zu bytes "
+               "wait)",
+               liveness_ms(ctx), queued);
+      hixl_warn("peer %s: %s; dropping it", p->name, why);
+      hixl__peer_fail_locked(p, HIXL_PEER_LOST, why);
       st = HIXL_PEER_LOST;
     }
-    if (st >= HIXL_PEER_LOST && p->pending)
-      hixl__fail_pending_locked(p); /* lost asynchronously (hixl__peer_lost_async) */
-    if (st >= HIXL_PEER_LOST && p->lost_ns == 0)
-      p->lost_ns = now;
-    if (st >= HIXL_PEER_LOST && p->fd >= 0) {
-      close_sock_locked(ctx, p);
-      pthread_cond_broadcast(&ctx->cond);
+  }
+  if (st == HIXL_PEER_UP && !p->self) {
+    /* Liveness without messages costs a read of the peer's memory: a
+     * TLB and cache miss per peer, the idle cost at thousands of peers.
+     * So only once it seems quiet for half the period (the reading
+     * tells when it last turned, so the bound is the same as at every
+     * tick). */
+    int alive = -1;
+    if (p->ops && p->ops->peer_alive) {
+      alive = 0;
+      if (!p->alive_ok || now - p->last_rx_ns > timeout_ns / 2) {
+        int64_t seen = now;
+        alive = p->ops->peer_alive(p, now, &seen);
+        p->alive_ok = alive >= 0;
+        if (alive > 0 && seen > p->last_rx_ns)
+          p->last_rx_ns = seen;
+      }
     }
-    /* A lost peer's mappings are released after a grace period, when no
-     * operation that passed its state check before the loss can still be
-     * copying into them, and once its notifications were taken.  The handle
-     * itself stays (its ops say PEER_LOST) until the context goes. */
-    if (st >= HIXL_PEER_LOST && p->ops && p->ops != &hixl__closed_ops && !p->unix_pending &&
-        now - p->lost_ns > RELEASE_GRACE_NS(ctx) &&
-        (p->inbox == NULL || !hixl_ring_maybe_nonempty(p->inbox)) &&
-        atomic_load(&p->inbox_queued) == 0) {
-      for (hixl_rmr_t *r = p->rmrs; r; r = r->next)
-        p->ops->rmr_detach(r);
-      p->ops->peer_close(p);
-      p->ops = &hixl__closed_ops;
-      free(p->rx);
-      p->rx = NULL;
-      p->rx_len = 0;
+    if (now - p->last_rx_ns > timeout_ns) {
+      char why[64];
+      snprintf(why, sizeof(why), "no heartbeat for %d ms", liveness_ms(ctx));
+      hixl__peer_fail_locked(p, HIXL_PEER_LOST, why);
+      st = HIXL_PEER_LOST;
+    } else {
+      /* Each side sends heartbeats at a quarter of its own timeout, and
+       * the peer's may be much longer than ours: once it has been silent
+       * for half of our timeout, probe it (it answers at once), so a live
+       * peer is never declared dead for its slower pace. */
+      bool probe = now - p->last_rx_ns > timeout_ns / 2;
+      int64_t tx = atomic_load_explicit(&p->last_tx_ns, memory_order_relaxed);
+      if ((probe || alive < 0) && now - tx > (probe ? hb_ns / 2 : hb_ns)) {
+        hixl_msg_t hb = {.type = HIXL_MSG_HEARTBEAT};
+        hb.heartbeat.flags = probe;
+        hixl__send(p, &hb, NULL, 0);
+        tx = now;
+      }
+      /* Next: once it has been quiet for half the period (a message
+       * postpones that: the visit then finds nothing to do), then every
+       * tick (probes, the deadline); a heartbeat of ours when due; the
+       * deadline of a queue seen now.  Senders need not tell us of a queue
+       * they start: an up peer is visited at least every half period, so
+       * one is seen before it can be overdue and found stalled at the same
+       * tick as when every peer was visited at every tick. */
+      if (probe)
+        return now;
+      int64_t due = p->last_rx_ns + timeout_ns / 2 + 1;
+      if (alive < 0 && tx + hb_ns + 1 < due)
+        due = tx + hb_ns + 1;
+      return oq_due < due ? oq_due : due;
     }
-    /* Never visible to the user (no handshake done, or released and its
-     * handle never given out): free now, so that connections that come
-     * and go cost nothing once they are gone (docs/scale.md). */
-    if (st >= HIXL_PEER_LOST && p->inbound &&
-        (p->unix_pending || p->ops == NULL ||
-         (p->ops == &hixl__closed_ops && !atomic_load(&p->handed)))) {
-      if (p->in_hs)
-        hs_unlink_locked(ctx, p);
-      *pp = p->next;
-      hixl__peer_free(p);
+  } else if (st == HIXL_PEER_CONNECTING && p->inbound && now - p->born_ns > timeout_ns) {
+    /* From the accept, not the last byte: trickling bytes buys nothing. */
+    hixl__peer_fail_locked(p, HIXL_PEER_LOST, "handshake timed out");
+    st = HIXL_PEER_LOST;
+  }
+  if (st >= HIXL_PEER_LOST && p->pending)
+    hixl__fail_pending_locked(p); /* lost asynchronously (hixl__peer_lost_async) */
+  if (st >= HIXL_PEER_LOST && p->lost_ns == 0)
+    p->lost_ns = now;
+  if (st >= HIXL_PEER_LOST && p->fd >= 0) {
+    close_sock_locked(ctx, p);
+    pthread_cond_broadcast(&ctx->cond);
+  }
+  /* A lost peer's mappings are released after a grace period, when no
+   * operation that passed its state check before the loss can still be
+   * copying into them, and once its notifications were taken.  The handle
+   * itself stays (its ops say PEER_LOST) until the context goes. */
+  if (st >= HIXL_PEER_LOST && p->ops && p->ops != &hixl__closed_ops && !p->unix_pending &&
+      now - p->lost_ns > RELEASE_GRACE_NS(ctx) &&
+      (p->inbox == NULL || !hixl_ring_maybe_nonempty(p->inbox)) &&
+      atomic_load(&p->inbox_queued) == 0) {
+    for (hixl_rmr_t *r = p->rmrs; r; r = r->next)
+      p->ops->rmr_detach(r);
+    p->ops->peer_close(p);
+    p->ops = &hixl__closed_ops;
+    free(p->rx);
+    p->rx = NULL;
+    p->rx_len = 0;
+  }
+  /* Never visible to the user (no handshake done, or released and its
+   * handle never given out): free now, so that connections that come
+   * and go cost nothing once they are gone (docs/scale.md). */
+  if (st >= HIXL_PEER_LOST && p->inbound &&
+      (p->unix_pending || p->ops == NULL ||
+       (p->ops == &hixl__closed_ops && !atomic_load(&p->handed)))) {
+    if (p->in_hs)
+      hs_unlink_locked(ctx, p);
+    hixl__peer_unlink_locked(ctx, p);
+    hixl__peer_free(p);
+    return HK_FREED;
+  }
+  /* Self, up: nothing until it fails (a failure makes a full pass).
+   * Released, the handle kept for the user: nothing ever again.  The
+   * rest (handshakes, lost peers in their grace) at every tick. */
+  if ((st == HIXL_PEER_UP && p->self) || (st >= HIXL_PEER_LOST && p->ops == &hixl__closed_ops))
+    return INT64_MAX;
+  return now;
+}
+
+/* Close sockets of failed peers; free connections nobody can see; send
+ * heartbeats.  Visits the peers due (all of them on a full pass, after a
+ * failure).  Walks the slots from the end: a freed peer's slot takes the
+ * last one, visited already.  Control thread, ctx->lock held. */
+static void housekeeping_locked(hixl_ctx_t *ctx, int64_t now, bool full)
+{
+  for (uint32_t i = ctx->hk_n; i-- > 0;) {
+    if (!full && ctx->hk[i].due_ns > now)
       continue;
-    }
-    pp = &p->next;
+    hixl_peer_t *p = ctx->hk[i].p;
+    int64_t due = visit_locked(ctx, p, now);
+    if (due != HK_FREED)
+      ctx->hk[p->hk_idx].due_ns = due;
   }
 }
 
@@ -785,8 +827,9 @@ static void *ctl_main(void *arg)
      * heartbeats and deadlines at the tick.  Not at every event: the scan
      * is O(peers), and with thousands connected their heartbeats alone
      * made it O(peers^2) a second. */
-    if (atomic_exchange(&ctx->hk_due, false) || now - last_hk >= (int64_t)hb_ms * 1000000) {
-      housekeeping_locked(ctx, now);
+    bool full = atomic_exchange(&ctx->hk_due, false);
+    if (full || now - last_hk >= (int64_t)hb_ms * 1000000) {
+      housekeeping_locked(ctx, now, full);
       last_hk = now;
     }
     hixl_peer_t **tail;

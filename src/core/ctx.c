@@ -222,6 +222,7 @@ void hixl_ctx_destroy(hixl_ctx_t *ctx)
   hixl__ctl_stop(ctx);
   pthread_mutex_lock(&ctx->lock);
   hixl__peers_destroy(ctx);
+  free(ctx->hk);
   hixl__tls_fini(ctx); /* after the last session went with its peer */
   pthread_mutex_unlock(&ctx->lock);
   hixl__mrs_destroy(ctx);

@@ -533,10 +533,13 @@ hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeou
     p->tls = NULL;
   }
   pthread_mutex_lock(&ctx->lock);
+  if (!hixl__peer_link_locked(ctx, p)) {
+    pthread_mutex_unlock(&ctx->lock);
+    st = hixl__err(HIXL_ERR_NOMEM, "connecting to %s: no memory for the peer", addr);
+    goto fail;
+  }
   atomic_store(&p->state, HIXL_PEER_UP);
   p->last_rx_ns = hixl__now_ns();
-  p->next = ctx->peers;
-  ctx->peers = p;
   pthread_mutex_lock(&p->send_lock);
   p->polled = true;
   struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = p};

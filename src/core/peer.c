@@ -53,6 +53,40 @@ hixl_peer_t *hixl__peer_new(hixl_ctx_t *ctx, int fd, bool inbound)
   return p;
 }
 
+bool hixl__peer_link_locked(hixl_ctx_t *ctx, hixl_peer_t *p)
+{
+  if (ctx->hk_n == ctx->hk_cap) {
+    uint32_t cap = ctx->hk_cap ? 2 * ctx->hk_cap : 64;
+    struct hixl_hk_slot *v = realloc(ctx->hk, cap * sizeof(*v));
+    if (v == NULL)
+      return false;
+    ctx->hk = v;
+    ctx->hk_cap = cap;
+  }
+  p->hk_idx = ctx->hk_n++;
+  ctx->hk[p->hk_idx] = (struct hixl_hk_slot){.due_ns = 0, .p = p}; /* due at the next tick */
+  p->next = ctx->peers;
+  p->pprev = &ctx->peers;
+  if (p->next)
+    p->next->pprev = &p->next;
+  ctx->peers = p;
+  return true;
+}
+
+void hixl__peer_unlink_locked(hixl_ctx_t *ctx, hixl_peer_t *p)
+{
+  *p->pprev = p->next;
+  if (p->next)
+    p->next->pprev = p->pprev;
+  p->next = NULL;
+  p->pprev = NULL;
+  /* The last slot takes its place (housekeeping walks the array from the
+   * end, so the one moved was visited already). */
+  struct hixl_hk_slot last = ctx->hk[--ctx->hk_n];
+  ctx->hk[p->hk_idx] = last;
+  last.p->hk_idx = p->hk_idx;
+}
+
 /* A control message waiting in a peer's output queue. */
 
 /* Drop what is queued for p (its socket is going away).  send_lock held. */
@@ -149,9 +183,12 @@ hixl_peer_t *hixl__self_peer(hixl_ctx_t *ctx)
     return NULL;
   }
   pthread_mutex_lock(&ctx->lock);
+  if (!hixl__peer_link_locked(ctx, p)) {
+    pthread_mutex_unlock(&ctx->lock);
+    hixl__peer_free(p);
+    return NULL;
+  }
   atomic_store(&p->state, HIXL_PEER_UP);
-  p->next = ctx->peers;
-  ctx->peers = p;
   pthread_mutex_unlock(&ctx->lock);
   return p;
 }
@@ -203,7 +240,7 @@ void hixl__peers_destroy(hixl_ctx_t *ctx)
 {
   while (ctx->peers) {
     hixl_peer_t *p = ctx->peers;
-    ctx->peers = p->next;
+    hixl__peer_unlink_locked(ctx, p);
     if (atomic_load(&p->state) == HIXL_PEER_UP && p->fd >= 0 && !p->inbound) {
       hixl_msg_t bye = {.type = HIXL_MSG_BYE};
       hixl__send(p, &bye, NULL, 0);

@@ -471,8 +471,10 @@ struct hixl_peer {
   uint64_t xchg_epoch;        /* world: epoch of the blob in xchg_blob */
   uint8_t xchg_blob[HIXL_RKEY_MAX];
   uint32_t xchg_len;
-  hixl_rmr_t *rmrs;       /* rmrs unpacked through this peer */
-  struct hixl_peer *next; /* ctx->peers */
+  hixl_rmr_t *rmrs;         /* rmrs unpacked through this peer */
+  struct hixl_peer *next;   /* ctx->peers */
+  struct hixl_peer **pprev; /* what points at it in ctx->peers */
+  uint32_t hk_idx;          /* its slot in ctx->hk */
   /* ctx->hs_head: inbound connections in their handshake, oldest first
    * (the handshake cap walks these, never every peer).  Control thread,
    * ctx->lock. */
@@ -542,6 +544,15 @@ struct hixl_ctx {
   pthread_mutex_t lock;
   pthread_cond_t cond;
   hixl_peer_t *peers;
+  /* Every peer in ctx->peers, with when the control thread's housekeeping
+   * next has something to do for it (ctl.c): a tick scans this array, a
+   * few pages, and visits only the peers due, so that thousands of idle
+   * peers cost a read each per half liveness period, not per tick. */
+  struct hixl_hk_slot {
+    int64_t due_ns;
+    hixl_peer_t *p;
+  } * hk;
+  uint32_t hk_n, hk_cap;
   hixl_peer_t *hs_head; /* inbound handshakes, oldest first (hs_next) */
   unsigned n_inbound;
   hixl_published_t published[HIXL_MAX_PUBLISHED];
