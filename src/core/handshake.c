@@ -408,15 +408,10 @@ static hixl_status_t tcp_connect(const char *addr, int64_t deadline, int *fd_p)
   return st;
 }
 
-hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeout_ms, uint64_t tag,
-                                   hixl_peer_t **peer_p)
+/* One connection attempt; *set_up: it set up a lazy transport of ours. */
+static hixl_status_t connect_once(hixl_ctx_t *ctx, const char *addr, int64_t deadline, uint64_t tag,
+                                  hixl_peer_t **peer_p, bool *set_up)
 {
-  if (ctx == NULL || addr == NULL || peer_p == NULL)
-    return hixl__err(HIXL_ERR_INVALID, "hixl_connect: NULL %s",
-                     ctx == NULL    ? "ctx"
-                     : addr == NULL ? "addr"
-                                    : "peer_p");
-  int64_t deadline = hixl__deadline(timeout_ms);
   int fd = -1;
   hixl_status_t st = tcp_connect(addr, deadline, &fd);
   if (st != HIXL_OK)
@@ -517,6 +512,7 @@ hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeou
     goto fail;
   }
   /* A lazy transport's first peer: set it up now (the target has). */
+  *set_up = !(atomic_load(&ctx->tp_ready) & (1u << ops->id));
   if ((st = hixl__tp_need(ctx, ops)) != HIXL_OK) {
     char why[200];
     snprintf(why, sizeof(why), "%s", hixl_last_error());
@@ -555,6 +551,32 @@ hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeou
   return HIXL_OK;
 fail:
   hixl__peer_free(p);
+  return st;
+}
+
+hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeout_ms, uint64_t tag,
+                                   hixl_peer_t **peer_p)
+{
+  if (ctx == NULL || addr == NULL || peer_p == NULL)
+    return hixl__err(HIXL_ERR_INVALID, "hixl_connect: NULL %s",
+                     ctx == NULL    ? "ctx"
+                     : addr == NULL ? "addr"
+                                    : "peer_p");
+  int64_t deadline = hixl__deadline(timeout_ms);
+  bool set_up = false;
+  hixl_status_t st = connect_once(ctx, addr, deadline, tag, peer_p, &set_up);
+  /* Our first peer over a lazy transport sets it up between the target's
+   * answer and our transport's connect: 0.3-0.6 s, seconds on a loaded
+   * machine, which the target counts against its handshake deadline (from
+   * its accept, so that trickling bytes buys nothing: its liveness period)
+   * and may drop us for.  Then once more, now quick (docs/scale.md). */
+  if (st == HIXL_ERR_PEER_LOST && set_up && !hixl__expired(deadline)) {
+    char why[256];
+    snprintf(why, sizeof(why), "%s", hixl_last_error());
+    hixl_info("connecting to %s: %s (while we set up our transport); once more", addr, why);
+    set_up = false;
+    st = connect_once(ctx, addr, deadline, tag, peer_p, &set_up);
+  }
   return st;
 }
 

@@ -79,6 +79,7 @@ static void test_slow_setup_keeps_handshake(void **state)
   hixl_peer_t *p = NULL;
   if (hixl_connect(ini, hixl_ctx_address(tgt), 10000, &p) != HIXL_OK)
     fail_msg("connect during a %d ms set-up: %s", SETUP_DELAY_US / 1000, hixl_last_error());
+  g_slow = NULL;
   assert_string_equal(hixl_peer_transport(p), "fabric");
   hixl_rmr_t *r = NULL;
   assert_int_equal(hixl_rmr_lookup(p, "m", 10000, &r), HIXL_OK);
@@ -96,10 +97,57 @@ static void test_slow_setup_keeps_handshake(void **state)
 #endif
 }
 
+/* The other side: the initiator's first peer over a lazy transport sets
+ * it up after the target's HELLO_ACK, before its transport's connect, and
+ * the target's handshake deadline runs meanwhile (it cannot tell our
+ * set-up from a stall).  Made longer than the target's 1 s deadline, the
+ * target drops the handshake; the connect must try once more, now quick,
+ * and succeed.  Before, it failed ("closed the connection during the
+ * handshake": fabric/peer_death on a loaded CI machine, where a set-up took
+ * over the target's 2 s). */
+static void test_slow_own_setup_retries(void **state)
+{
+  (void)state;
+#ifdef HIXL_HAVE_FABRIC
+  setenv("HIXL_FABRIC_PROVIDER", "tcp;ofi_rxm", 1);
+  setenv("HIXL_LAZY", "0", 1);
+  hixl_ctx_t *tgt = make("fabric", 200); /* set up now; liveness floor: 1 s */
+  unsetenv("HIXL_LAZY");
+  hixl_ctx_t *ini = make("shm,fabric", 10000);
+  assert_false(atomic_load(&ini->tp_ready) & fabric_bit());
+  uint64_t *mem;
+  hixl_mr_t *mr;
+  assert_int_equal(hixl_mem_alloc(tgt, 4096, HIXL_MEM_HOST, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE,
+                                  (void **)&mem, &mr),
+                   HIXL_OK);
+  assert_int_equal(hixl_mr_publish(mr, "m"), HIXL_OK);
+  g_slow = ini;
+  hixl_peer_t *p = NULL;
+  if (hixl_connect(ini, hixl_ctx_address(tgt), 10000, &p) != HIXL_OK)
+    fail_msg("connect with our own %d ms set-up: %s", SETUP_DELAY_US / 1000, hixl_last_error());
+  g_slow = NULL;
+  assert_string_equal(hixl_peer_transport(p), "fabric");
+  hixl_rmr_t *r = NULL;
+  assert_int_equal(hixl_rmr_lookup(p, "m", 10000, &r), HIXL_OK);
+  uint64_t v = 0xfab;
+  assert_int_equal(hixl_put(p, &v, sizeof(v), r, 8, 0, NULL), HIXL_OK);
+  assert_int_equal(hixl_fence(ini, p, 10000), HIXL_OK);
+  assert_int_equal(mem[1], v);
+  hixl_rmr_release(r);
+  hixl_disconnect(p);
+  hixl_ctx_destroy(ini);
+  hixl_mr_dereg(mr);
+  hixl_ctx_destroy(tgt);
+#else
+  skip();
+#endif
+}
+
 int main(void)
 {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_slow_setup_keeps_handshake),
+      cmocka_unit_test(test_slow_own_setup_retries),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
