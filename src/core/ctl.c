@@ -593,6 +593,14 @@ static int liveness_ms(const hixl_ctx_t *ctx)
                                                       : ctx->cfg.timeout_ms;
 }
 
+/* The control thread's tick: heartbeats and deadlines are looked at this
+ * often (a quarter of the liveness period, 10 ms to 1 s). */
+static int tick_ms(const hixl_ctx_t *ctx)
+{
+  int ms = liveness_ms(ctx) / 4;
+  return ms < 10 ? 10 : ms > 1000 ? 1000 : ms;
+}
+
 #define HK_FREED INT64_MIN /* visit_locked freed the peer */
 
 /* Housekeeping for one peer: liveness and heartbeats of an up peer, the
@@ -629,20 +637,28 @@ static int64_t visit_locked(hixl_ctx_t *ctx, hixl_peer_t *p, int64_t now)
   }
   if (st == HIXL_PEER_UP && !p->self) {
     /* Liveness without messages costs a read of the peer's memory: a
-     * TLB and cache miss per peer, the idle cost at thousands of peers.
-     * So only once it seems quiet for half the period (the reading
-     * tells when it last turned, so the bound is the same as at every
-     * tick). */
+     * TLB and cache miss per peer (2-3 us each in this VM), the idle cost
+     * at thousands of peers.  So only once it has been quiet for most of
+     * the period: two ticks before the deadline (at least half the
+     * period), which leaves those ticks to probe it if its memory says it
+     * stopped.  The reading tells when it last turned, so the bound is the
+     * same as reading at every tick. */
     int alive = -1;
+    int64_t by_page = timeout_ns - 2 * (int64_t)tick_ms(ctx) * 1000000;
+    if (by_page < timeout_ns / 2)
+      by_page = timeout_ns / 2;
+    int64_t quiet_ns = timeout_ns / 2; /* then probed */
     if (p->ops && p->ops->peer_alive) {
       alive = 0;
-      if (!p->alive_ok || now - p->last_rx_ns > timeout_ns / 2) {
+      if (!p->alive_ok || now - p->last_rx_ns > by_page) {
         int64_t seen = now;
         alive = p->ops->peer_alive(p, now, &seen);
         p->alive_ok = alive >= 0;
         if (alive > 0 && seen > p->last_rx_ns)
           p->last_rx_ns = seen;
       }
+      if (p->alive_ok)
+        quiet_ns = by_page;
     }
     if (now - p->last_rx_ns > timeout_ns) {
       char why[64];
@@ -654,7 +670,7 @@ static int64_t visit_locked(hixl_ctx_t *ctx, hixl_peer_t *p, int64_t now)
        * the peer's may be much longer than ours: once it has been silent
        * for half of our timeout, probe it (it answers at once), so a live
        * peer is never declared dead for its slower pace. */
-      bool probe = now - p->last_rx_ns > timeout_ns / 2;
+      bool probe = now - p->last_rx_ns > quiet_ns;
       int64_t tx = atomic_load_explicit(&p->last_tx_ns, memory_order_relaxed);
       if ((probe || alive < 0) && now - tx > (probe ? hb_ns / 2 : hb_ns)) {
         hixl_msg_t hb = {.type = HIXL_MSG_HEARTBEAT};
@@ -662,16 +678,16 @@ static int64_t visit_locked(hixl_ctx_t *ctx, hixl_peer_t *p, int64_t now)
         hixl__send(p, &hb, NULL, 0);
         tx = now;
       }
-      /* Next: once it has been quiet for half the period (a message
-       * postpones that: the visit then finds nothing to do), then every
-       * tick (probes, the deadline); a heartbeat of ours when due; the
-       * deadline of a queue seen now.  Senders need not tell us of a queue
-       * they start: an up peer is visited at least every half period, so
-       * one is seen before it can be overdue and found stalled at the same
-       * tick as when every peer was visited at every tick. */
+      /* Next: once it has been quiet that long (a message postpones
+       * that: the visit then finds nothing to do), then every tick
+       * (probes, the deadline); a heartbeat of ours when due; the deadline
+       * of a queue seen now.  Senders need not tell us of a queue they
+       * start: an up peer is visited at least every period less a tick,
+       * so one is seen before it can be overdue and found stalled at the
+       * same tick as when every peer was visited at every tick. */
       if (probe)
         return now;
-      int64_t due = p->last_rx_ns + timeout_ns / 2 + 1;
+      int64_t due = p->last_rx_ns + quiet_ns + 1;
       if (alive < 0 && tx + hb_ns + 1 < due)
         due = tx + hb_ns + 1;
       return oq_due < due ? oq_due : due;
@@ -762,11 +778,7 @@ static void *ctl_main(void *arg)
   struct epoll_event evs[CTL_EVENTS];
   int64_t last_hk = 0;
   while (!atomic_load(&ctx->stopping)) {
-    int hb_ms = liveness_ms(ctx) / 4;
-    if (hb_ms < 10)
-      hb_ms = 10;
-    if (hb_ms > 1000)
-      hb_ms = 1000;
+    int hb_ms = tick_ms(ctx);
     int wait_ms = atomic_load(&ctx->tp_backlog) > 0 ? 1 : hb_ms;
     if (ctx->accept_paused) { /* listeners back in epoll on time */
       int64_t ms = (ctx->accept_paused_until - hixl__now_ns() + 999999) / 1000000;
