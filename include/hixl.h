@@ -47,7 +47,7 @@ extern "C" {
 #endif
 
 #define HIXL_VERSION_MAJOR 1
-#define HIXL_VERSION_MINOR 0
+#define HIXL_VERSION_MINOR 1
 #define HIXL_VERSION_PATCH 0
 
 typedef struct hixl_ctx hixl_ctx_t;     /* a communication context (one per process usually) */
@@ -352,16 +352,31 @@ hixl_status_t hixl_notif_wait(hixl_ctx_t *ctx, hixl_notif_t *out, int timeout_ms
  * Errors: INVALID, TIMEOUT, PEER_LOST, TRANSPORT, AUTH, NOMEM. */
 hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char *rendezvous,
                                 hixl_world_t **world_p);
-/* The peer for rank (own rank: a self peer); NULL if out of range. */
+/* The peer for rank (own rank: a self peer); NULL if out of range.  A rank
+ * that is lost and has come back (below) gets a new peer: this returns it
+ * from then on; the old one stays valid, answering PEER_LOST, until
+ * hixl_world_destroy. */
 hixl_peer_t *hixl_world_peer(hixl_world_t *w, int rank);
 int hixl_world_rank(const hixl_world_t *w);
 int hixl_world_size(const hixl_world_t *w);
-/* Return once every rank has entered the barrier.  Does not fence. */
+/* Return once every rank has entered the barrier.  Does not fence.  A rank
+ * found lost is not waited for: PEER_LOST (hixl_last_error names the
+ * ranks) once every other rank has entered it. */
 hixl_status_t hixl_world_barrier(hixl_world_t *w);
 /* Collective: every rank passes its region; rmrs[r] (an array of size
  * entries) receives rank r's region, usable through hixl_world_peer(w, r).
- * Release each with hixl_rmr_release. */
+ * Release each with hixl_rmr_release.  PEER_LOST (and no rmrs) when a rank
+ * is lost, the others still in step. */
 hixl_status_t hixl_world_exchange(hixl_world_t *w, hixl_mr_t *mr, hixl_rmr_t **rmrs);
+/* Elastic worlds: the process of a lost rank may be started again with the
+ * same rank, size and rendezvous; its hixl_world_create joins the running
+ * world (connecting to every other rank) while the others go on.  Rank 0,
+ * which serves the rendezvous by listening, must stay up; through
+ * torchrun's store any rank may come back (docs/world.md).  This waits up
+ * to timeout_ms (< 0: forever) until rank has a peer that is up, and
+ * returns it: at once when it is; when the rank came back, its new peer.
+ * Errors: INVALID, TIMEOUT (still lost). */
+hixl_status_t hixl_world_wait_rank(hixl_world_t *w, int rank, int timeout_ms, hixl_peer_t **peer_p);
 void hixl_world_destroy(hixl_world_t *w);
 
 #if defined(__GNUC__)

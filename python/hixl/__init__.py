@@ -27,4 +27,4 @@ from ._module import (  # noqa: F401
 _hixl._set_await(_aio.await_request)
 
 
-__version__ = "1.0.0"
+__version__ = "1.1.0"

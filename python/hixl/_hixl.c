@@ -237,6 +237,7 @@ typedef struct {
   PyObject_HEAD CtxObject *ctx;
   hixl_world_t *w; /* NULL once closed */
   PyObject *peers; /* list of Peer, index = rank */
+  PyObject *gone;  /* Peers of ranks that came back since: closed with the World */
   int owns_ctx;    /* created by World(): closed with it */
   int busy;        /* threads in barrier / exchange without the GIL */
 } WorldObject;
@@ -2437,15 +2438,13 @@ static int world_ok(WorldObject *w)
   return 1;
 }
 
-static void world_close(WorldObject *w)
+/* The Peer objects of a world go with it: their handles die in
+ * hixl_world_destroy. */
+static void world_forget_peers(WorldObject *w, PyObject *list)
 {
-  if (w->w == NULL)
-    return;
-  hixl_world_t *hw = w->w;
-  w->w = NULL;
-  Py_ssize_t n = w->peers ? PyList_GET_SIZE(w->peers) : 0;
+  Py_ssize_t n = list ? PyList_GET_SIZE(list) : 0;
   for (Py_ssize_t i = 0; i < n; i++) {
-    PeerObject *p = (PeerObject *)PyList_GET_ITEM(w->peers, i);
+    PeerObject *p = (PeerObject *)PyList_GET_ITEM(list, i);
     if (p->peer) {
       hixl_peer_t *hp = p->peer;
       p->peer = NULL;
@@ -2456,6 +2455,41 @@ static void world_close(WorldObject *w)
       Py_XDECREF(key);
     }
   }
+}
+
+/* A rank that came back has a new hixl peer: its Peer replaces the old
+ * one in w->peers (the old one, still valid and lost, moves to w->gone). */
+static int world_sync(WorldObject *w)
+{
+  Py_ssize_t n = PyList_GET_SIZE(w->peers);
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PeerObject *old = (PeerObject *)PyList_GET_ITEM(w->peers, i);
+    hixl_peer_t *hp = hixl_world_peer(w->w, (int)i);
+    if (hp == NULL || hp == old->peer)
+      continue;
+    if (w->gone == NULL && (w->gone = PyList_New(0)) == NULL)
+      return -1;
+    PeerObject *p = (PeerObject *)peer_lookup(w->ctx, hp); /* a notification may have made it */
+    if (p == NULL)
+      return -1;
+    p->world = 1;
+    if (PyList_Append(w->gone, (PyObject *)old) < 0) {
+      Py_DECREF(p);
+      return -1;
+    }
+    PyList_SetItem(w->peers, i, (PyObject *)p); /* steals p, drops the list's old reference */
+  }
+  return 0;
+}
+
+static void world_close(WorldObject *w)
+{
+  if (w->w == NULL)
+    return;
+  hixl_world_t *hw = w->w;
+  w->w = NULL;
+  world_forget_peers(w, w->peers);
+  world_forget_peers(w, w->gone);
   wait_idle(&w->busy); /* barrier / exchange of other threads */
   if (w->ctx->ctx) {
     CtxObject *c = w->ctx;
@@ -2477,6 +2511,7 @@ static PyObject *World_close(WorldObject *w, PyObject *u)
 static int World_traverse(WorldObject *w, visitproc visit, void *arg)
 {
   Py_VISIT(w->peers);
+  Py_VISIT(w->gone);
   return 0;
 }
 
@@ -2484,6 +2519,7 @@ static int World_clear(WorldObject *w)
 {
   world_close(w);
   Py_CLEAR(w->peers);
+  Py_CLEAR(w->gone);
   return 0;
 }
 
@@ -2503,6 +2539,34 @@ static PyObject *World_peer(WorldObject *w, PyObject *args)
   if (r < 0 || r >= PyList_GET_SIZE(w->peers))
     return raise_fmt(HIXL_ERR_INVALID, "World.peer: rank %d not in [0, %zd)", r,
                      PyList_GET_SIZE(w->peers));
+  if (world_sync(w) < 0)
+    return NULL;
+  PyObject *p = PyList_GET_ITEM(w->peers, r);
+  Py_INCREF(p);
+  return p;
+}
+
+static PyObject *World_wait_rank(WorldObject *w, PyObject *args, PyObject *kw)
+{
+  static char *kwl[] = {"rank", "timeout_ms", NULL};
+  int r, timeout_ms = -1;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "i|i:wait_rank", kwl, &r, &timeout_ms) || !world_ok(w))
+    return NULL;
+  if (r < 0 || r >= PyList_GET_SIZE(w->peers))
+    return raise_fmt(HIXL_ERR_INVALID, "World.wait_rank: rank %d not in [0, %zd)", r,
+                     PyList_GET_SIZE(w->peers));
+  hixl_status_t st;
+  hixl_world_t *hw = w->w;
+  hixl_peer_t *hp;
+  w->ctx->busy++;
+  w->busy++;
+  Py_BEGIN_ALLOW_THREADS st = hixl_world_wait_rank(hw, r, timeout_ms, &hp);
+  Py_END_ALLOW_THREADS w->ctx->busy--;
+  w->busy--;
+  if (st != HIXL_OK)
+    return raise_status(st, NULL);
+  if (world_sync(w) < 0)
+    return NULL;
   PyObject *p = PyList_GET_ITEM(w->peers, r);
   Py_INCREF(p);
   return p;
@@ -2551,6 +2615,12 @@ static PyObject *World_exchange(WorldObject *w, PyObject *args)
     PyMem_Free(rmrs);
     return raise_status(st, NULL);
   }
+  if (world_sync(w) < 0) { /* rmrs[i] belongs to rank i's current peer */
+    for (int i = 0; i < n; i++)
+      hixl_rmr_release(rmrs[i]);
+    PyMem_Free(rmrs);
+    return NULL;
+  }
   PyObject *l = PyList_New(n);
   for (int i = 0; i < n; i++) {
     PyObject *r = l ? rmr_wrap((PeerObject *)PyList_GET_ITEM(w->peers, i), rmrs[i]) : NULL;
@@ -2593,13 +2663,16 @@ static PyObject *World_get_context(WorldObject *w, void *u)
 static PyObject *World_get_peers(WorldObject *w, void *u)
 {
   (void)u;
-  if (!world_ok(w))
+  if (!world_ok(w) || world_sync(w) < 0)
     return NULL;
   return PyList_AsTuple(w->peers);
 }
 
 static PyMethodDef World_methods[] = {
-    {"peer", (PyCFunction)World_peer, METH_VARARGS, "peer(rank) -> Peer (own rank: self)"},
+    {"peer", (PyCFunction)World_peer, METH_VARARGS,
+     "peer(rank) -> Peer (own rank: self; a rank that came back: its new Peer)"},
+    {"wait_rank", (PyCFunction)(void (*)(void))World_wait_rank, METH_VARARGS | METH_KEYWORDS,
+     "wait_rank(rank, timeout_ms=-1) -> Peer: wait until rank is up (back, if it was lost)"},
     {"barrier", (PyCFunction)World_barrier, METH_NOARGS, "barrier(): every rank entered"},
     {"exchange", (PyCFunction)World_exchange, METH_VARARGS,
      "exchange(region) -> list of RemoteRegion, index = rank (collective)"},

@@ -769,7 +769,73 @@ static void housekeeping_locked(hixl_ctx_t *ctx, int64_t now, bool full)
 static bool is_peer_event(const hixl_ctx_t *ctx, const void *ptr)
 {
   return ptr != NULL && ptr != &ctx->listen_fd && ptr != &ctx->unix_fd && ptr != &ctx->wake_fd &&
-         !((const int *)ptr >= ctx->tp_fd && (const int *)ptr < ctx->tp_fd + HIXL_TP_MAX);
+         !((const int *)ptr >= ctx->tp_fd && (const int *)ptr < ctx->tp_fd + HIXL_TP_MAX) &&
+         !((const struct hixl_aux *)ptr >= ctx->aux &&
+           (const struct hixl_aux *)ptr < ctx->aux + HIXL_AUX_MAX);
+}
+
+/* ------------------------------------------------------------ aux fds */
+
+int hixl__ctl_aux_add_locked(hixl_ctx_t *ctx, int fd, uint32_t events,
+                             void (*cb)(void *arg, int fd, uint32_t events), void *arg)
+{
+  for (int i = 0; i < HIXL_AUX_MAX; i++) {
+    struct hixl_aux *a = &ctx->aux[i];
+    if (a->cb != NULL)
+      continue;
+    struct epoll_event ev = {.events = events, .data.ptr = a};
+    a->fd = fd;
+    a->arg = arg;
+    a->cb = cb;
+    if (epoll_ctl(ctx->epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+      a->cb = NULL;
+      return -1;
+    }
+    return i;
+  }
+  return -1;
+}
+
+int hixl__ctl_aux_add(hixl_ctx_t *ctx, int fd, uint32_t events,
+                      void (*cb)(void *arg, int fd, uint32_t events), void *arg)
+{
+  pthread_mutex_lock(&ctx->aux_lock);
+  int slot = hixl__ctl_aux_add_locked(ctx, fd, events, cb, arg);
+  pthread_mutex_unlock(&ctx->aux_lock);
+  return slot;
+}
+
+void hixl__ctl_aux_mod_locked(hixl_ctx_t *ctx, int slot, uint32_t events)
+{
+  struct epoll_event ev = {.events = events, .data.ptr = &ctx->aux[slot]};
+  epoll_ctl(ctx->epoll_fd, EPOLL_CTL_MOD, ctx->aux[slot].fd, &ev);
+}
+
+void hixl__ctl_aux_del_locked(hixl_ctx_t *ctx, int slot)
+{
+  if (slot < 0 || slot >= HIXL_AUX_MAX || ctx->aux[slot].cb == NULL)
+    return;
+  epoll_ctl(ctx->epoll_fd, EPOLL_CTL_DEL, ctx->aux[slot].fd, NULL);
+  ctx->aux[slot].cb = NULL;
+  ctx->aux[slot].arg = NULL;
+  ctx->aux[slot].fd = -1;
+}
+
+void hixl__ctl_aux_del(hixl_ctx_t *ctx, int slot)
+{
+  pthread_mutex_lock(&ctx->aux_lock);
+  hixl__ctl_aux_del_locked(ctx, slot);
+  pthread_mutex_unlock(&ctx->aux_lock);
+}
+
+/* An aux slot's event: a stale one (the slot emptied, or taken again, since
+ * epoll reported it) reaches nobody or a callback that finds nothing to do. */
+static void aux_event(hixl_ctx_t *ctx, struct hixl_aux *a, uint32_t events)
+{
+  pthread_mutex_lock(&ctx->aux_lock);
+  if (a->cb)
+    a->cb(a->arg, a->fd, events);
+  pthread_mutex_unlock(&ctx->aux_lock);
 }
 
 static void *ctl_main(void *arg)
@@ -808,6 +874,9 @@ static void *ctl_main(void *arg)
             uint64_t v;
             ssize_t r = read(ctx->wake_fd, &v, sizeof(v));
             (void)r;
+          } else if ((struct hixl_aux *)ptr >= ctx->aux &&
+                     (struct hixl_aux *)ptr < ctx->aux + HIXL_AUX_MAX) {
+            aux_event(ctx, ptr, evs[i].events);
           } /* a transport's fd: handled below, with the periodic tick */
           continue;
         }

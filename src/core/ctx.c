@@ -127,6 +127,7 @@ hixl_status_t hixl_ctx_create(const hixl_config_t *cfg_in, hixl_ctx_t **ctx_p)
   hixl__wait_init(ctx);
   pthread_mutex_init(&ctx->reg_lock, NULL);
   pthread_mutex_init(&ctx->pool_lock, NULL);
+  pthread_mutex_init(&ctx->aux_lock, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -248,6 +249,7 @@ void hixl_ctx_destroy(hixl_ctx_t *ctx)
   pthread_mutex_destroy(&ctx->tp_init_lock);
   pthread_mutex_destroy(&ctx->reg_lock);
   pthread_mutex_destroy(&ctx->pool_lock);
+  pthread_mutex_destroy(&ctx->aux_lock);
   pthread_cond_destroy(&ctx->cond);
   hixl__wait_fini(ctx);
   free(ctx);

@@ -22,6 +22,8 @@
  * Ids are below HIXL_TP_MAX, which leaves room for new transports (bits of
  * a 32-bit mask in handshakes). */
 #define HIXL_TP_MAX 8
+/* Descriptors other parts of the library hand the control thread (ctx->aux). */
+#define HIXL_AUX_MAX 16
 
 /* --------------------------------------------------------------- waiting */
 
@@ -522,6 +524,17 @@ struct hixl_ctx {
   char tp_names[64];   /* hixl_ctx_transports() */
   char unix_name[108]; /* abstract unix socket for same-host peers */
   int listen_fd, unix_fd, wake_fd, epoll_fd;
+  /* Other descriptors the control thread serves for the library (a world's
+   * join listener and its connections, world.c): each slot's callback runs
+   * on the control thread, without ctx->lock, with aux_lock held
+   * (hixl__ctl_aux_*).  Slots live as long as the context, so an event
+   * still in the thread's batch for a slot just removed finds cb NULL. */
+  struct hixl_aux {
+    int fd;
+    void (*cb)(void *arg, int fd, uint32_t events);
+    void *arg;
+  } aux[HIXL_AUX_MAX];
+  pthread_mutex_t aux_lock;
   /* Out of file descriptors (EMFILE at accept): listeners out of epoll
    * until this time (control thread only); the handshake cap. */
   int64_t accept_paused_until;

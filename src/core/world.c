@@ -24,12 +24,14 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <netdb.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -37,13 +39,40 @@
 #include "core.h"
 #include "store.h"
 
+#define WORLD_JOINS 4 /* join connections rank 0 serves at once */
+
+/* A rank's connection to rank 0's join listener (control thread only). */
+struct join_conn {
+  int fd, slot;  /* -1: free */
+  uint64_t seq;  /* the oldest is shed for a new one */
+  size_t in_len; /* the join line so far */
+  char in[256];
+  char *out; /* the reply, being written */
+  size_t out_len, out_off;
+};
+
 struct hixl_world {
   hixl_ctx_t *ctx;
   int rank, size;
   uint32_t id;
-  hixl_peer_t **peers;
-  uint64_t barrier_epoch;
-  uint64_t xchg_epoch;
+  bool joined; /* this rank came back into a running world */
+  /* The current peer of each rank: replaced (under ctx->lock) when a lost
+   * rank has come back; read without the lock by hixl_world_peer. */
+  hixl_peer_t *_Atomic *peers;
+  /* Per rank, barriers and exchanges sent to its current peer: each pair
+   * of ranks counts its own, so a rank that comes back starts at 0 with
+   * every other (ctx->lock). */
+  uint64_t *bsent, *xsent;
+  bool *skipped;      /* per rank: lost when the barrier or exchange began, not sent to */
+  hixl_peer_t **gone; /* replaced peers, kept valid until hixl_world_destroy */
+  int n_gone, cap_gone;
+  /* Rank 0 meeting by listening: the listener stays open for ranks that
+   * come back, served by the control thread (join_cb), with the table of
+   * every rank's current address. */
+  char (*addrs)[128];
+  int lfd, lslot;
+  struct join_conn jc[WORLD_JOINS];
+  uint64_t jseq;
 };
 
 #define LINE_MAX_ 256
@@ -178,43 +207,52 @@ static hixl_status_t rendezvous_server(hixl_world_t *w, const char *host, const 
     if (fds[r])
       close(fds[r]);
   free(fds);
-  close(lfd);
+  /* Kept for ranks that come back (served once the world is made), unless
+   * HIXL_WORLD_ELASTIC=0 asks to give the port back now. */
+  const char *el = getenv("HIXL_WORLD_ELASTIC");
+  if (st == HIXL_OK && !(el && strcmp(el, "0") == 0))
+    w->lfd = lfd;
+  else
+    close(lfd);
   return st;
 }
 
-static hixl_status_t rendezvous_client(hixl_world_t *w, const char *host, const char *port,
-                                       char (*addrs)[128], int64_t deadline)
+static int dial(const char *host, const char *port, hixl_status_t *st)
 {
   struct addrinfo hints = {
       .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
+  struct addrinfo *res;
   int fd = -1;
-  /* Rank 0 may not be listening yet: retry until the deadline. */
-  while (fd < 0) {
-    struct addrinfo *res;
-    if (getaddrinfo(host, port, &hints, &res) != 0)
-      return hixl__err(HIXL_ERR_INVALID, "hixl_world_create: cannot resolve %s", host);
-    for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
-      fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-      if (fd >= 0 && connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
-        close(fd);
-        fd = -1;
-      }
-    }
-    freeaddrinfo(res);
-    if (fd < 0) {
-      if (hixl__expired(deadline))
-        return hixl__err(HIXL_ERR_TIMEOUT, "hixl_world_create: rank 0 not reachable at %s:%s", host,
-                         port);
-      usleep(20000);
+  if (getaddrinfo(host, port, &hints, &res) != 0) {
+    *st = hixl__err(HIXL_ERR_INVALID, "hixl_world_create: cannot resolve %s", host);
+    return -1;
+  }
+  for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
+    fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0 && connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+      close(fd);
+      fd = -1;
     }
   }
-  char line[LINE_MAX_];
+  freeaddrinfo(res);
+  *st = HIXL_OK;
+  return fd;
+}
+
+/* One try: rank 0 answers "HIXLW 1 <id> <size>" while the world forms, or
+ * "HIXLJ 1 <id> <size>" once it runs (this rank comes back), then one
+ * address per rank.  PEER_LOST: it closed without answering (it refuses a
+ * rank whose previous process it still sees alive: try again). */
+static hixl_status_t client_once(hixl_world_t *w, int fd, char (*addrs)[128], int64_t deadline)
+{
+  char line[LINE_MAX_], kind[8];
   snprintf(line, sizeof(line), "HIXLW 1 %d %d %s\n", w->rank, w->size, hixl_ctx_address(w->ctx));
   hixl_status_t st = write_all(fd, line);
   int ver, size;
   unsigned id;
   if (st == HIXL_OK && (st = read_line(fd, line, sizeof(line), deadline)) == HIXL_OK &&
-      (sscanf(line, "HIXLW %d %x %d", &ver, &id, &size) != 3 || ver != 1 || size != w->size))
+      (sscanf(line, "%7s %d %x %d", kind, &ver, &id, &size) != 4 || ver != 1 || size != w->size ||
+       (strcmp(kind, "HIXLW") != 0 && strcmp(kind, "HIXLJ") != 0)))
     st = hixl__err(HIXL_ERR_TRANSPORT, "hixl_world_create: bad rendezvous reply");
   for (int k = 0; k < w->size && st == HIXL_OK; k++) {
     st = read_line(fd, line, sizeof(line), deadline);
@@ -223,10 +261,185 @@ static hixl_status_t rendezvous_client(hixl_world_t *w, const char *host, const 
     if (st == HIXL_OK)
       snprintf(addrs[k], 128, "%s", line);
   }
-  if (st == HIXL_OK)
+  if (st == HIXL_OK) {
     w->id = id;
-  close(fd);
+    w->joined = strcmp(kind, "HIXLJ") == 0;
+  }
   return st;
+}
+
+static hixl_status_t rendezvous_client(hixl_world_t *w, const char *host, const char *port,
+                                       char (*addrs)[128], int64_t deadline)
+{
+  /* Rank 0 may not be listening yet, or may still see this rank's previous
+   * process alive: retry until the deadline. */
+  for (;;) {
+    hixl_status_t st;
+    int fd = dial(host, port, &st);
+    if (st != HIXL_OK)
+      return st;
+    if (fd >= 0) {
+      st = client_once(w, fd, addrs, deadline);
+      close(fd);
+      if (st != HIXL_ERR_PEER_LOST || hixl__expired(deadline))
+        return st;
+    } else if (hixl__expired(deadline)) {
+      return hixl__err(HIXL_ERR_TIMEOUT, "hixl_world_create: rank 0 not reachable at %s:%s", host,
+                       port);
+    }
+    usleep(20000);
+  }
+}
+
+/* ------------------------------------------------------------ coming back */
+
+static void join_cb(void *arg, int fd, uint32_t events);
+
+static void join_close(hixl_world_t *w, struct join_conn *c)
+{
+  if (c->fd < 0)
+    return;
+  hixl__ctl_aux_del_locked(w->ctx, c->slot);
+  close(c->fd);
+  free(c->out);
+  memset(c, 0, sizeof(*c));
+  c->fd = c->slot = -1;
+}
+
+/* Write what the socket takes of the reply; closed once all of it went. */
+static void join_write(hixl_world_t *w, struct join_conn *c)
+{
+  while (c->out_off < c->out_len) {
+    ssize_t n =
+        send(c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      hixl__ctl_aux_mod_locked(w->ctx, c->slot, EPOLLOUT | EPOLLRDHUP);
+      return;
+    }
+    if (n <= 0)
+      break;
+    c->out_off += (size_t)n;
+  }
+  join_close(w, c);
+}
+
+/* The join line of a rank that comes back: "HIXLW 1 <rank> <size> <addr>".
+ * Refused (closed without a reply) when rank 0 still sees that rank's
+ * previous process alive: the rank tries again until it is lost. */
+static void join_line(hixl_world_t *w, struct join_conn *c)
+{
+  char addr[128];
+  int ver, r, sz, used = 0;
+  if (sscanf(c->in, "HIXLW %d %d %d %127s%n", &ver, &r, &sz, addr, &used) != 4 || ver != 1 ||
+      (size_t)used != strlen(c->in) || sz != w->size || r <= 0 || r >= w->size || !addr_ok(addr)) {
+    hixl_warn("world %08" PRIx32 ": rejected a join (\"%.60s\")", w->id, c->in);
+    join_close(w, c);
+    return;
+  }
+  hixl_peer_t *cur = atomic_load(&w->peers[r]);
+  if (cur && atomic_load(&cur->state) == HIXL_PEER_UP) {
+    hixl_debug("world %08" PRIx32 ": rank %d asks to join again, its previous process is "
+               "still up",
+               w->id, r);
+    join_close(w, c);
+    return;
+  }
+  snprintf(w->addrs[r], 128, "%s", addr);
+  size_t cap = 64 + (size_t)w->size * 129, n;
+  if ((c->out = malloc(cap)) == NULL) {
+    join_close(w, c);
+    return;
+  }
+  n = (size_t)snprintf(c->out, cap, "HIXLJ 1 %08" PRIx32 " %d\n", w->id, w->size);
+  for (int k = 0; k < w->size; k++)
+    n += (size_t)snprintf(c->out + n, cap - n, "%s\n", w->addrs[k]);
+  c->out_len = n;
+  c->out_off = 0;
+  hixl_info("world %08" PRIx32 ": rank %d comes back from %s", w->id, r, addr);
+  join_write(w, c);
+}
+
+static void join_read(hixl_world_t *w, struct join_conn *c)
+{
+  ssize_t n = recv(c->fd, c->in + c->in_len, sizeof(c->in) - 1 - c->in_len, MSG_DONTWAIT);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+    return;
+  if (n <= 0) {
+    join_close(w, c);
+    return;
+  }
+  c->in_len += (size_t)n;
+  c->in[c->in_len] = 0;
+  char *nl = memchr(c->in, '\n', c->in_len);
+  if (nl == NULL) {
+    if (c->in_len + 1 >= sizeof(c->in) || memchr(c->in, 0, c->in_len)) {
+      hixl_warn("world %08" PRIx32 ": rejected a join (no line in %zu bytes)", w->id, c->in_len);
+      join_close(w, c);
+    }
+    return;
+  }
+  if (nl != c->in + c->in_len - 1 || memchr(c->in, 0, c->in_len)) { /* one line, then a reply */
+    hixl_warn("world %08" PRIx32 ": rejected a join (bytes after its line)", w->id);
+    join_close(w, c);
+    return;
+  }
+  *nl = 0;
+  join_line(w, c);
+}
+
+static void join_accept(hixl_world_t *w)
+{
+  for (int k = 0; k < WORLD_JOINS; k++) {
+    int fd = accept4(w->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE) {
+        /* Level-triggered: the listener would wake us at once, forever.
+         * Coming back is no longer served; the world itself goes on. */
+        char why[320];
+        hixl_warn("world %08" PRIx32 ": stops serving ranks that come back: %s", w->id,
+                  hixl__strerror_fd(errno, why, sizeof(why)));
+        hixl__ctl_aux_del_locked(w->ctx, w->lslot);
+        w->lslot = -1;
+      }
+      return;
+    }
+    struct join_conn *c = NULL;
+    for (int i = 0; i < WORLD_JOINS; i++)
+      if (w->jc[i].fd < 0 || c == NULL || (c->fd >= 0 && w->jc[i].seq < c->seq))
+        c = &w->jc[i];
+    join_close(w, c); /* the oldest, when all are taken */
+    c->fd = fd;
+    c->seq = ++w->jseq;
+    if ((c->slot = hixl__ctl_aux_add_locked(w->ctx, fd, EPOLLIN | EPOLLRDHUP, join_cb, w)) < 0) {
+      close(fd);
+      c->fd = -1;
+      return;
+    }
+  }
+}
+
+/* The control thread, aux_lock held: the listener or one of its
+ * connections (a stale event may name a descriptor no longer ours). */
+static void join_cb(void *arg, int fd, uint32_t events)
+{
+  hixl_world_t *w = arg;
+  if (fd == w->lfd) {
+    if (w->lslot >= 0)
+      join_accept(w);
+    return;
+  }
+  for (int i = 0; i < WORLD_JOINS; i++) {
+    struct join_conn *c = &w->jc[i];
+    if (c->fd != fd)
+      continue;
+    if (c->out)
+      join_write(w, c);
+    else if (events & (EPOLLIN | EPOLLHUP | EPOLLERR | EPOLLRDHUP))
+      join_read(w, c);
+    return;
+  }
 }
 
 /* ------------------------------------------------------------ torchrun's store */
@@ -520,7 +733,15 @@ hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char 
     return st;
   hixl_world_t *w = calloc(1, sizeof(*w));
   char(*addrs)[128] = calloc((size_t)size, 128);
-  if (w == NULL || addrs == NULL || (w->peers = calloc((size_t)size, sizeof(*w->peers))) == NULL) {
+  if (w == NULL || addrs == NULL || (w->peers = calloc((size_t)size, sizeof(*w->peers))) == NULL ||
+      (w->bsent = calloc((size_t)size, sizeof(*w->bsent))) == NULL ||
+      (w->xsent = calloc((size_t)size, sizeof(*w->xsent))) == NULL ||
+      (w->skipped = calloc((size_t)size, sizeof(*w->skipped))) == NULL) {
+    if (w) {
+      free(w->peers);
+      free(w->bsent);
+      free(w->xsent);
+    }
     free(w);
     free(addrs);
     return hixl__err(HIXL_ERR_NOMEM, "hixl_world_create: no memory");
@@ -528,6 +749,9 @@ hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char 
   w->ctx = ctx;
   w->rank = rank;
   w->size = size;
+  w->lfd = w->lslot = -1;
+  for (int i = 0; i < WORLD_JOINS; i++)
+    w->jc[i].fd = w->jc[i].slot = -1;
   int64_t deadline = hixl__deadline(hixl__ctx_timeout(ctx));
   if (size > 1 && use_store) {
     w->id = (uint32_t)hixl__random64();
@@ -540,11 +764,29 @@ hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char 
       st = rendezvous_client(w, host, port, addrs, deadline);
     }
   }
-  if (st == HIXL_OK && (w->peers[rank] = hixl__self_peer(ctx)) == NULL)
+  hixl_peer_t *self = NULL;
+  if (st == HIXL_OK && (self = hixl__self_peer(ctx)) == NULL)
     st = hixl__err(HIXL_ERR_NOMEM, "hixl_world_create: no memory for a self peer");
-  for (int j = 0; j < rank && st == HIXL_OK; j++)
-    st = hixl__connect_tagged(ctx, addrs[j], ms_left(deadline), tag_of(w->id, rank), &w->peers[j]);
-  if (st == HIXL_OK && rank + 1 < size) {
+  if (self)
+    atomic_store(&w->peers[rank], self);
+  /* Once per pair: rank i connects to every j < i and takes the
+   * connections of those above it; a rank that comes back connects to
+   * every other. */
+  int upto = w->joined ? size : rank;
+  for (int j = 0; j < upto && st == HIXL_OK; j++) {
+    if (j == rank)
+      continue;
+    hixl_peer_t *p = NULL;
+    st = hixl__connect_tagged(ctx, addrs[j], ms_left(deadline), tag_of(w->id, rank), &p);
+    if (st != HIXL_OK && w->joined) {
+      char why[400];
+      snprintf(why, sizeof(why), "%s", hixl_last_error());
+      st = hixl__err(st, "hixl_world_create: coming back as rank %d, rank %d (%s): %s", rank, j,
+                     addrs[j], why);
+    }
+    atomic_store(&w->peers[j], p);
+  }
+  if (st == HIXL_OK && !w->joined && rank + 1 < size) {
     pthread_mutex_lock(&ctx->lock);
     for (int j = rank + 1; j < size && st == HIXL_OK;) {
       hixl_peer_t *p;
@@ -553,7 +795,7 @@ hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char 
           break;
       if (p) {
         hixl__peer_handed(p);
-        w->peers[j++] = p;
+        atomic_store(&w->peers[j++], p);
         continue;
       }
       if (hixl__expired(deadline)) {
@@ -564,6 +806,20 @@ hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char 
     }
     pthread_mutex_unlock(&ctx->lock);
   }
+  if (st == HIXL_OK && w->lfd >= 0) {
+    /* Rank 0: from now on the control thread answers ranks that come back. */
+    int fl = fcntl(w->lfd, F_GETFL);
+    w->addrs = addrs;
+    addrs = NULL;
+    if (fl < 0 || fcntl(w->lfd, F_SETFL, fl | O_NONBLOCK) != 0 ||
+        (w->lslot = hixl__ctl_aux_add(ctx, w->lfd, EPOLLIN, join_cb, w)) < 0) {
+      hixl_warn("world %08" PRIx32 ": ranks that come back cannot be served (no room in the "
+                "control thread)",
+                w->id);
+      close(w->lfd);
+      w->lfd = -1;
+    }
+  }
   free(addrs);
   if (st != HIXL_OK) {
     hixl_world_destroy(w);
@@ -573,65 +829,156 @@ hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char 
   return HIXL_OK;
 }
 
+/* Rank j's peer is not up: take the connection of its new process, if it
+ * came back (ctx->lock held).  The old peer stays valid (PEER_LOST) until
+ * hixl_world_destroy: the application may still hold it. */
+static void refresh_locked(hixl_world_t *w, int j)
+{
+  hixl_ctx_t *ctx = w->ctx;
+  hixl_peer_t *cur = atomic_load(&w->peers[j]);
+  if (j == w->rank || cur == NULL || atomic_load(&cur->state) == HIXL_PEER_UP)
+    return;
+  hixl_peer_t *p;
+  for (p = ctx->peers; p; p = p->next)
+    if (p != cur && p->inbound && p->tag == tag_of(w->id, j) &&
+        atomic_load(&p->state) == HIXL_PEER_UP)
+      break;
+  if (p == NULL)
+    return;
+  if (w->n_gone == w->cap_gone) {
+    int cap = w->cap_gone ? 2 * w->cap_gone : 4;
+    hixl_peer_t **g = realloc(w->gone, (size_t)cap * sizeof(*g));
+    if (g == NULL)
+      return; /* no memory to keep the old one: stay with it, try again later */
+    w->gone = g;
+    w->cap_gone = cap;
+  }
+  w->gone[w->n_gone++] = cur;
+  hixl__peer_handed(p);
+  w->bsent[j] = w->xsent[j] = 0;
+  atomic_store(&w->peers[j], p);
+  hixl_info("world %08" PRIx32 ": rank %d is back (%s)", w->id, j, p->name);
+}
+
 hixl_peer_t *hixl_world_peer(hixl_world_t *w, int rank)
 {
   if (w == NULL || rank < 0 || rank >= w->size)
     return NULL;
-  return w->peers[rank];
+  hixl_peer_t *p = atomic_load(&w->peers[rank]);
+  if (p && atomic_load(&p->state) != HIXL_PEER_UP) {
+    pthread_mutex_lock(&w->ctx->lock);
+    refresh_locked(w, rank);
+    p = atomic_load(&w->peers[rank]);
+    pthread_mutex_unlock(&w->ctx->lock);
+  }
+  return p;
+}
+
+hixl_status_t hixl_world_wait_rank(hixl_world_t *w, int rank, int timeout_ms, hixl_peer_t **peer_p)
+{
+  if (w == NULL || peer_p == NULL || rank < 0 || rank >= w->size)
+    return hixl__err(HIXL_ERR_INVALID, "hixl_world_wait_rank: %s",
+                     w == NULL        ? "NULL world"
+                     : peer_p == NULL ? "NULL peer_p"
+                                      : "rank out of range");
+  hixl_ctx_t *ctx = w->ctx;
+  int64_t deadline = hixl__deadline(timeout_ms);
+  hixl_status_t st = HIXL_OK;
+  pthread_mutex_lock(&ctx->lock);
+  for (;;) {
+    refresh_locked(w, rank);
+    hixl_peer_t *p = atomic_load(&w->peers[rank]);
+    if (atomic_load(&p->state) == HIXL_PEER_UP) {
+      *peer_p = p;
+      break;
+    }
+    if (hixl__expired(deadline)) {
+      st = hixl__err(HIXL_ERR_TIMEOUT,
+                     "hixl_world_wait_rank: rank %d (%s) is lost and has not come back within "
+                     "%d ms",
+                     rank, p->name, timeout_ms);
+      break;
+    }
+    hixl__cond_wait_until(ctx, deadline, 20);
+  }
+  pthread_mutex_unlock(&ctx->lock);
+  return st;
 }
 
 int hixl_world_rank(const hixl_world_t *w) { return w ? w->rank : -1; }
 int hixl_world_size(const hixl_world_t *w) { return w ? w->size : -1; }
 
-/* Send (type, epoch, blob) to every other rank. */
-static hixl_status_t broadcast(hixl_world_t *w, uint16_t type, uint64_t epoch, const void *blob,
-                               uint32_t blob_len)
+/* Send (type, the pair's next count, blob) to every other rank that is up,
+ * whatever fails on the way: each pair's counts must stay in step for the
+ * ranks that go on. */
+static void broadcast(hixl_world_t *w, uint16_t type, const void *blob, uint32_t blob_len)
 {
+  hixl_ctx_t *ctx = w->ctx;
   for (int j = 0; j < w->size; j++) {
     if (j == w->rank)
       continue;
     hixl_msg_t m = {.type = type};
+    pthread_mutex_lock(&ctx->lock);
+    refresh_locked(w, j);
+    hixl_peer_t *p = atomic_load(&w->peers[j]);
+    bool up = atomic_load(&p->state) == HIXL_PEER_UP;
+    w->skipped[j] = !up;
+    if (up)
+      m.world.epoch = type == HIXL_MSG_WORLD_XCHG ? ++w->xsent[j] : ++w->bsent[j];
+    pthread_mutex_unlock(&ctx->lock);
+    if (!up)
+      continue;
     m.world.world = w->id;
-    m.world.epoch = epoch;
     if (blob_len)
       memcpy(m.blob, blob, blob_len);
     m.blob_len = blob_len;
-    hixl_status_t st = hixl__send(w->peers[j], &m, NULL, 0);
-    if (st != HIXL_OK)
-      return st;
+    (void)hixl__send(p, &m, NULL, 0); /* a failure makes p lost: wait_all says so */
   }
-  return HIXL_OK;
 }
 
-/* Wait until every other rank's epoch field reached epoch. */
-static hixl_status_t wait_all(hixl_world_t *w, bool xchg, uint64_t epoch)
+/* Wait until every other rank's count reached ours, or it is lost; then
+ * PEER_LOST naming the lost ones, or OK.  Every rank that is up is waited
+ * for, so a barrier that reports a loss still held the ranks that go on. */
+static hixl_status_t wait_all(hixl_world_t *w, bool xchg, const char *what)
 {
   hixl_ctx_t *ctx = w->ctx;
-  hixl_status_t st = HIXL_OK;
+  char lost[160] = "";
+  size_t ln = 0;
+  int n_lost = 0;
   pthread_mutex_lock(&ctx->lock);
-  for (int j = 0; j < w->size && st == HIXL_OK;) {
-    hixl_peer_t *p = w->peers[j];
-    if (j == w->rank || (xchg ? p->xchg_epoch : p->barrier_epoch) >= epoch) {
+  for (int j = 0; j < w->size;) {
+    hixl_peer_t *p = atomic_load(&w->peers[j]);
+    if (j != w->rank && w->skipped[j]) /* lost before it began */
+      goto lost;
+    if (j == w->rank || (xchg ? p->xchg_epoch >= w->xsent[j] : p->barrier_epoch >= w->bsent[j])) {
       j++;
       continue;
     }
-    if (atomic_load(&p->state) != HIXL_PEER_UP) {
-      st = hixl__err(HIXL_ERR_PEER_LOST, "hixl_world: rank %d (%s) is lost", j, p->name);
-      break;
-    }
+    if (atomic_load(&p->state) != HIXL_PEER_UP)
+      goto lost;
     hixl__cond_wait_until(ctx, INT64_MAX, 20); /* no deadline: a lost rank ends it */
+    continue;
+  lost:
+    if (ln < sizeof(lost))
+      ln += (size_t)snprintf(lost + ln, sizeof(lost) - ln, "%s%d", n_lost ? ", " : "", j);
+    n_lost++;
+    j++;
   }
   pthread_mutex_unlock(&ctx->lock);
-  return st;
+  if (n_lost == 0)
+    return HIXL_OK;
+  return hixl__err(HIXL_ERR_PEER_LOST,
+                   "hixl_world_%s: rank%s %s %s lost (the other ranks went through it; "
+                   "hixl_world_wait_rank waits for a rank to come back)",
+                   what, n_lost > 1 ? "s" : "", lost, n_lost > 1 ? "are" : "is");
 }
 
 hixl_status_t hixl_world_barrier(hixl_world_t *w)
 {
   if (w == NULL)
     return hixl__err(HIXL_ERR_INVALID, "hixl_world_barrier: NULL world");
-  uint64_t epoch = ++w->barrier_epoch;
-  hixl_status_t st = broadcast(w, HIXL_MSG_WORLD_BARRIER, epoch, NULL, 0);
-  return st != HIXL_OK ? st : wait_all(w, false, epoch);
+  broadcast(w, HIXL_MSG_WORLD_BARRIER, NULL, 0);
+  return wait_all(w, false, "barrier");
 }
 
 hixl_status_t hixl_world_exchange(hixl_world_t *w, hixl_mr_t *mr, hixl_rmr_t **rmrs)
@@ -646,28 +993,35 @@ hixl_status_t hixl_world_exchange(hixl_world_t *w, hixl_mr_t *mr, hixl_rmr_t **r
   hixl_status_t st = hixl_mr_pack(mr, blob, &len);
   if (st != HIXL_OK)
     return st;
-  uint64_t epoch = ++w->xchg_epoch;
-  if ((st = broadcast(w, HIXL_MSG_WORLD_XCHG, epoch, blob, (uint32_t)len)) != HIXL_OK ||
-      (st = wait_all(w, true, epoch)) != HIXL_OK)
-    return st;
+  broadcast(w, HIXL_MSG_WORLD_XCHG, blob, (uint32_t)len);
+  if ((st = wait_all(w, true, "exchange")) != HIXL_OK) {
+    char why[400];
+    snprintf(why, sizeof(why), "%s", hixl_last_error());
+    hixl_world_barrier(w); /* in step with the ranks that got through */
+    return hixl__err(st, "%s", why);
+  }
   int j;
   for (j = 0; j < w->size && st == HIXL_OK; j++) {
     uint8_t theirs[HIXL_RKEY_MAX];
     uint32_t tlen = (uint32_t)len;
+    hixl_peer_t *p = atomic_load(&w->peers[j]);
     if (j == w->rank) {
       memcpy(theirs, blob, len);
     } else {
       pthread_mutex_lock(&w->ctx->lock);
-      tlen = w->peers[j]->xchg_len;
-      memcpy(theirs, w->peers[j]->xchg_blob, tlen);
+      tlen = p->xchg_len;
+      memcpy(theirs, p->xchg_blob, tlen);
       pthread_mutex_unlock(&w->ctx->lock);
     }
-    st = hixl_rmr_unpack(w->peers[j], theirs, tlen, &rmrs[j]);
+    st = hixl_rmr_unpack(p, theirs, tlen, &rmrs[j]);
   }
   if (st != HIXL_OK) {
+    char why[400];
+    snprintf(why, sizeof(why), "%s", hixl_last_error());
     for (int k = 0; k < j - 1; k++)
       hixl_rmr_release(rmrs[k]);
-    return st;
+    hixl_world_barrier(w); /* in step with the ranks that got through */
+    return hixl__err(st, "%s", why);
   }
   /* Nobody may send the next exchange before everyone read this one. */
   return hixl_world_barrier(w);
@@ -677,9 +1031,26 @@ void hixl_world_destroy(hixl_world_t *w)
 {
   if (w == NULL)
     return;
-  for (int j = 0; j < w->size; j++)
-    if (w->peers[j])
-      hixl_disconnect(w->peers[j]);
-  free(w->peers);
+  if (w->lfd >= 0) {
+    pthread_mutex_lock(&w->ctx->aux_lock);
+    hixl__ctl_aux_del_locked(w->ctx, w->lslot);
+    for (int i = 0; i < WORLD_JOINS; i++)
+      join_close(w, &w->jc[i]);
+    pthread_mutex_unlock(&w->ctx->aux_lock);
+    close(w->lfd);
+  }
+  for (int j = 0; j < w->size; j++) {
+    hixl_peer_t *p = atomic_load(&w->peers[j]);
+    if (p)
+      hixl_disconnect(p);
+  }
+  for (int k = 0; k < w->n_gone; k++)
+    hixl_disconnect(w->gone[k]);
+  free(w->gone);
+  free(w->addrs);
+  free(w->bsent);
+  free(w->xsent);
+  free(w->skipped);
+  free((void *)w->peers);
   free(w);
 }

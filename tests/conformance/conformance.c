@@ -22,6 +22,9 @@
 #include <time.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <errno.h>
+#include <sys/wait.h>
+#include <sys/prctl.h>
 
 #include "cases.h"
 #include "harness.h"
@@ -500,6 +503,165 @@ static void test_world(void **state)
   assert_int_equal(run_children(4, world_rank, &port), 0);
 }
 
+/* An elastic world: rank 2 of a parameter-server-like world dies in the
+ * middle of its steps (SIGKILL), the others see PEER_LOST, a new process
+ * comes back as rank 2, and all three go on; every increment and every
+ * byte is checked at the PS (rank 0). */
+enum { EW_SIZE = 3, EW_STEPS = 200, EW_KILL_AT = 50, EW_SLOT = 4096 };
+
+struct ew {
+  int port, incarnation;
+};
+
+static void ew_steps(hixl_ctx_t *ctx, hixl_world_t *w, hixl_rmr_t *ps, int rank, int inc, int steps,
+                     bool die_after)
+{
+  uint8_t grad[EW_SLOT], back[EW_SLOT];
+  hixl_peer_t *p0 = hixl_world_peer(w, 0);
+  for (int i = 0; i < steps; i++) {
+    memset(grad, (int)(rank * 64 + inc * 16 + i % 16), sizeof(grad));
+    EXPECT_OK(hixl_put(p0, grad, sizeof(grad), ps, (uint64_t)(1 + rank) * EW_SLOT, 0, NULL));
+    EXPECT_OK(hixl_atomic_faa(p0, ps, (uint64_t)rank * 8, 1, NULL, 0, NULL));
+    EXPECT_OK(hixl_fence(ctx, p0, 10000));
+    EXPECT_OK(hixl_get(p0, back, sizeof(back), ps, (uint64_t)(1 + rank) * EW_SLOT, 0, NULL));
+    EXPECT_OK(hixl_fence(ctx, p0, 10000));
+    if (memcmp(grad, back, sizeof(back)) != 0)
+      die("rank %d: step %d read back differs", rank, i);
+    if (die_after && i + 1 == EW_KILL_AT)
+      raise(SIGKILL); /* a crash, between two steps */
+  }
+}
+
+static int ew_rank(void *arg, int rank)
+{
+  struct ew *e = arg;
+  char rdv[32];
+  snprintf(rdv, sizeof(rdv), "127.0.0.1:%d", e->port);
+  hixl_ctx_t *ctx = test_ctx(0, NULL);
+  hixl_world_t *w;
+  EXPECT_OK(hixl_world_create(ctx, rank, EW_SIZE, rdv, &w));
+  uint64_t *mem;
+  hixl_mr_t *mr;
+  EXPECT_OK(hixl_mem_alloc(ctx, (EW_SIZE + 1) * EW_SLOT, HIXL_MEM_HOST,
+                           HIXL_ACCESS_READ | HIXL_ACCESS_WRITE | HIXL_ACCESS_ATOMIC, (void **)&mem,
+                           &mr));
+  memset(mem, 0, (EW_SIZE + 1) * EW_SLOT);
+  hixl_rmr_t *rmrs[EW_SIZE], *again[EW_SIZE];
+  if (rank == 2 && e->incarnation == 2) { /* came back: the others are past step 1 */
+    EXPECT_OK(hixl_world_exchange(w, mr, again));
+    ew_steps(ctx, w, again[0], rank, 2, EW_STEPS, false);
+    EXPECT_OK(hixl_world_barrier(w));
+    EXPECT_OK(hixl_world_barrier(w));
+    goto out;
+  }
+  EXPECT_OK(hixl_world_exchange(w, mr, rmrs));
+  EXPECT_OK(hixl_world_barrier(w));
+  if (rank > 0)
+    ew_steps(ctx, w, rmrs[0], rank, 1, rank == 2 ? EW_STEPS : EW_STEPS / 2, rank == 2);
+  /* Rank 2 died without entering this barrier: the others go through it
+   * together and are told. */
+  hixl_peer_t *old = hixl_world_peer(w, 2);
+  EXPECT_ST(HIXL_ERR_PEER_LOST, hixl_world_barrier(w));
+  if (strstr(hixl_last_error(), "rank 2 is lost") == NULL)
+    die("rank %d: barrier error \"%s\" does not name rank 2", rank, hixl_last_error());
+  hixl_peer_t *back;
+  EXPECT_OK(hixl_world_wait_rank(w, 2, 30000, &back));
+  if (back == old || hixl_world_peer(w, 2) != back)
+    die("rank %d: rank 2 came back, but its peer is the old one", rank);
+  uint64_t v = 1;
+  EXPECT_ST(HIXL_ERR_PEER_LOST, hixl_put(old, &v, 8, rmrs[2], 0, 0, NULL));
+  EXPECT_OK(hixl_world_exchange(w, mr, again));
+  if (rank > 0)
+    ew_steps(ctx, w, again[0], rank, 2, EW_STEPS / 2, false);
+  EXPECT_OK(hixl_world_barrier(w)); /* every step done */
+  if (rank == 0) {
+    if (mem[1] != EW_STEPS || mem[2] != EW_KILL_AT + EW_STEPS)
+      die("rank 0: counters %llu and %llu, want %d and %d", (unsigned long long)mem[1],
+          (unsigned long long)mem[2], EW_STEPS, EW_KILL_AT + EW_STEPS);
+    const uint8_t *g = (const uint8_t *)mem + 3 * EW_SLOT;
+    for (int k = 0; k < EW_SLOT; k++)
+      if (g[k] != (uint8_t)(2 * 64 + 2 * 16 + (EW_STEPS - 1) % 16))
+        die("rank 0: rank 2's slot byte %d is %d", k, g[k]);
+  }
+  EXPECT_OK(hixl_world_barrier(w)); /* checked: the workers may go */
+  for (int r = 0; r < EW_SIZE; r++)
+    hixl_rmr_release(rmrs[r]);
+out:
+  for (int r = 0; r < EW_SIZE; r++)
+    hixl_rmr_release(again[r]);
+  hixl_world_destroy(w);
+  hixl_mr_dereg(mr);
+  hixl_ctx_destroy(ctx);
+  return 0;
+}
+
+static pid_t ew_start(struct ew *e, int rank)
+{
+  pid_t pid = fork();
+  if (pid < 0)
+    die("fork: %s", strerror(errno));
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    _exit(ew_rank(e, rank));
+  }
+  return pid;
+}
+
+/* A join line sent to rank 0's rendezvous port; true when it closed the
+ * connection without answering a byte (within 10 s). */
+static bool ew_refused(int port, const char *line)
+{
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET,
+                           .sin_port = htons((uint16_t)port),
+                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0)
+    die("connect to the rendezvous: %s", strerror(errno));
+  struct timeval tv = {10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  if (send(fd, line, strlen(line), MSG_NOSIGNAL) != (ssize_t)strlen(line))
+    die("send to the rendezvous: %s", strerror(errno));
+  char c;
+  ssize_t n = recv(fd, &c, 1, 0);
+  int err = errno;
+  close(fd);
+  /* Closed with our bytes unread, the kernel resets the connection. */
+  return n == 0 || (n < 0 && err == ECONNRESET);
+}
+
+static void test_world_elastic(void **state)
+{
+  (void)state;
+  srand((unsigned)getpid());
+  struct ew e = {free_port(), 1};
+  pid_t pid[EW_SIZE];
+  for (int r = 0; r < EW_SIZE; r++)
+    pid[r] = ew_start(&e, r);
+  int status;
+  if (waitpid(pid[2], &status, 0) != pid[2] || !WIFSIGNALED(status) || WTERMSIG(status) != SIGKILL)
+    fail_msg("rank 2's first process did not die as planned (status %#x)", status);
+  /* Rank 0 serves its port for ranks that come back: it refuses a rank
+   * that is alive, and what is not a join line. */
+  if (!ew_refused(e.port, "HIXLW 1 1 3 127.0.0.1:1\n"))
+    fail_msg("rank 0 answered a join for rank 1, which is alive");
+  if (!ew_refused(e.port, "GET / HTTP/1.0\r\n\r\n"))
+    fail_msg("rank 0 answered an HTTP request on its rendezvous port");
+  if (!ew_refused(e.port, "HIXLW 1 7 3 127.0.0.1:1\n"))
+    fail_msg("rank 0 answered a join for rank 7 of 3");
+  char longline[400];
+  memset(longline, 'A', sizeof(longline) - 1);
+  longline[sizeof(longline) - 1] = 0;
+  if (!ew_refused(e.port, longline))
+    fail_msg("rank 0 answered (or kept) a 399-byte line without an end");
+  e.incarnation = 2;
+  pid[2] = ew_start(&e, 2);
+  int failed = 0;
+  for (int r = 0; r < EW_SIZE; r++)
+    if (waitpid(pid[r], &status, 0) != pid[r] || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+      failed++;
+  assert_int_equal(failed, 0);
+}
+
 /* ------------------------------------------- local memory that changes */
 
 /* Put len bytes from buf to the "alloc" region at 0 and check the target's
@@ -848,9 +1010,9 @@ int main(int argc, char **argv)
       cmocka_unit_test(test_notif_order),   cmocka_unit_test(test_faa),
       cmocka_unit_test(test_cas_lock),      cmocka_unit_test(test_fence),
       cmocka_unit_test(test_connect_churn), cmocka_unit_test(test_world),
-      cmocka_unit_test(test_remap),         cmocka_unit_test(test_flood),
-      cmocka_unit_test(test_choice),        cmocka_unit_test(test_sleep),
-      cmocka_unit_test(test_wake_peers),
+      cmocka_unit_test(test_world_elastic), cmocka_unit_test(test_remap),
+      cmocka_unit_test(test_flood),         cmocka_unit_test(test_choice),
+      cmocka_unit_test(test_sleep),         cmocka_unit_test(test_wake_peers),
   };
   cases_options(CASES(tests), argc, argv);
   if (argc != 3) {
