@@ -505,9 +505,11 @@ static char *table_make(const hixl_world_t *w, char (*addrs)[128], size_t *len_p
   return t;
 }
 
-/* Parse the table (untrusted: it came through the store) strictly. */
+/* Parse the table (untrusted: it came through the store) strictly.  With
+ * mine_p, a table whose entry for this rank is another address (that of
+ * its previous process) is taken, and *mine_p says which it was. */
 static hixl_status_t table_parse(hixl_world_t *w, const char *t, size_t len, char (*addrs)[128],
-                                 const char *store)
+                                 const char *store, bool *mine_p)
 {
   const char *p = t, *end = t + len;
   int ver, size, used = 0;
@@ -536,8 +538,15 @@ static hixl_status_t table_parse(hixl_world_t *w, const char *t, size_t len, cha
       goto bad;
     p = nl + 1;
   }
-  if (p != end || strcmp(addrs[w->rank], hixl_ctx_address(w->ctx)) != 0)
+  if (p != end)
     goto bad;
+  if (strcmp(addrs[w->rank], hixl_ctx_address(w->ctx)) != 0) {
+    if (!mine_p)
+      goto bad;
+    *mine_p = false; /* made before this process: it comes back */
+  } else if (mine_p) {
+    *mine_p = true;
+  }
   w->id = id;
   return HIXL_OK;
 bad:
@@ -546,6 +555,42 @@ bad:
                    "torch store at %s",
                    store);
 }
+
+/* Rank r's address as it set it under base ("HIXLW 1 <r> <size> <addr>",
+ * untrusted: it came through the store). */
+static hixl_status_t get_addr(hixl_store_t *s, const hixl_world_t *w, const char *base, int r,
+                              char *addr, int64_t deadline)
+{
+  char key[STORE_KEY_CAP + 32], val[STORE_VAL_MAX];
+  const char *store = hixl__store_name(s);
+  size_t len = 0;
+  int ver, rr, sz, used = 0;
+  char a[128];
+  snprintf(key, sizeof(key), "%s/addr/%d", base, r);
+  hixl_status_t st = hixl__store_get(s, key, val, sizeof(val) - 1, &len, deadline);
+  if (st != HIXL_OK)
+    return st;
+  val[len] = 0;
+  if (strlen(val) != len || sscanf(val, "HIXLW %d %d %d %127s%n", &ver, &rr, &sz, a, &used) != 4 ||
+      ver != 1 || rr != r || (size_t)used != len || !addr_ok(a))
+    return hixl__err(HIXL_ERR_TRANSPORT,
+                     "hixl_world_create: malformed address of rank %d in "
+                     "the torch store at %s (\"%.60s\")",
+                     r, store, val);
+  if (sz != w->size)
+    return hixl__err(HIXL_ERR_INVALID,
+                     "hixl_world_create: rank %d was started with a world "
+                     "of %d ranks, this rank with %d (torch store at %s)",
+                     r, sz, w->size, store);
+  snprintf(addr, 128, "%s", a);
+  return HIXL_OK;
+}
+
+/* Worlds this process made through a store, and how far its generation
+ * counter ran ahead of them: a process that comes back finds the worlds
+ * of the process it replaces counted there too. */
+static pthread_mutex_t store_gen_lock = PTHREAD_MUTEX_INITIALIZER;
+static int64_t store_worlds, store_offset;
 
 static hixl_status_t rendezvous_store(hixl_world_t *w, const char *host, const char *port,
                                       char (*addrs)[128], int64_t deadline)
@@ -582,6 +627,25 @@ static hixl_status_t rendezvous_store(hixl_world_t *w, const char *host, const c
                    store, key, gen);
     goto out;
   }
+  /* The n-th world of a process is generation n (plus the offset below).
+   * A count past that is a rank whose process was started again: its
+   * predecessor's worlds are counted too.  It comes back into the latest
+   * of them (the one running), and puts the count back, so that the next
+   * world it makes meets the others' next. */
+  bool back = false;
+  pthread_mutex_lock(&store_gen_lock);
+  int64_t local = ++store_worlds;
+  if (gen > local + store_offset) {
+    int64_t undo;
+    if ((st = hixl__store_add(s, key, -1, &undo, deadline)) == HIXL_OK) {
+      gen--;
+      store_offset = gen - local;
+      back = true;
+    }
+  }
+  pthread_mutex_unlock(&store_gen_lock);
+  if (st != HIXL_OK)
+    goto out;
   snprintf(base, sizeof(base), "hixl/world/%s/%s/%" PRId64, run, restart, gen);
   char val[STORE_VAL_MAX];
   int vn =
@@ -590,7 +654,36 @@ static hixl_status_t rendezvous_store(hixl_world_t *w, const char *host, const c
   if ((st = hixl__store_set(s, key, val, (size_t)vn, deadline)) != HIXL_OK)
     goto out;
   size_t tcap = 64 + (size_t)w->size * 129, tlen = 0;
-  if (w->rank == 0) {
+  bool formed = false;
+  if (back) { /* the world may be running: its table is there */
+    snprintf(key, sizeof(key), "%s/table", base);
+    const char *tk = key;
+    if ((st = hixl__store_check(s, &tk, 1, &formed, deadline)) != HIXL_OK)
+      goto out;
+  }
+  if (formed || (back && w->rank != 0)) {
+    bool mine = false;
+    snprintf(key, sizeof(key), "%s/table", base);
+    if ((table = malloc(tcap)) == NULL) {
+      st = hixl__err(HIXL_ERR_NOMEM, "hixl_world_create: no memory");
+      goto out;
+    }
+    if ((st = hixl__store_get(s, key, table, tcap, &tlen, deadline)) != HIXL_OK ||
+        (st = table_parse(w, table, tlen, addrs, store, &mine)) != HIXL_OK)
+      goto out;
+    if (!mine) {
+      /* Made with our predecessor: come back, to each rank's latest
+       * address (a rank that came back before us set its own). */
+      w->joined = true;
+      for (int r = 0; r < w->size && st == HIXL_OK; r++)
+        if (r != w->rank)
+          st = get_addr(s, w, base, r, addrs[r], deadline);
+      snprintf(addrs[w->rank], 128, "%s", hixl_ctx_address(w->ctx));
+      hixl_info("world %08" PRIx32 ": rank %d comes back (torch store at %s, world generation "
+                "%" PRId64 ")",
+                w->id, w->rank, store, gen);
+    }
+  } else if (w->rank == 0) {
     keys = calloc((size_t)w->size, sizeof(*keys));
     kp = calloc((size_t)w->size, sizeof(*kp));
     if (keys == NULL || kp == NULL) {
@@ -602,31 +695,8 @@ static hixl_status_t rendezvous_store(hixl_world_t *w, const char *host, const c
       kp[r] = keys[r];
     }
     st = hixl__store_wait(s, kp + 1, (size_t)w->size - 1, deadline);
-    for (int r = 1; r < w->size && st == HIXL_OK; r++) {
-      size_t len = 0;
-      int ver, rr, sz, used = 0;
-      char a[128];
-      if ((st = hixl__store_get(s, kp[r], val, sizeof(val) - 1, &len, deadline)) != HIXL_OK)
-        break;
-      val[len] = 0;
-      if (strlen(val) != len ||
-          sscanf(val, "HIXLW %d %d %d %127s%n", &ver, &rr, &sz, a, &used) != 4 || ver != 1 ||
-          rr != r || (size_t)used != len || !addr_ok(a)) {
-        st = hixl__err(HIXL_ERR_TRANSPORT,
-                       "hixl_world_create: malformed address of rank %d in "
-                       "the torch store at %s (\"%.60s\")",
-                       r, store, val);
-        break;
-      }
-      if (sz != w->size) {
-        st = hixl__err(HIXL_ERR_INVALID,
-                       "hixl_world_create: rank %d was started with a world "
-                       "of %d ranks, rank 0 with %d (torch store at %s)",
-                       r, sz, w->size, store);
-        break;
-      }
-      snprintf(addrs[r], 128, "%s", a);
-    }
+    for (int r = 1; r < w->size && st == HIXL_OK; r++)
+      st = get_addr(s, w, base, r, addrs[r], deadline);
     if (st == HIXL_OK) {
       snprintf(addrs[0], 128, "%s", hixl_ctx_address(w->ctx));
       if ((table = table_make(w, addrs, &tlen)) == NULL) {
@@ -643,7 +713,7 @@ static hixl_status_t rendezvous_store(hixl_world_t *w, const char *host, const c
       goto out;
     }
     if ((st = hixl__store_get(s, key, table, tcap, &tlen, deadline)) == HIXL_OK)
-      st = table_parse(w, table, tlen, addrs, store);
+      st = table_parse(w, table, tlen, addrs, store, NULL);
   }
   if (st == HIXL_ERR_TIMEOUT) {
     char miss[160];
