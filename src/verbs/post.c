@@ -40,16 +40,46 @@
 
 /* ------------------------------------------------------------ retiring */
 
-static void release_bounce(vrb_peer_t *vp, int b)
+/* A bounce buffer of the context's pool for q, or -1: then q waits in the
+ * pool's FIFO until a completion gives one back (hixl__vrb_progress). */
+static int take_bounce(vrb_ctx_t *vc, vrb_qp_t *q)
 {
-  if (b >= 0)
-    vp->bounce_free[vp->n_bounce_free++] = b;
+  int b = -1;
+  pthread_mutex_lock(&vc->bounce_lock);
+  if (vc->n_bounce_free > 0) {
+    b = vc->bounce_free[--vc->n_bounce_free];
+  } else if (!q->bw_waiting) {
+    q->bw_waiting = true;
+    q->bw_next = NULL;
+    if (vc->bw_tail)
+      vc->bw_tail->bw_next = q;
+    else
+      vc->bw_head = q;
+    vc->bw_tail = q;
+    atomic_fetch_add(&vc->n_bounce_waiting, 1);
+  }
+  pthread_mutex_unlock(&vc->bounce_lock);
+  return b;
+}
+
+static void release_bounce(vrb_ctx_t *vc, int b)
+{
+  if (b < 0)
+    return;
+  pthread_mutex_lock(&vc->bounce_lock);
+  vc->bounce_free[vc->n_bounce_free++] = b;
+  pthread_mutex_unlock(&vc->bounce_lock);
+}
+
+static uint8_t *bounce_buf(vrb_ctx_t *vc, int b)
+{
+  return vc->bounce + (size_t)b * VRB_BOUNCE_SIZE;
 }
 
 /* Give back what a descriptor holds (vp->lock held). */
 static void release_wqe(vrb_peer_t *vp, vrb_wqe_t *e)
 {
-  release_bounce(vp, e->bounce);
+  release_bounce(hixl__vc(vp->peer->ctx), e->bounce);
   if (e->rent)
     hixl__vrb_rcache_put(e->rent);
   e->rent = NULL;
@@ -60,7 +90,7 @@ static void retire_one(vrb_ctx_t *vc, vrb_peer_t *vp, vrb_wqe_t *e, hixl_status_
 {
   hixl_req_t *req = e->req;
   if (st == HIXL_OK && e->kind == VRB_WR_GET && e->copy_dst) {
-    const uint8_t *b = vp->bounce + (size_t)e->bounce * VRB_BOUNCE_SIZE;
+    const uint8_t *b = bounce_buf(vc, e->bounce);
     if (hixl_unlikely(e->dev))
       st = hixl__dev_copy(e->copy_dst, b, e->len);
     else
@@ -132,6 +162,7 @@ static void fail_queued(vrb_peer_t *vp, vrb_qp_t *q)
 static size_t post_ops(vrb_qp_t *q, vrb_op_t *const *ops, size_t n)
 {
   vrb_peer_t *vp = q->vp;
+  vrb_ctx_t *vc = hixl__vc(vp->peer->ctx);
   struct ibv_send_wr wr[VRB_CHAIN];
   struct ibv_sge sge[VRB_CHAIN];
   uint32_t first_head;
@@ -146,17 +177,13 @@ static size_t post_ops(vrb_qp_t *q, vrb_op_t *const *ops, size_t n)
       const vrb_op_t *o = ops[idx];
       int b = -1;
       bool bounce = o->lkey == 0 && !o->inl && o->kind != VRB_WR_AMO;
-      if (bounce) {
-        if (vp->n_bounce_free == 0)
-          break;
-        b = vp->bounce_free[--vp->n_bounce_free];
-      }
+      if (bounce && (b = take_bounce(vc, q)) < 0)
+        break;
       if (hixl_unlikely(bounce && o->dev && o->kind == VRB_WR_PUT)) {
         /* Staged from device memory; a runtime failure fails this piece. */
-        hixl_status_t cst =
-            hixl__dev_copy(vp->bounce + (size_t)b * VRB_BOUNCE_SIZE, o->local, o->len);
+        hixl_status_t cst = hixl__dev_copy(bounce_buf(vc, b), o->local, o->len);
         if (cst != HIXL_OK) {
-          release_bounce(vp, b);
+          release_bounce(vc, b);
           atomic_fetch_sub(&vp->outstanding, 1);
           hixl__req_part_done(o->req, cst);
           idx++;
@@ -180,13 +207,13 @@ static size_t post_ops(vrb_qp_t *q, vrb_op_t *const *ops, size_t n)
       w->opcode = (enum ibv_wr_opcode)o->opcode;
       sge[k] = (struct ibv_sge){(uintptr_t)o->local, o->len, o->lkey};
       if (bounce) {
-        uint8_t *buf = vp->bounce + (size_t)b * VRB_BOUNCE_SIZE;
+        uint8_t *buf = bounce_buf(vc, b);
         if (o->kind == VRB_WR_PUT && !o->dev)
           memcpy(buf, o->local, o->len);
         else if (o->kind != VRB_WR_PUT)
           e->copy_dst = o->local;
         sge[k].addr = (uintptr_t)buf;
-        sge[k].lkey = vp->bounce_mr->lkey;
+        sge[k].lkey = vc->bounce_mr->lkey;
       }
       if (o->inl) { /* the bytes are copied into the work request now */
         w->send_flags |= IBV_SEND_INLINE;
@@ -652,7 +679,8 @@ static void complete(vrb_ctx_t *vc, vrb_wqe_t *e, hixl_status_t st)
       retire_one(vc, vp, x, x == e ? st : HIXL_OK);
     }
   }
-  /* Every QP of the peer: the bounce buffers just freed are shared. */
+  /* Every QP of the peer: a ring slot or bounce buffer just freed may be
+   * what one of them waits for (other peers' QPs: bounce_kick). */
   bool ok = st == HIXL_OK && atomic_load(&vp->peer->state) == HIXL_PEER_UP;
   for (int i = 0; i < vp->nq; i++) {
     if (ok)
@@ -661,6 +689,36 @@ static void complete(vrb_ctx_t *vc, vrb_wqe_t *e, hixl_status_t st)
       fail_queued(vp, vp->qps[i]);
   }
   pthread_mutex_unlock(&vp->lock);
+}
+
+/* Bounce buffers came back: restart the QPs waiting for one, oldest first,
+ * while there are buffers (poll_lock held, so that no peer's close frees
+ * a QP on the list meanwhile: hixl__vrb_drain_peer takes it out under the
+ * same lock).  A QP that finds none again goes back at the end. */
+static void bounce_kick(vrb_ctx_t *vc)
+{
+  int n = atomic_load(&vc->n_bounce_waiting);
+  for (int i = 0; i < n; i++) {
+    pthread_mutex_lock(&vc->bounce_lock);
+    vrb_qp_t *q = vc->n_bounce_free > 0 ? vc->bw_head : NULL;
+    if (q) {
+      vc->bw_head = q->bw_next;
+      if (vc->bw_head == NULL)
+        vc->bw_tail = NULL;
+      q->bw_waiting = false;
+      atomic_fetch_sub(&vc->n_bounce_waiting, 1);
+    }
+    pthread_mutex_unlock(&vc->bounce_lock);
+    if (q == NULL)
+      return;
+    vrb_peer_t *vp = q->vp;
+    pthread_mutex_lock(&vp->lock);
+    if (atomic_load(&vp->peer->state) == HIXL_PEER_UP)
+      drain(q);
+    else
+      fail_queued(vp, q);
+    pthread_mutex_unlock(&vp->lock);
+  }
 }
 
 int hixl__vrb_progress(hixl_ctx_t *ctx)
@@ -679,6 +737,8 @@ int hixl__vrb_progress(hixl_ctx_t *ctx)
       }
       total += n;
     }
+  if (atomic_load_explicit(&vc->n_bounce_waiting, memory_order_relaxed) > 0)
+    bounce_kick(vc);
   pthread_mutex_unlock(&vc->poll_lock);
   return total;
 }
@@ -705,7 +765,22 @@ bool hixl__vrb_drain_peer(vrb_peer_t *vp)
    * request of every post is signaled, so its flush retires the rest). */
   hixl__wait(ctx, hixl__deadline(2000), 0, flushed, vp);
   bool clean = atomic_load(&vp->outstanding) == 0;
-  pthread_mutex_lock(&vc->poll_lock); /* no completion handler is running now */
+  pthread_mutex_lock(&vc->poll_lock);   /* no completion handler is running now */
+  pthread_mutex_lock(&vc->bounce_lock); /* out of the bounce waiters: vp goes */
+  for (vrb_qp_t **pp = &vc->bw_head, *prev = NULL; *pp;) {
+    vrb_qp_t *q = *pp;
+    if (q->vp != vp) {
+      prev = q;
+      pp = &q->bw_next;
+      continue;
+    }
+    *pp = q->bw_next;
+    if (vc->bw_tail == q)
+      vc->bw_tail = prev;
+    q->bw_waiting = false;
+    atomic_fetch_sub(&vc->n_bounce_waiting, 1);
+  }
+  pthread_mutex_unlock(&vc->bounce_lock);
   pthread_mutex_lock(&vp->lock);
   for (int i = 0; i < vp->nq; i++) {
     vrb_qp_t *q = vp->qps[i];

@@ -116,6 +116,7 @@ static hixl_status_t open_device(hixl_ctx_t *ctx, vrb_ctx_t *vc)
       vc->gid_index = gi;
       vc->lid = pa.lid;
       vc->max_cqe = da.max_cqe;
+      vc->max_qps = da.max_qp;
       vc->mtu = pa.active_mtu;
       ibv_query_gid(dev, p, gi, &vc->gid);
       snprintf(vc->name, sizeof(vc->name), "%s:%u", ibv_get_device_name(list[i]), p);
@@ -160,6 +161,9 @@ static void vrb_ctx_fini(hixl_ctx_t *ctx)
   if (vc->rbufs_mr)
     ibv_dereg_mr(vc->rbufs_mr);
   free(vc->rbufs);
+  if (vc->bounce_mr)
+    ibv_dereg_mr(vc->bounce_mr);
+  free(vc->bounce);
   if (vc->rcq)
     ibv_destroy_cq(vc->rcq);
   if (vc->rch)
@@ -182,6 +186,7 @@ static void vrb_ctx_fini(hixl_ctx_t *ctx)
   pthread_mutex_destroy(&vc->recv_lock);
   pthread_mutex_destroy(&vc->poll_lock);
   pthread_mutex_destroy(&vc->cq_lock);
+  pthread_mutex_destroy(&vc->bounce_lock);
   pthread_rwlock_destroy(&vc->lreg_lock);
   free(vc);
   ctx->tp[HIXL_TP_VERBS] = NULL;
@@ -195,6 +200,7 @@ static hixl_status_t vrb_ctx_init(hixl_ctx_t *ctx)
     return hixl__err(HIXL_ERR_NOMEM, "verbs: no memory");
   pthread_mutex_init(&vc->poll_lock, NULL);
   pthread_mutex_init(&vc->cq_lock, NULL);
+  pthread_mutex_init(&vc->bounce_lock, NULL);
   pthread_rwlock_init(&vc->lreg_lock, NULL);
   pthread_mutex_init(&vc->recv_lock, NULL);
   vc->ev_fd = -1;
@@ -232,6 +238,31 @@ static hixl_status_t vrb_ctx_init(hixl_ctx_t *ctx)
     st = hixl__vrb_err(HIXL_ERR_NO_DEVICE, "setting up PD, CQs and SRQ", 0);
     goto fail;
   }
+  /* The bounce pool: one per context, whatever the number of peers (it was
+   * one per peer: 2 MiB pinned each, docs/scale.md). */
+  vc->bounce = aligned_alloc(4096, (size_t)VRB_BOUNCE_COUNT * VRB_BOUNCE_SIZE);
+  vc->bounce_mr = vc->bounce
+                      ? ibv_reg_mr(vc->pd, vc->bounce, (size_t)VRB_BOUNCE_COUNT * VRB_BOUNCE_SIZE,
+                                   IBV_ACCESS_LOCAL_WRITE)
+                      : NULL;
+  if (vc->bounce_mr == NULL) {
+    st =
+        hixl__vrb_err(HIXL_ERR_NOMEM, "registering the bounce buffers (2 MiB; RLIMIT_MEMLOCK?)", 0);
+    goto fail;
+  }
+  for (int i = 0; i < VRB_BOUNCE_COUNT; i++)
+    vc->bounce_free[vc->n_bounce_free++] = VRB_BOUNCE_COUNT - 1 - i;
+  /* The QP budget: the device's own limit unless HIXL_VERBS_MAX_QPS asks
+   * for less (a peer costs HIXL_VERBS_QPS of them, on both sides). */
+  const char *mq = getenv("HIXL_VERBS_MAX_QPS");
+  long max_qps = vc->max_qps > 0 ? vc->max_qps : 1 << 20;
+  if (mq && hixl__parse_int(mq, 1, 1 << 24, &max_qps) != 0) {
+    st = hixl__err(HIXL_ERR_INVALID, "HIXL_VERBS_MAX_QPS=\"%.32s\": expected 1..16777216", mq);
+    goto fail;
+  }
+  if (vc->max_qps > 0 && max_qps > vc->max_qps)
+    max_qps = vc->max_qps;
+  vc->max_qps = (int)max_qps;
   for (uint32_t i = 0; i < VRB_SRQ_DEPTH; i++)
     post_recv(vc, i);
   ibv_req_notify_cq(vc->rcq, 0);
@@ -450,12 +481,10 @@ static void vp_free(vrb_peer_t *vp)
     vc->scqs[vp->scq].n_qps -= vp->cq_reserved;
     pthread_mutex_unlock(&vc->cq_lock);
   }
-  if (vp->bounce_mr)
-    ibv_dereg_mr(vp->bounce_mr);
   if (vp->amo_mr)
     ibv_dereg_mr(vp->amo_mr);
-  free(vp->bounce);
   free(vp->amo);
+  atomic_fetch_sub(&vc->n_qps, vp->qps_counted);
   while (vp->op_free) {
     vrb_op_t *o = vp->op_free;
     vp->op_free = o->next;
@@ -533,33 +562,40 @@ uint8_t hixl__vrb_ack_timeout(void)
 
 /* A peer with nq QP slots; make_qps: create them (in-band), else rdmacm
  * creates them as it connects. */
-static vrb_peer_t *vp_new(hixl_peer_t *peer, int nq, bool make_qps)
+static hixl_status_t vp_new(hixl_peer_t *peer, int nq, bool make_qps, vrb_peer_t **vp_p)
 {
   vrb_ctx_t *vc = VC(peer->ctx);
   vrb_peer_t *vp = calloc(1, sizeof(*vp));
+  *vp_p = NULL;
   if (vp == NULL)
-    return NULL;
+    return hixl__err(HIXL_ERR_NOMEM, "verbs: no memory for a peer");
   pthread_mutex_init(&vp->lock, NULL);
   vp->peer = peer;
-  for (int i = 0; i < VRB_BOUNCE_COUNT; i++)
-    vp->bounce_free[vp->n_bounce_free++] = VRB_BOUNCE_COUNT - 1 - i;
-  vp->bounce = aligned_alloc(4096, (size_t)VRB_BOUNCE_COUNT * VRB_BOUNCE_SIZE);
+  /* The budget first: nothing is made for a peer past it. */
+  int in_use = atomic_fetch_add(&vc->n_qps, nq);
+  vp->qps_counted = nq;
+  if (in_use + nq > vc->max_qps) {
+    hixl__err(HIXL_ERR_AGAIN,
+              "verbs: no QP for %s: %d of this context's %d are in use and it needs %d "
+              "(HIXL_VERBS_MAX_QPS; HIXL_VERBS_QPS per peer; the device's limit is its "
+              "max_qp)",
+              peer->name, in_use, vc->max_qps, nq);
+    vp_free(vp);
+    return HIXL_ERR_AGAIN;
+  }
   size_t amo_bytes = sizeof(uint64_t) * VRB_SQ_DEPTH * (size_t)nq;
   vp->amo = aligned_alloc(64, amo_bytes);
-  if (vp->bounce)
-    vp->bounce_mr = ibv_reg_mr(vc->pd, vp->bounce, (size_t)VRB_BOUNCE_COUNT * VRB_BOUNCE_SIZE,
-                               IBV_ACCESS_LOCAL_WRITE);
   if (vp->amo)
     vp->amo_mr = ibv_reg_mr(vc->pd, vp->amo, amo_bytes, IBV_ACCESS_LOCAL_WRITE);
-  if (vp->bounce_mr == NULL || vp->amo_mr == NULL) {
-    hixl__vrb_err(HIXL_ERR_NOMEM, "registering a peer's bounce buffers", 0);
+  if (vp->amo_mr == NULL) {
+    hixl_status_t st = hixl__vrb_err(HIXL_ERR_NOMEM, "registering a peer's atomic results", 0);
     vp_free(vp);
-    return NULL;
+    return st;
   }
   vp->scq = cq_room(vc, nq);
   if (vp->scq < 0) {
     vp_free(vp);
-    return NULL;
+    return HIXL_ERR_NOMEM;
   }
   vp->cq_reserved = nq;
   for (int i = 0; i < nq; i++) {
@@ -584,11 +620,12 @@ static vrb_peer_t *vp_new(hixl_peer_t *peer, int nq, bool make_qps)
   for (int i = 0; i < vp->nq; i++)
     made += vp->qps[i]->qp != NULL || !make_qps;
   if (made < nq) {
-    hixl__vrb_err(HIXL_ERR_NOMEM, "creating a QP", 0);
+    hixl_status_t st = hixl__vrb_err(HIXL_ERR_NOMEM, "creating a QP", 0);
     vp_free(vp);
-    return NULL;
+    return st;
   }
-  return vp;
+  *vp_p = vp;
+  return HIXL_OK;
 }
 
 /* Our side of the bind (TP_BIND / TP_BIND_REPLY, vrb_qp_msg_t): the QPN of
@@ -759,9 +796,10 @@ static hixl_status_t vrb_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64
     return hixl__err(HIXL_ERR_UNSUPPORTED, "verbs: HIXL_VERBS_CM=rdmacm, but this libhixl "
                                            "was built without librdmacm");
 #endif
-  vrb_peer_t *vp = vp_new(peer, qps_wanted(), !cm);
-  if (vp == NULL)
-    return HIXL_ERR_NOMEM;
+  vrb_peer_t *vp;
+  hixl_status_t st = vp_new(peer, qps_wanted(), !cm, &vp);
+  if (st != HIXL_OK)
+    return st;
   uint32_t psn = (uint32_t)hixl__random64() & 0xffffff;
   hixl_msg_t m = {.type = HIXL_MSG_TP_BIND}, r;
   if (cm) {
@@ -773,14 +811,18 @@ static hixl_status_t vrb_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64
     local_info(vc, vp, &m, psn);
   }
   VRB_QP(&m)->id = peer->ctx->id;
-  hixl_status_t st = hixl__send(peer, &m, NULL, 0);
+  st = hixl__send(peer, &m, NULL, 0);
   if (st == HIXL_OK)
     st = hixl__peer_recv_sync(peer, &r, deadline);
-  if (st == HIXL_OK && (r.type != HIXL_MSG_TP_BIND_REPLY || r.status != HIXL_OK))
-    st = hixl__err(r.type == HIXL_MSG_TP_BIND_REPLY && r.status == HIXL_ERR_UNSUPPORTED
-                       ? HIXL_ERR_UNSUPPORTED
+  if (st == HIXL_OK && (r.type != HIXL_MSG_TP_BIND_REPLY || r.status != HIXL_OK)) {
+    bool ours = r.type == HIXL_MSG_TP_BIND_REPLY;
+    st = hixl__err(ours && (r.status == HIXL_ERR_UNSUPPORTED || r.status == HIXL_ERR_AGAIN ||
+                            r.status == HIXL_ERR_NOMEM)
+                       ? r.status
                        : HIXL_ERR_TRANSPORT,
-                   "verbs: %s refused our QPs (%s)", peer->name, hixl_strerror(r.status));
+                   "verbs: %s refused our QPs (%s)%s%.200s", peer->name, hixl_strerror(r.status),
+                   ours && r.str[0][0] ? ": target: " : "", ours ? r.str[0] : "");
+  }
 #ifdef HIXL_HAVE_RDMACM
   if (st == HIXL_OK && cm)
     st = VRB_QP(&r)->cm == 0 || VRB_QP(&r)->cm > 65535 || r.blob_len != 16 || VRB_QP(&r)->id == 0
@@ -811,9 +853,9 @@ static void vrb_accept(hixl_peer_t *peer, const hixl_msg_t *m, int *fds, int nfd
   else if (cm && vc->cm_listen == NULL)
     st = hixl__err(HIXL_ERR_UNSUPPORTED, "verbs: the peer asked for rdmacm, which is not "
                                          "available here");
-  vrb_peer_t *vp = st == HIXL_OK ? vp_new(peer, nq, !cm) : NULL;
-  if (st == HIXL_OK && vp == NULL)
-    st = HIXL_ERR_NOMEM;
+  vrb_peer_t *vp = NULL;
+  if (st == HIXL_OK)
+    st = vp_new(peer, nq, !cm, &vp);
   uint32_t psn = (uint32_t)hixl__random64() & 0xffffff;
   if (st == HIXL_OK && !cm)
     st = qps_connect(vc, vp, m, psn);
@@ -823,6 +865,7 @@ static void vrb_accept(hixl_peer_t *peer, const hixl_msg_t *m, int *fds, int nfd
   if (st != HIXL_OK) {
     vp_free(vp);
     hixl_warn("verbs: cannot accept %s: %s", peer->name, hixl_last_error());
+    snprintf(out->str[0], sizeof(out->str[0]), "%s", hixl_last_error()); /* the initiator's why */
     return;
   }
   if (cm) { /* the QPs come with the initiator's rdmacm requests */

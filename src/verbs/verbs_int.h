@@ -126,6 +126,20 @@ typedef struct vrb_ctx {
   uint64_t seen_polls;         /* control thread: the count at its last look */
   int64_t user_active_ns;      /* control thread: when it last saw it move */
   bool rcq_armed;
+  /* The bounce pool, one per context (VRB_BOUNCE_COUNT x VRB_BOUNCE_SIZE,
+   * pinned once), for local buffers outside any region: bounce_lock guards
+   * its free list and the QPs whose queue stopped for want of a buffer
+   * (bw_head..bw_tail, FIFO), which completions restart as buffers come
+   * back (hixl__vrb_progress).  A leaf lock, taken under vp->lock. */
+  pthread_mutex_t bounce_lock;
+  uint8_t *bounce;
+  struct ibv_mr *bounce_mr;
+  int bounce_free[VRB_BOUNCE_COUNT], n_bounce_free;
+  struct vrb_qp *bw_head, *bw_tail;
+  _Atomic int n_bounce_waiting;
+  /* The QP budget (HIXL_VERBS_MAX_QPS): QPs of this context, at most. */
+  int max_qps;
+  _Atomic int n_qps;
   /* Receive completions that found a peer's notification ring full: kept
    * (their buffers not reposted, which throttles senders through RNR) and
    * retried at the next tick, in order. */
@@ -178,7 +192,9 @@ struct vrb_qp {
   uint32_t head, tail, since_signal;
   vrb_op_t *pend_head, *pend_tail; /* the software queue, FIFO */
   uint32_t n_pend;
-  uint64_t *amo; /* VRB_SQ_DEPTH atomic result words (vp->amo_mr) */
+  uint64_t *amo;          /* VRB_SQ_DEPTH atomic result words (vp->amo_mr) */
+  struct vrb_qp *bw_next; /* in vc's bounce waiters (vc->bounce_lock) */
+  bool bw_waiting;
   vrb_wqe_t wqe[VRB_SQ_DEPTH];
 };
 
@@ -190,11 +206,9 @@ struct vrb_peer {
   uint64_t cm_cookie;               /* rdmacm target side: names this peer in requests */
   struct rdma_event_channel *cm_ch; /* rdmacm initiator side */
   vrb_qp_t *qps[VRB_MAX_QPS];
-  pthread_mutex_t lock; /* rings, software queues, bounce pool */
+  pthread_mutex_t lock; /* rings, software queues */
   _Atomic uint32_t rr;  /* round robin over the QPs */
-  uint8_t *bounce;
-  struct ibv_mr *bounce_mr;
-  int bounce_free[VRB_BOUNCE_COUNT], n_bounce_free;
+  int qps_counted;      /* QPs counted in vc->n_qps (the budget) */
   uint64_t *amo;
   struct ibv_mr *amo_mr;
   vrb_op_t *op_free;       /* spare software-queue nodes */

@@ -662,6 +662,114 @@ static void test_world_elastic(void **state)
   assert_int_equal(failed, 0);
 }
 
+/* ------------------------------------------------ verbs: shared pools */
+
+/* Local buffers outside any region go through the context's bounce pool
+ * (verbs: 32 x 64 KiB per context, whatever the number of peers).  Peer 0
+ * puts 4 MiB (64 pieces: the pool, and as many queued behind it, which its
+ * own completions post); then five more peers put 256 KiB each: they find
+ * the pool empty and, with nothing in flight of their own, wait for the
+ * buffers peer 0 gives back once its queue is done.  Every byte must land,
+ * and come back by get through the same pool.  (Over shm and fabric the
+ * same traffic, without a pool.) */
+static void test_bounce_shared(void **state)
+{
+  (void)state;
+  enum { NP = 6 };
+  static const size_t big = 4u << 20, small = 256u << 10;
+  setenv("HIXL_VERBS_RCACHE", "0", 1); /* every unregistered buffer bounces */
+  hixl_ctx_t *ctx = test_ctx(0, NULL);
+  target_t t;
+  target_start(&t, ctx, NULL, 0);
+  hixl_peer_t *peers[NP];
+  hixl_rmr_t *rmrs[NP];
+  for (int p = 0; p < NP; p++) {
+    peers[p] = connect_to(ctx, &t);
+    rmrs[p] = lookup(peers[p], "reg");
+  }
+  size_t total = big + (NP - 1) * small;
+  uint8_t *src = xmalloc(total), *dst = xmalloc(total);
+  fill_pattern(src, total, 4242);
+  memset(dst, 0, total);
+  hixl_req_t *reqs[NP];
+  for (int dir = 0; dir < 2; dir++) {
+    for (int p = 0; p < NP; p++) {
+      size_t off = p == 0 ? 0 : big + (size_t)(p - 1) * small, len = p == 0 ? big : small;
+      if (dir == 0)
+        EXPECT_OK(hixl_put(peers[p], src + off, len, rmrs[p], off, 0, &reqs[p]));
+      else
+        EXPECT_OK(hixl_get(peers[p], dst + off, len, rmrs[p], off, 0, &reqs[p]));
+    }
+    for (int p = NP - 1; p >= 0; p--) { /* the last ones first: nobody else drives them */
+      EXPECT_OK(hixl_req_wait(reqs[p], 60000));
+      hixl_req_free(reqs[p]);
+    }
+    if (dir == 0)
+      assert_int_equal(target_hash(&t, "reg", 0, total), hash_bytes(src, total));
+  }
+  assert_memory_equal(src, dst, total);
+  for (int p = 0; p < NP; p++) {
+    hixl_rmr_release(rmrs[p]);
+    hixl_disconnect(peers[p]);
+  }
+  free(src);
+  free(dst);
+  target_stop(&t);
+  hixl_ctx_destroy(ctx);
+  unsetenv("HIXL_VERBS_RCACHE");
+}
+
+/* The QP budget (HIXL_VERBS_MAX_QPS, verbs only: run by tests/rxe).  A
+ * target with room for 3 QPs refuses a 4th peer with AGAIN and says why;
+ * the QP of a peer that goes comes back to the budget (after the release
+ * grace); an initiator over its own budget fails before asking. */
+static void test_qp_budget(void **state)
+{
+  (void)state;
+  if (strcmp(g_transport, "verbs") != 0)
+    fail_msg("qp_budget is a verbs case (HIXL_VERBS_MAX_QPS)");
+  setenv("HIXL_VERBS_MAX_QPS", "3", 1); /* the target's (its process takes it now) */
+  hixl_ctx_t *ctx = test_ctx(0, NULL);
+  target_t t;
+  target_start(&t, ctx, NULL, 1000);
+  setenv("HIXL_VERBS_MAX_QPS", "16", 1); /* ours */
+  hixl_peer_t *peers[3], *extra = NULL;
+  for (int i = 0; i < 3; i++)
+    peers[i] = connect_to(ctx, &t);
+  EXPECT_ST(HIXL_ERR_AGAIN, hixl_connect(ctx, t.addr, 10000, &extra));
+  if (strstr(hixl_last_error(), "HIXL_VERBS_MAX_QPS") == NULL ||
+      strstr(hixl_last_error(), "target:") == NULL || strstr(hixl_last_error(), "3 are in") == NULL)
+    fail_msg("the refusal does not say why: %s", hixl_last_error());
+  hixl_disconnect(peers[0]);
+  int64_t until = (int64_t)time(NULL) + 60;
+  hixl_status_t st;
+  while ((st = hixl_connect(ctx, t.addr, 10000, &extra)) == HIXL_ERR_AGAIN &&
+         (int64_t)time(NULL) < until)
+    usleep(200000);
+  EXPECT_OK(st); /* the first peer's QP came back */
+  /* Our own budget: one QP, and a second peer fails here, naming it. */
+  setenv("HIXL_VERBS_MAX_QPS", "1", 1);
+  hixl_ctx_t *small = test_ctx(0, NULL);
+  hixl_disconnect(extra);
+  hixl_disconnect(peers[1]);
+  hixl_peer_t *one = NULL, *two = NULL;
+  until = (int64_t)time(NULL) + 60;
+  while ((st = hixl_connect(small, t.addr, 10000, &one)) == HIXL_ERR_AGAIN &&
+         (int64_t)time(NULL) < until)
+    usleep(200000); /* the target's QPs come back after its grace */
+  EXPECT_OK(st);
+  EXPECT_ST(HIXL_ERR_AGAIN, hixl_connect(small, t.addr, 10000, &two));
+  if (strstr(hixl_last_error(), "HIXL_VERBS_MAX_QPS") == NULL ||
+      strstr(hixl_last_error(), "target:") != NULL)
+    fail_msg("our own budget's error: %s", hixl_last_error());
+  hixl_disconnect(one);
+  hixl_disconnect(peers[2]);
+  hixl_ctx_destroy(small);
+  target_stop(&t);
+  hixl_ctx_destroy(ctx);
+  unsetenv("HIXL_VERBS_MAX_QPS");
+}
+
 /* ------------------------------------------- local memory that changes */
 
 /* Put len bytes from buf to the "alloc" region at 0 and check the target's
@@ -1010,7 +1118,8 @@ int main(int argc, char **argv)
       cmocka_unit_test(test_notif_order),   cmocka_unit_test(test_faa),
       cmocka_unit_test(test_cas_lock),      cmocka_unit_test(test_fence),
       cmocka_unit_test(test_connect_churn), cmocka_unit_test(test_world),
-      cmocka_unit_test(test_world_elastic), cmocka_unit_test(test_remap),
+      cmocka_unit_test(test_world_elastic), cmocka_unit_test(test_bounce_shared),
+      cmocka_unit_test(test_qp_budget),     cmocka_unit_test(test_remap),
       cmocka_unit_test(test_flood),         cmocka_unit_test(test_choice),
       cmocka_unit_test(test_sleep),         cmocka_unit_test(test_wake_peers),
   };

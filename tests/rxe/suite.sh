@@ -20,7 +20,7 @@ for c in "$@"; do
   esac
 done
 if [ $# -eq 0 ]; then
-  cases="put_get batch notif_order faa cas_lock fence connect_churn remap flood sleep"
+  cases="put_get batch notif_order faa cas_lock fence connect_churn remap flood sleep bounce_shared qp_budget"
   hostile="control-slowloris control-cap control-emfile verbs_data"
 fi
 fail=0
@@ -53,7 +53,7 @@ done
 if [ $# -eq 0 ]; then
   # Four QPs per peer: striped transfers and batches, notifications still in
   # order behind their data.
-  for c in batch notif_order flood; do
+  for c in batch notif_order flood bounce_shared; do
     run "$c+4qps" env HIXL_VERBS_QPS=4 "$build/tests/conformance" verbs "$c"
   done
   # QPs connected by librdmacm instead of in-band (one QP, then four).
