@@ -353,9 +353,9 @@ hixl_status_t hixl_notif_wait(hixl_ctx_t *ctx, hixl_notif_t *out, int timeout_ms
 hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char *rendezvous,
                                 hixl_world_t **world_p);
 /* The peer for rank (own rank: a self peer); NULL if out of range.  A rank
- * that is lost and has come back (below) gets a new peer: this returns it
- * from then on; the old one stays valid, answering PEER_LOST, until
- * hixl_world_destroy. */
+ * that is lost and has come back (below) gets a new peer once
+ * hixl_world_wait_rank has taken it: this returns it from then on; the old
+ * one stays valid, answering PEER_LOST, until hixl_world_destroy. */
 hixl_peer_t *hixl_world_peer(hixl_world_t *w, int rank);
 int hixl_world_rank(const hixl_world_t *w);
 int hixl_world_size(const hixl_world_t *w);
@@ -374,7 +374,11 @@ hixl_status_t hixl_world_exchange(hixl_world_t *w, hixl_mr_t *mr, hixl_rmr_t **r
  * which serves the rendezvous by listening, must stay up; through
  * torchrun's store any rank may come back (docs/world.md).  This waits up
  * to timeout_ms (< 0: forever) until rank has a peer that is up, and
- * returns it: at once when it is; when the rank came back, its new peer.
+ * returns it: at once when it is; when the rank came back, its new peer,
+ * which it takes into the world (the only call that does: every other rank
+ * calls it too, before the next barrier or exchange, so that they all pair
+ * with the newcomer from the same collective on).  Not during a barrier or
+ * exchange of another thread (it waits for it to end).
  * Errors: INVALID, TIMEOUT (still lost). */
 hixl_status_t hixl_world_wait_rank(hixl_world_t *w, int rank, int timeout_ms, hixl_peer_t **peer_p);
 void hixl_world_destroy(hixl_world_t *w);

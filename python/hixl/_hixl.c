@@ -2486,6 +2486,8 @@ static void world_close(WorldObject *w)
 {
   if (w->w == NULL)
     return;
+  if (w->ctx->ctx && world_sync(w) < 0) /* every current peer has its Peer: all forgotten below */
+    PyErr_Clear();
   hixl_world_t *hw = w->w;
   w->w = NULL;
   world_forget_peers(w, w->peers);

@@ -199,7 +199,9 @@ hixl_status_t hixl_disconnect(hixl_peer_t *peer)
     return hixl__err(HIXL_ERR_INVALID, "hixl_disconnect: %s peer",
                      peer == NULL ? "NULL" : "invalid or freed");
   hixl_ctx_t *ctx = peer->ctx;
-  if (atomic_load(&peer->state) == HIXL_PEER_UP && peer->fd >= 0) {
+  if (atomic_load(&peer->state) == HIXL_PEER_UP && !peer->self) {
+    /* hixl__send reads peer->fd under its send_lock: the control thread
+     * may be closing it right now (a peer lost meanwhile). */
     hixl_msg_t bye = {.type = HIXL_MSG_BYE};
     hixl__send(peer, &bye, NULL, 0);
   }

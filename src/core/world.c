@@ -70,12 +70,20 @@ struct hixl_world {
    * come back, served by the control thread (join_cb), with the table of
    * every rank's current address. */
   char (*addrs)[128];
+  char (*join_addr)[128];     /* what a rank that comes back said, until it connected */
+  pthread_mutex_t addrs_lock; /* addrs and join_addr: the control thread and refresh */
   int lfd, lslot;
+  /* A barrier or exchange is running (ctx->lock): no rank's peer is
+   * replaced meanwhile, so that it pairs with the same peers throughout. */
+  int in_coll;
   struct join_conn jc[WORLD_JOINS];
   uint64_t jseq;
 };
 
 #define LINE_MAX_ 256
+
+/* The tag in a world connection's HELLO: (world id, rank of the initiator). */
+static uint64_t tag_of(uint32_t id, int rank) { return (uint64_t)id << 32 | (uint32_t)(rank + 1); }
 
 static int ms_left(int64_t deadline)
 {
@@ -338,23 +346,37 @@ static void join_line(hixl_world_t *w, struct join_conn *c)
     join_close(w, c);
     return;
   }
+  /* Refused while rank r has a peer that is up here: its previous process
+   * (not found dead yet), or another process that already came back as r
+   * (so that two cannot both take its place).  Lock order: aux_lock, then
+   * ctx->lock (nothing takes aux_lock under ctx->lock). */
+  hixl_ctx_t *ctx = w->ctx;
+  bool taken = false;
+  pthread_mutex_lock(&ctx->lock);
   hixl_peer_t *cur = atomic_load(&w->peers[r]);
-  if (cur && atomic_load(&cur->state) == HIXL_PEER_UP) {
-    hixl_debug("world %08" PRIx32 ": rank %d asks to join again, its previous process is "
-               "still up",
-               w->id, r);
+  taken = cur && atomic_load(&cur->state) == HIXL_PEER_UP;
+  for (hixl_peer_t *p = ctx->peers; p && !taken; p = p->next)
+    taken = p->inbound && p->tag == tag_of(w->id, r) && atomic_load(&p->state) == HIXL_PEER_UP;
+  pthread_mutex_unlock(&ctx->lock);
+  if (taken) {
+    hixl_debug("world %08" PRIx32 ": rank %d asks to join, and it is up", w->id, r);
     join_close(w, c);
     return;
   }
-  snprintf(w->addrs[r], 128, "%s", addr);
   size_t cap = 64 + (size_t)w->size * 129, n;
   if ((c->out = malloc(cap)) == NULL) {
     join_close(w, c);
     return;
   }
+  /* Its own address in its slot; the table itself takes it only once the
+   * rank has connected (refresh_locked), so a join that never follows
+   * through leaves the others' view of rank r as it was. */
+  pthread_mutex_lock(&w->addrs_lock);
+  snprintf(w->join_addr[r], 128, "%s", addr);
   n = (size_t)snprintf(c->out, cap, "HIXLJ 1 %08" PRIx32 " %d\n", w->id, w->size);
   for (int k = 0; k < w->size; k++)
-    n += (size_t)snprintf(c->out + n, cap - n, "%s\n", w->addrs[k]);
+    n += (size_t)snprintf(c->out + n, cap - n, "%s\n", k == r ? addr : w->addrs[k]);
+  pthread_mutex_unlock(&w->addrs_lock);
   c->out_len = n;
   c->out_off = 0;
   hixl_info("world %08" PRIx32 ": rank %d comes back from %s", w->id, r, addr);
@@ -398,10 +420,13 @@ static void join_accept(hixl_world_t *w)
         /* Level-triggered: the listener would wake us at once, forever.
          * Coming back is no longer served; the world itself goes on. */
         char why[320];
-        hixl_warn("world %08" PRIx32 ": stops serving ranks that come back: %s", w->id,
-                  hixl__strerror_fd(errno, why, sizeof(why)));
+        hixl_warn("world %08" PRIx32 ": stops serving ranks that come back, and closes its "
+                  "rendezvous port: %s",
+                  w->id, hixl__strerror_fd(errno, why, sizeof(why)));
         hixl__ctl_aux_del_locked(w->ctx, w->lslot);
         w->lslot = -1;
+        close(w->lfd); /* refused at once, not left in the backlog */
+        w->lfd = -1;
       }
       return;
     }
@@ -618,29 +643,33 @@ static hixl_status_t rendezvous_store(hixl_world_t *w, const char *host, const c
   char(*keys)[STORE_KEY_CAP + 32] = NULL;
   const char **kp = NULL;
   char *table = NULL;
-  if ((st = hixl__store_add(s, key, 1, &gen, deadline)) != HIXL_OK)
-    goto out;
-  if (gen < 1 || gen > (1 << 30)) {
-    st = hixl__err(HIXL_ERR_TRANSPORT,
-                   "hixl_world_create: torch store at %s: counter \"%s\" "
-                   "is %" PRId64 ", not a world generation",
-                   store, key, gen);
-    goto out;
-  }
   /* The n-th world of a process is generation n (plus the offset below).
    * A count past that is a rank whose process was started again: its
    * predecessor's worlds are counted too.  It comes back into the latest
    * of them (the one running), and puts the count back, so that the next
-   * world it makes meets the others' next. */
+   * world it makes meets the others' next.  A new world is counted here
+   * whether or not it forms (the other ranks count theirs); a comeback
+   * only once it succeeded (a failed one put the count back: the next try
+   * is a comeback again).  Under the lock, the add too: another thread's
+   * world must not be taken for a comeback. */
   bool back = false;
+  int64_t local = 0;
   pthread_mutex_lock(&store_gen_lock);
-  int64_t local = ++store_worlds;
-  if (gen > local + store_offset) {
-    int64_t undo;
-    if ((st = hixl__store_add(s, key, -1, &undo, deadline)) == HIXL_OK) {
-      gen--;
-      store_offset = gen - local;
-      back = true;
+  if ((st = hixl__store_add(s, key, 1, &gen, deadline)) == HIXL_OK && (gen < 1 || gen > (1 << 30)))
+    st = hixl__err(HIXL_ERR_TRANSPORT,
+                   "hixl_world_create: torch store at %s: counter \"%s\" "
+                   "is %" PRId64 ", not a world generation",
+                   store, key, gen);
+  if (st == HIXL_OK) {
+    local = store_worlds + 1;
+    if (gen > local + store_offset) {
+      int64_t undo;
+      if ((st = hixl__store_add(s, key, -1, &undo, deadline)) == HIXL_OK) {
+        gen--;
+        back = true;
+      }
+    } else {
+      store_worlds = local;
     }
   }
   pthread_mutex_unlock(&store_gen_lock);
@@ -736,6 +765,12 @@ static hixl_status_t rendezvous_store(hixl_world_t *w, const char *host, const c
                      hixl__ctx_timeout(w->ctx), store, gen);
   }
 out:
+  if (back && st == HIXL_OK) {
+    pthread_mutex_lock(&store_gen_lock);
+    store_worlds = local;
+    store_offset = gen - local;
+    pthread_mutex_unlock(&store_gen_lock);
+  }
   if (st != HIXL_OK && strncmp(hixl_last_error(), "hixl_world_create", 17) != 0) {
     char why[512];
     snprintf(why, sizeof(why), "%s", hixl_last_error());
@@ -747,8 +782,6 @@ out:
   hixl__store_close(s);
   return st;
 }
-
-static uint64_t tag_of(uint32_t id, int rank) { return (uint64_t)id << 32 | (uint32_t)(rank + 1); }
 
 hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char *rendezvous,
                                 hixl_world_t **world_p)
@@ -820,6 +853,7 @@ hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char 
   w->rank = rank;
   w->size = size;
   w->lfd = w->lslot = -1;
+  pthread_mutex_init(&w->addrs_lock, NULL);
   for (int i = 0; i < WORLD_JOINS; i++)
     w->jc[i].fd = w->jc[i].slot = -1;
   int64_t deadline = hixl__deadline(hixl__ctx_timeout(ctx));
@@ -881,7 +915,8 @@ hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char 
     int fl = fcntl(w->lfd, F_GETFL);
     w->addrs = addrs;
     addrs = NULL;
-    if (fl < 0 || fcntl(w->lfd, F_SETFL, fl | O_NONBLOCK) != 0 ||
+    w->join_addr = calloc((size_t)size, 128);
+    if (w->join_addr == NULL || fl < 0 || fcntl(w->lfd, F_SETFL, fl | O_NONBLOCK) != 0 ||
         (w->lslot = hixl__ctl_aux_add(ctx, w->lfd, EPOLLIN, join_cb, w)) < 0) {
       hixl_warn("world %08" PRIx32 ": ranks that come back cannot be served (no room in the "
                 "control thread)",
@@ -900,13 +935,14 @@ hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char 
 }
 
 /* Rank j's peer is not up: take the connection of its new process, if it
- * came back (ctx->lock held).  The old peer stays valid (PEER_LOST) until
+ * came back (ctx->lock held; hixl_world_wait_rank only, never during a
+ * collective).  The old peer stays valid (PEER_LOST) until
  * hixl_world_destroy: the application may still hold it. */
 static void refresh_locked(hixl_world_t *w, int j)
 {
   hixl_ctx_t *ctx = w->ctx;
   hixl_peer_t *cur = atomic_load(&w->peers[j]);
-  if (j == w->rank || cur == NULL || atomic_load(&cur->state) == HIXL_PEER_UP)
+  if (w->in_coll || j == w->rank || cur == NULL || atomic_load(&cur->state) == HIXL_PEER_UP)
     return;
   hixl_peer_t *p;
   for (p = ctx->peers; p; p = p->next)
@@ -924,6 +960,12 @@ static void refresh_locked(hixl_world_t *w, int j)
     w->cap_gone = cap;
   }
   w->gone[w->n_gone++] = cur;
+  if (w->join_addr) { /* rank 0: the table now gives the rank's new address */
+    pthread_mutex_lock(&w->addrs_lock);
+    if (w->join_addr[j][0])
+      snprintf(w->addrs[j], 128, "%s", w->join_addr[j]);
+    pthread_mutex_unlock(&w->addrs_lock);
+  }
   hixl__peer_handed(p);
   w->bsent[j] = w->xsent[j] = 0;
   atomic_store(&w->peers[j], p);
@@ -934,14 +976,7 @@ hixl_peer_t *hixl_world_peer(hixl_world_t *w, int rank)
 {
   if (w == NULL || rank < 0 || rank >= w->size)
     return NULL;
-  hixl_peer_t *p = atomic_load(&w->peers[rank]);
-  if (p && atomic_load(&p->state) != HIXL_PEER_UP) {
-    pthread_mutex_lock(&w->ctx->lock);
-    refresh_locked(w, rank);
-    p = atomic_load(&w->peers[rank]);
-    pthread_mutex_unlock(&w->ctx->lock);
-  }
-  return p;
+  return atomic_load(&w->peers[rank]);
 }
 
 hixl_status_t hixl_world_wait_rank(hixl_world_t *w, int rank, int timeout_ms, hixl_peer_t **peer_p)
@@ -989,7 +1024,6 @@ static void broadcast(hixl_world_t *w, uint16_t type, const void *blob, uint32_t
       continue;
     hixl_msg_t m = {.type = type};
     pthread_mutex_lock(&ctx->lock);
-    refresh_locked(w, j);
     hixl_peer_t *p = atomic_load(&w->peers[j]);
     bool up = atomic_load(&p->state) == HIXL_PEER_UP;
     w->skipped[j] = !up;
@@ -1043,12 +1077,40 @@ static hixl_status_t wait_all(hixl_world_t *w, bool xchg, const char *what)
                    what, n_lost > 1 ? "s" : "", lost, n_lost > 1 ? "are" : "is");
 }
 
+/* A collective pairs with the same peers from its start to its end: a rank
+ * that came back is taken only by hixl_world_wait_rank, between
+ * collectives (in_coll holds it off meanwhile).  Taken on its own, at the
+ * start of whichever collective each rank happened to be in, it made the
+ * ranks disagree: one rank's exchange included the newcomer and went
+ * through, another's did not and reported the loss, and their next
+ * collectives no longer matched. */
+static void coll_begin(hixl_world_t *w)
+{
+  pthread_mutex_lock(&w->ctx->lock);
+  w->in_coll++;
+  pthread_mutex_unlock(&w->ctx->lock);
+}
+
+static hixl_status_t coll_end(hixl_world_t *w, hixl_status_t st)
+{
+  pthread_mutex_lock(&w->ctx->lock);
+  w->in_coll--;
+  pthread_mutex_unlock(&w->ctx->lock);
+  return st;
+}
+
+static hixl_status_t barrier_in(hixl_world_t *w)
+{
+  broadcast(w, HIXL_MSG_WORLD_BARRIER, NULL, 0);
+  return wait_all(w, false, "barrier");
+}
+
 hixl_status_t hixl_world_barrier(hixl_world_t *w)
 {
   if (w == NULL)
     return hixl__err(HIXL_ERR_INVALID, "hixl_world_barrier: NULL world");
-  broadcast(w, HIXL_MSG_WORLD_BARRIER, NULL, 0);
-  return wait_all(w, false, "barrier");
+  coll_begin(w);
+  return coll_end(w, barrier_in(w));
 }
 
 hixl_status_t hixl_world_exchange(hixl_world_t *w, hixl_mr_t *mr, hixl_rmr_t **rmrs)
@@ -1063,12 +1125,13 @@ hixl_status_t hixl_world_exchange(hixl_world_t *w, hixl_mr_t *mr, hixl_rmr_t **r
   hixl_status_t st = hixl_mr_pack(mr, blob, &len);
   if (st != HIXL_OK)
     return st;
+  coll_begin(w);
   broadcast(w, HIXL_MSG_WORLD_XCHG, blob, (uint32_t)len);
   if ((st = wait_all(w, true, "exchange")) != HIXL_OK) {
     char why[400];
     snprintf(why, sizeof(why), "%s", hixl_last_error());
-    hixl_world_barrier(w); /* in step with the ranks that got through */
-    return hixl__err(st, "%s", why);
+    barrier_in(w); /* in step with the ranks that got through */
+    return coll_end(w, hixl__err(st, "%s", why));
   }
   int j;
   for (j = 0; j < w->size && st == HIXL_OK; j++) {
@@ -1090,25 +1153,26 @@ hixl_status_t hixl_world_exchange(hixl_world_t *w, hixl_mr_t *mr, hixl_rmr_t **r
     snprintf(why, sizeof(why), "%s", hixl_last_error());
     for (int k = 0; k < j - 1; k++)
       hixl_rmr_release(rmrs[k]);
-    hixl_world_barrier(w); /* in step with the ranks that got through */
-    return hixl__err(st, "%s", why);
+    barrier_in(w); /* in step with the ranks that got through */
+    return coll_end(w, hixl__err(st, "%s", why));
   }
   /* Nobody may send the next exchange before everyone read this one. */
-  return hixl_world_barrier(w);
+  return coll_end(w, barrier_in(w));
 }
 
 void hixl_world_destroy(hixl_world_t *w)
 {
   if (w == NULL)
     return;
-  if (w->lfd >= 0) {
+  if (w->addrs) { /* rank 0 served joins: the control thread lets go first */
     pthread_mutex_lock(&w->ctx->aux_lock);
     hixl__ctl_aux_del_locked(w->ctx, w->lslot);
     for (int i = 0; i < WORLD_JOINS; i++)
       join_close(w, &w->jc[i]);
     pthread_mutex_unlock(&w->ctx->aux_lock);
-    close(w->lfd);
   }
+  if (w->lfd >= 0)
+    close(w->lfd);
   for (int j = 0; j < w->size; j++) {
     hixl_peer_t *p = atomic_load(&w->peers[j]);
     if (p)
@@ -1118,6 +1182,8 @@ void hixl_world_destroy(hixl_world_t *w)
     hixl_disconnect(w->gone[k]);
   free(w->gone);
   free(w->addrs);
+  free(w->join_addr);
+  pthread_mutex_destroy(&w->addrs_lock);
   free(w->bsent);
   free(w->xsent);
   free(w->skipped);

@@ -559,7 +559,12 @@ static int ew_rank(void *arg, int rank)
   if (rank > 0)
     ew_steps(ctx, w, rmrs[0], rank, 1, rank == 2 ? EW_STEPS : EW_STEPS / 2, rank == 2);
   /* Rank 2 died without entering this barrier: the others go through it
-   * together and are told. */
+   * together and are told.  Rank 1 comes late, so that rank 2's new
+   * process joins, and starts its exchange, while rank 0 waits in it: the
+   * newcomer must not be taken into a collective already running (rank 0
+   * then waited for its barrier while it waited for rank 0's exchange). */
+  if (rank == 1)
+    usleep(2000000);
   hixl_peer_t *old = hixl_world_peer(w, 2);
   EXPECT_ST(HIXL_ERR_PEER_LOST, hixl_world_barrier(w));
   if (strstr(hixl_last_error(), "rank 2 is lost") == NULL)
