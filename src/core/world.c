@@ -146,6 +146,35 @@ static bool addr_ok(const char *a)
   return true;
 }
 
+/* Rank 0's table: "<kind> 1 <world id> <size>", then one address per rank
+ * (rank `own`'s is own_addr when own >= 0), a line each; NUL-terminated.
+ * The answer of the listening rank 0 (kind HIXLW; HIXLJ to a rank that
+ * comes back), and the store's table. */
+static char *table_make(const hixl_world_t *w, const char *kind, char (*addrs)[128], int own,
+                        const char *own_addr, size_t *len_p)
+{
+  size_t cap = 64 + (size_t)w->size * 129, n;
+  char *t = malloc(cap);
+  if (t == NULL)
+    return NULL;
+  n = (size_t)snprintf(t, cap, "%s 1 %08" PRIx32 " %d\n", kind, w->id, w->size);
+  for (int r = 0; r < w->size; r++)
+    n += (size_t)snprintf(t + n, cap - n, "%s\n", r == own ? own_addr : addrs[r]);
+  *len_p = n;
+  return t;
+}
+
+/* An inbound peer that is up, tagged as rank j's connection to this
+ * world, other than `except` (ctx->lock held). */
+static hixl_peer_t *tagged_up_locked(const hixl_world_t *w, int j, const hixl_peer_t *except)
+{
+  for (hixl_peer_t *p = w->ctx->peers; p; p = p->next)
+    if (p != except && p->inbound && p->tag == tag_of(w->id, j) &&
+        atomic_load(&p->state) == HIXL_PEER_UP)
+      return p;
+  return NULL;
+}
+
 static hixl_status_t rendezvous_server(hixl_world_t *w, const char *host, const char *port,
                                        char (*addrs)[128], int64_t deadline)
 {
@@ -200,16 +229,13 @@ static hixl_status_t rendezvous_server(hixl_world_t *w, const char *host, const 
     joined++;
   }
   if (st == HIXL_OK) {
-    char head[64];
-    snprintf(head, sizeof(head), "HIXLW 1 %08" PRIx32 " %d\n", w->id, w->size);
-    for (int r = 1; r < w->size && st == HIXL_OK; r++) {
-      st = write_all(fds[r], head);
-      for (int k = 0; k < w->size && st == HIXL_OK; k++) {
-        char l[140];
-        snprintf(l, sizeof(l), "%s\n", addrs[k]);
-        st = write_all(fds[r], l);
-      }
-    }
+    size_t tlen;
+    char *table = table_make(w, "HIXLW", addrs, -1, NULL, &tlen);
+    if (table == NULL)
+      st = hixl__err(HIXL_ERR_NOMEM, "hixl_world_create: no memory");
+    for (int r = 1; r < w->size && st == HIXL_OK; r++)
+      st = write_all(fds[r], table);
+    free(table);
   }
   for (int r = 1; fds && r < w->size; r++)
     if (fds[r])
@@ -351,20 +377,13 @@ static void join_line(hixl_world_t *w, struct join_conn *c)
    * (so that two cannot both take its place).  Lock order: aux_lock, then
    * ctx->lock (nothing takes aux_lock under ctx->lock). */
   hixl_ctx_t *ctx = w->ctx;
-  bool taken = false;
   pthread_mutex_lock(&ctx->lock);
   hixl_peer_t *cur = atomic_load(&w->peers[r]);
-  taken = cur && atomic_load(&cur->state) == HIXL_PEER_UP;
-  for (hixl_peer_t *p = ctx->peers; p && !taken; p = p->next)
-    taken = p->inbound && p->tag == tag_of(w->id, r) && atomic_load(&p->state) == HIXL_PEER_UP;
+  bool taken =
+      (cur && atomic_load(&cur->state) == HIXL_PEER_UP) || tagged_up_locked(w, r, NULL) != NULL;
   pthread_mutex_unlock(&ctx->lock);
   if (taken) {
     hixl_debug("world %08" PRIx32 ": rank %d asks to join, and it is up", w->id, r);
-    join_close(w, c);
-    return;
-  }
-  size_t cap = 64 + (size_t)w->size * 129, n;
-  if ((c->out = malloc(cap)) == NULL) {
     join_close(w, c);
     return;
   }
@@ -373,11 +392,12 @@ static void join_line(hixl_world_t *w, struct join_conn *c)
    * through leaves the others' view of rank r as it was. */
   pthread_mutex_lock(&w->addrs_lock);
   snprintf(w->join_addr[r], 128, "%s", addr);
-  n = (size_t)snprintf(c->out, cap, "HIXLJ 1 %08" PRIx32 " %d\n", w->id, w->size);
-  for (int k = 0; k < w->size; k++)
-    n += (size_t)snprintf(c->out + n, cap - n, "%s\n", k == r ? addr : w->addrs[k]);
+  c->out = table_make(w, "HIXLJ", w->addrs, r, addr, &c->out_len);
   pthread_mutex_unlock(&w->addrs_lock);
-  c->out_len = n;
+  if (c->out == NULL) {
+    join_close(w, c);
+    return;
+  }
   c->out_off = 0;
   hixl_info("world %08" PRIx32 ": rank %d comes back from %s", w->id, r, addr);
   join_write(w, c);
@@ -514,20 +534,6 @@ static bool missing_ranks(hixl_store_t *s, const char *base, int size, int self,
   if (more && n < cap)
     snprintf(out + n, cap - n, " and %d more", more);
   return true;
-}
-
-/* Rank 0's table: exactly what the listening rank 0 answers each rank. */
-static char *table_make(const hixl_world_t *w, char (*addrs)[128], size_t *len_p)
-{
-  size_t cap = 64 + (size_t)w->size * 129, n;
-  char *t = malloc(cap);
-  if (t == NULL)
-    return NULL;
-  n = (size_t)snprintf(t, cap, "HIXLW 1 %08" PRIx32 " %d\n", w->id, w->size);
-  for (int r = 0; r < w->size; r++)
-    n += (size_t)snprintf(t + n, cap - n, "%s\n", addrs[r]);
-  *len_p = n;
-  return t;
 }
 
 /* Parse the table (untrusted: it came through the store) strictly.  With
@@ -728,7 +734,7 @@ static hixl_status_t rendezvous_store(hixl_world_t *w, const char *host, const c
       st = get_addr(s, w, base, r, addrs[r], deadline);
     if (st == HIXL_OK) {
       snprintf(addrs[0], 128, "%s", hixl_ctx_address(w->ctx));
-      if ((table = table_make(w, addrs, &tlen)) == NULL) {
+      if ((table = table_make(w, "HIXLW", addrs, -1, NULL, &tlen)) == NULL) {
         st = hixl__err(HIXL_ERR_NOMEM, "hixl_world_create: no memory");
         goto out;
       }
@@ -893,10 +899,7 @@ hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char 
   if (st == HIXL_OK && !w->joined && rank + 1 < size) {
     pthread_mutex_lock(&ctx->lock);
     for (int j = rank + 1; j < size && st == HIXL_OK;) {
-      hixl_peer_t *p;
-      for (p = ctx->peers; p; p = p->next)
-        if (p->inbound && p->tag == tag_of(w->id, j) && atomic_load(&p->state) == HIXL_PEER_UP)
-          break;
+      hixl_peer_t *p = tagged_up_locked(w, j, NULL);
       if (p) {
         hixl__peer_handed(p);
         atomic_store(&w->peers[j++], p);
@@ -940,15 +943,10 @@ hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char 
  * hixl_world_destroy: the application may still hold it. */
 static void refresh_locked(hixl_world_t *w, int j)
 {
-  hixl_ctx_t *ctx = w->ctx;
   hixl_peer_t *cur = atomic_load(&w->peers[j]);
   if (w->in_coll || j == w->rank || cur == NULL || atomic_load(&cur->state) == HIXL_PEER_UP)
     return;
-  hixl_peer_t *p;
-  for (p = ctx->peers; p; p = p->next)
-    if (p != cur && p->inbound && p->tag == tag_of(w->id, j) &&
-        atomic_load(&p->state) == HIXL_PEER_UP)
-      break;
+  hixl_peer_t *p = tagged_up_locked(w, j, cur);
   if (p == NULL)
     return;
   if (w->n_gone == w->cap_gone) {
