@@ -67,15 +67,14 @@ void hixl__ctl_watch_tp(hixl_ctx_t *ctx, int id);
 /* Hand fd to the control thread: cb(arg, fd, events) runs there on its
  * events (epoll's, level-triggered), without ctx->lock, with ctx->aux_lock
  * held.  Returns the slot, or -1 when all HIXL_AUX_MAX are taken.  The
- * _locked forms are for callbacks (aux_lock already held).  del takes the
- * slot out (it does not close fd); once it returns, cb is never called
- * for it again. */
+ * _locked forms are for callbacks and for whoever takes aux_lock itself to
+ * remove its slots (del: out of epoll, fd not closed; once aux_lock is
+ * released, cb is never called for the slot again). */
 int hixl__ctl_aux_add(hixl_ctx_t *ctx, int fd, uint32_t events,
                       void (*cb)(void *arg, int fd, uint32_t events), void *arg);
 int hixl__ctl_aux_add_locked(hixl_ctx_t *ctx, int fd, uint32_t events,
                              void (*cb)(void *arg, int fd, uint32_t events), void *arg);
 void hixl__ctl_aux_mod_locked(hixl_ctx_t *ctx, int slot, uint32_t events);
-void hixl__ctl_aux_del(hixl_ctx_t *ctx, int slot);
 void hixl__ctl_aux_del_locked(hixl_ctx_t *ctx, int slot);
 hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeout_ms, uint64_t tag,
                                    hixl_peer_t **peer_p);

@@ -766,12 +766,18 @@ static void housekeeping_locked(hixl_ctx_t *ctx, int64_t now, bool full)
 
 /* An epoll event's pointer is a peer's (NULL: handled already), not one of
  * the context's own fds. */
+/* One of ctx->aux's slots (epoll's data.ptr for them). */
+static bool is_aux_event(const hixl_ctx_t *ctx, const void *ptr)
+{
+  return (const struct hixl_aux *)ptr >= ctx->aux &&
+         (const struct hixl_aux *)ptr < ctx->aux + HIXL_AUX_MAX;
+}
+
 static bool is_peer_event(const hixl_ctx_t *ctx, const void *ptr)
 {
   return ptr != NULL && ptr != &ctx->listen_fd && ptr != &ctx->unix_fd && ptr != &ctx->wake_fd &&
          !((const int *)ptr >= ctx->tp_fd && (const int *)ptr < ctx->tp_fd + HIXL_TP_MAX) &&
-         !((const struct hixl_aux *)ptr >= ctx->aux &&
-           (const struct hixl_aux *)ptr < ctx->aux + HIXL_AUX_MAX);
+         !is_aux_event(ctx, ptr);
 }
 
 /* ------------------------------------------------------------ aux fds */
@@ -821,13 +827,6 @@ void hixl__ctl_aux_del_locked(hixl_ctx_t *ctx, int slot)
   ctx->aux[slot].fd = -1;
 }
 
-void hixl__ctl_aux_del(hixl_ctx_t *ctx, int slot)
-{
-  pthread_mutex_lock(&ctx->aux_lock);
-  hixl__ctl_aux_del_locked(ctx, slot);
-  pthread_mutex_unlock(&ctx->aux_lock);
-}
-
 /* An aux slot's event: a stale one (the slot emptied, or taken again, since
  * epoll reported it) reaches nobody or a callback that finds nothing to do. */
 static void aux_event(hixl_ctx_t *ctx, struct hixl_aux *a, uint32_t events)
@@ -874,8 +873,7 @@ static void *ctl_main(void *arg)
             uint64_t v;
             ssize_t r = read(ctx->wake_fd, &v, sizeof(v));
             (void)r;
-          } else if ((struct hixl_aux *)ptr >= ctx->aux &&
-                     (struct hixl_aux *)ptr < ctx->aux + HIXL_AUX_MAX) {
+          } else if (is_aux_event(ctx, ptr)) {
             aux_event(ctx, ptr, evs[i].events);
           } /* a transport's fd: handled below, with the periodic tick */
           continue;
