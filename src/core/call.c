@@ -283,10 +283,11 @@ hixl_status_t hixl__call(hixl_peer_t *peer, hixl_msg_t *m, uint16_t reply_type, 
     if (!pd.done)
       st = hixl__err(HIXL_ERR_TIMEOUT, "peer %s: no reply to %s in time", peer->name,
                      hixl_wire_type_name(m->type));
-    else if (pd.status == HIXL_ERR_PEER_LOST)
-      st = hixl__err(HIXL_ERR_PEER_LOST, "peer %s lost while waiting for %s", peer->name,
-                     hixl_wire_type_name(reply_type));
-    else
+    else if (pd.status == HIXL_ERR_PEER_LOST) {
+      char fn[64];
+      snprintf(fn, sizeof(fn), "waiting for %s", hixl_wire_type_name(reply_type));
+      st = hixl__peer_state_err(fn, peer, NULL);
+    } else
       st = pd.status;
   }
   if (!pd.done)

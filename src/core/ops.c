@@ -16,8 +16,7 @@ static inline hixl_status_t check_peer(const char *fn, hixl_peer_t *peer)
   if (hixl_unlikely(peer == NULL || peer->magic != HIXL_MAGIC_PEER))
     return hixl__err(HIXL_ERR_INVALID, "%s: %s peer", fn, peer == NULL ? "NULL" : "invalid");
   if (hixl_unlikely(atomic_load_explicit(&peer->state, memory_order_acquire) != HIXL_PEER_UP))
-    return hixl__err(HIXL_ERR_PEER_LOST, "%s: peer %s is %s", fn, peer->name,
-                     atomic_load(&peer->state) == HIXL_PEER_CLOSED ? "disconnected" : "lost");
+    return hixl__peer_state_err(fn, peer, NULL);
   return HIXL_OK;
 }
 

@@ -119,10 +119,36 @@ void hixl__peer_free(hixl_peer_t *p)
   free(p);
 }
 
+/* Keep the first reason a peer ended for, so that every later PEER_LOST
+ * says it (the info-level log line is usually off). */
+static void note_why(hixl_peer_t *p, const char *why)
+{
+  bool no = false;
+  if (why == NULL || !atomic_compare_exchange_strong(&p->why_claimed, &no, true))
+    return;
+  snprintf(p->lost_why, sizeof(p->lost_why), "%s", why);
+  atomic_store_explicit(&p->why_ready, true, memory_order_release);
+}
+
+const char *hixl__peer_why(hixl_peer_t *p)
+{
+  return atomic_load_explicit(&p->why_ready, memory_order_acquire) ? p->lost_why : NULL;
+}
+
+hixl_status_t hixl__peer_state_err(const char *fn, hixl_peer_t *p, const char *tail)
+{
+  const char *why = hixl__peer_why(p);
+  bool closed = atomic_load(&p->state) == HIXL_PEER_CLOSED;
+  return hixl__err(HIXL_ERR_PEER_LOST, "%s: peer %s is %s%s%s%s%s", fn, p->name,
+                   closed ? "disconnected" : "lost", why ? " (" : "", why ? why : "",
+                   why ? ")" : "", tail ? tail : "");
+}
+
 void hixl__peer_lost_async(hixl_peer_t *p, const char *why)
 {
   int up = HIXL_PEER_UP;
   if (atomic_compare_exchange_strong(&p->state, &up, HIXL_PEER_LOST)) {
+    note_why(p, why);
     hixl_info("peer %s lost: %s", p->name, why);
     atomic_store(&p->ctx->hk_due, true);
     hixl__wake(p->ctx);         /* the control thread fails its pending calls */
@@ -153,6 +179,7 @@ void hixl__peer_fail_locked(hixl_peer_t *p, int state, const char *why)
   int old = atomic_load(&p->state);
   if (old == HIXL_PEER_LOST || old == HIXL_PEER_CLOSED)
     return;
+  note_why(p, why);
   atomic_store(&p->state, state);
   p->lost_ns = hixl__now_ns();
   if (!p->unix_pending && old == HIXL_PEER_UP)

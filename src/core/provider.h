@@ -442,6 +442,10 @@ struct hixl_peer {
   uint8_t hs_stage;
   uint8_t auth_nonce[64];
   char name[96]; /* for messages: "host:port" or "inbound #n" */
+  /* Why it was lost, for the PEER_LOST of later calls: written once by the
+   * first to claim why_claimed, readable once why_ready is set (release). */
+  char lost_why[96];
+  atomic_bool why_claimed, why_ready;
 
   /* Operations issued / completed, for hixl_fence.  Completions of one peer
    * arrive in issue order (control channel FIFO), so completed >= n means the
@@ -649,6 +653,11 @@ void hixl__peer_fail_locked(hixl_peer_t *peer, int state, const char *why);
 /* Mark a peer lost from a thread that may not take ctx->lock (completion
  * polling); the control thread fails what waits on it. */
 void hixl__peer_lost_async(hixl_peer_t *peer, const char *why);
+/* Why peer was lost or closed (its first reason), or NULL if not known. */
+const char *hixl__peer_why(hixl_peer_t *peer);
+/* PEER_LOST for a call fn on a peer that is not up: "fn: peer X is lost
+ * (why)tail", or "disconnected". */
+hixl_status_t hixl__peer_state_err(const char *fn, hixl_peer_t *peer, const char *tail);
 void hixl__wake(hixl_ctx_t *ctx);
 int hixl__ctx_timeout(const hixl_ctx_t *ctx);
 /* A peer silent for max(timeout_ms, this) is lost (ctl.c: liveness_ms). */

@@ -227,8 +227,7 @@ static hixl_status_t fence_peer(hixl_peer_t *p, int64_t deadline, bool report_lo
         return HIXL_OK;
       p->fence_acked = issued;
     }
-    return hixl__err(HIXL_ERR_PEER_LOST, "hixl_fence: peer %s is %s; cannot confirm delivery",
-                     p->name, state == HIXL_PEER_CLOSED ? "disconnected" : "lost");
+    return hixl__peer_state_err("hixl_fence", p, "; cannot confirm delivery");
   }
   if (wst != HIXL_OK)
     return hixl__err(HIXL_ERR_TIMEOUT, "hixl_fence: %llu operations to %s still in flight",

@@ -162,9 +162,8 @@ static void wait_finished(fab_ctx_t *fc, hixl_peer_t *peer, uint64_t seen, int64
         break;                                                                                     \
       wait_finished(fc, peer, seen_, dl_);                                                         \
     }                                                                                              \
-    rc_ == 0 ? HIXL_OK                                                                             \
-    : atomic_load(&(peer)->state) != HIXL_PEER_UP                                                  \
-        ? hixl__err(HIXL_ERR_PEER_LOST, "fabric: peer %s lost", (peer)->name)                      \
+    rc_ == 0                                      ? HIXL_OK                                        \
+    : atomic_load(&(peer)->state) != HIXL_PEER_UP ? hixl__peer_state_err("fabric", (peer), NULL)   \
     : rc_ == -FI_EAGAIN ? hixl__err(HIXL_ERR_AGAIN, "fabric: %s: queues full for %d ms", what,     \
                                     hixl__ctx_timeout((peer)->ctx))                                \
                         : hixl__fab_err(HIXL_ERR_TRANSPORT, what, rc_);                            \
@@ -282,7 +281,7 @@ static hixl_status_t wait_quiet(hixl_peer_t *peer, fab_peer_t *fp)
   if (atomic_load(&fp->outstanding) == 0)
     return HIXL_OK;
   if (atomic_load(&peer->state) != HIXL_PEER_UP)
-    return hixl__err(HIXL_ERR_PEER_LOST, "fabric: peer %s lost", peer->name);
+    return hixl__peer_state_err("fabric", peer, NULL);
   return hixl__err(HIXL_ERR_TIMEOUT, "fabric: operations to %s did not complete in %d ms",
                    peer->name, hixl__ctx_timeout(peer->ctx));
 }

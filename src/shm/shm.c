@@ -1037,7 +1037,7 @@ static hixl_status_t shm_atomic(hixl_peer_t *peer, hixl_rmr_t *r, uint64_t off, 
   if (!inflight_room(peer)) {
     hixl__wait(peer->ctx, hixl__deadline(hixl__ctx_timeout(peer->ctx)), 0, inflight_room_fn, peer);
     if (atomic_load(&peer->state) != HIXL_PEER_UP)
-      return hixl__err(HIXL_ERR_PEER_LOST, "shm: peer %s lost", peer->name);
+      return hixl__peer_state_err("shm", peer, NULL);
     if (!inflight_room(peer))
       return hixl__err(HIXL_ERR_AGAIN, "shm: %d atomics to %s in flight for %d ms",
                        SHM_MAX_INFLIGHT, peer->name, hixl__ctx_timeout(peer->ctx));

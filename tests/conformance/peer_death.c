@@ -88,7 +88,12 @@ static void kill_during_puts(const char *region)
   if (gst != HIXL_ERR_PEER_LOST)
     fail_msg("get after loss: %s (%s)", hixl_strerror(gst), hixl_last_error());
   assert_int_equal(hixl_notify(peer, 1, 0, NULL), HIXL_ERR_PEER_LOST);
+  /* Every later PEER_LOST says why the peer was lost, not only that it is. */
+  if (strstr(hixl_last_error(), " is lost (") == NULL)
+    fail_msg("no reason in: %s", hixl_last_error());
   assert_int_equal(hixl_fence(ctx, peer, TIMEOUT_MS), HIXL_ERR_PEER_LOST);
+  if (strstr(hixl_last_error(), " is lost (") == NULL)
+    fail_msg("no reason in: %s", hixl_last_error());
   assert_int_equal(hixl_fence(ctx, NULL, TIMEOUT_MS), HIXL_ERR_PEER_LOST);
   hixl_rmr_t *r2;
   assert_int_equal(hixl_rmr_lookup(peer, "alloc", 100, &r2), HIXL_ERR_PEER_LOST);
@@ -168,6 +173,12 @@ static void test_frozen_peer_heartbeat(void **state)
   double ms = stream_until_lost(peer, rmr, &t, SIGSTOP);
   printf("# frozen peer: PEER_LOST %.1f ms after SIGSTOP (timeout %d ms)\n", ms, TIMEOUT_MS);
   assert_non_null(strstr(hixl_last_error(), "lost"));
+  /* Its reason is the silence (shm: its turn counter, or heartbeats). */
+  uint8_t b1[8] = {0};
+  assert_int_equal(hixl_put(peer, b1, 8, rmr, 0, 0, NULL), HIXL_ERR_PEER_LOST);
+  if (strstr(hixl_last_error(), " is lost (") == NULL)
+    fail_msg("no reason in: %s", hixl_last_error());
+  printf("# %s\n", hixl_last_error());
   kill(t.pid, SIGKILL);
   still_serves(ctx);
   hixl_rmr_release(rmr);
