@@ -100,6 +100,86 @@ static void sigs_restore(const struct sigaction *old)
     sigaction(kept_sigs[i], &old[i], NULL);
 }
 
+/* rxm sizes its buffer pools from the environment only, read once, when
+ * libfabric initialises its providers (the first fi_getinfo of the
+ * process; the fi_info hints do not reach them), and libfabric's defaults
+ * cost 64 MB per context at set-up and 17.7 MB per connection at its first
+ * operation (docs/scale.md):
+ *   FI_OFI_RXM_MSG_RX_SIZE, 4,096: buffers posted to the shared receive
+ *     context.  Local: peers do not depend on it.
+ *   FI_OFI_RXM_BUFFER_SIZE, 16 KiB: each buffer, and rxm's eager limit.
+ *     The transmit pool grows by 1,024 of them at a connection's first
+ *     send.  hixl's messages are FAB_MSG_SIZE bytes and its RMA does not
+ *     go through these buffers, so 1 KiB is plenty.  Both sides must agree
+ *     (rxm rejects a connection whose eager limit differs), so the bind
+ *     carries it and a mismatch fails the connect saying so.
+ * A variable the user set wins. */
+static const char *const rxm_sized[] = {"FI_OFI_RXM_MSG_RX_SIZE=256",
+                                        "FI_OFI_RXM_BUFFER_SIZE=1024"};
+#define N_SIZED (sizeof(rxm_sized) / sizeof(rxm_sized[0]))
+/* Never freed: another thread's getenv may still walk it after we put the
+ * original back (a static keeps it reachable for leak checkers). */
+static char **env_sized;
+/* The buffer size rxm was initialised with, as rxm reads it (rxm_init.c:
+ * strtol base 0, capped at INT32_MAX; 16 KiB unset). */
+static uint32_t rxm_buf_size = 16384;
+
+static void rxm_note_buf_size(void)
+{
+  const char *v = getenv("FI_OFI_RXM_BUFFER_SIZE");
+  if (v == NULL)
+    return;
+  long n = strtol(v, NULL, 0);
+  rxm_buf_size = (size_t)n > INT32_MAX ? INT32_MAX : (uint32_t)n;
+}
+
+static int getinfo_keep_signals(struct fi_info *hints, struct fi_info **info);
+
+/* Not setenv: that may free the array another thread's getenv walks.
+ * Publish a longer copy with one store, and put the original back after
+ * the providers are initialised, so that child processes do not inherit
+ * our sizes.  If someone changed environ meanwhile, theirs stays (it then
+ * carries our variables too). */
+static void rxm_init_sized(void)
+{
+  char **old = environ;
+  size_t n = 0, add = 0;
+  while (old != NULL && old[n] != NULL)
+    n++;
+  char **e = malloc((n + N_SIZED + 1) * sizeof(*e));
+  if (e != NULL) {
+    if (n)
+      memcpy(e, old, n * sizeof(*e));
+    for (size_t i = 0; i < N_SIZED; i++) {
+      char name[64];
+      size_t len = strcspn(rxm_sized[i], "=");
+      snprintf(name, sizeof(name), "%.*s", (int)len, rxm_sized[i]);
+      if (getenv(name) == NULL)
+        e[n + add++] = (char *)rxm_sized[i];
+    }
+    e[n + add] = NULL;
+    if (add == 0) {
+      free(e);
+      e = NULL;
+    } else {
+      env_sized = e;
+      __atomic_store_n(&environ, e, __ATOMIC_RELEASE);
+    }
+  }
+  rxm_note_buf_size(); /* what the providers see now */
+  /* fi_ini, and nothing else: no provider has this name. */
+  struct fi_info *h = fi_allocinfo(), *info = NULL;
+  if (h != NULL && (h->fabric_attr->prov_name = strdup("hixl-init")) != NULL &&
+      getinfo_keep_signals(h, &info) == 0)
+    fi_freeinfo(info);
+  if (h != NULL)
+    fi_freeinfo(h);
+  if (e != NULL)
+    __atomic_compare_exchange_n(&environ, &e, old, false, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+  /* Without memory for the copy or the hints, libfabric initialises at the
+   * first real fi_getinfo with its own sizes: dearer, not wrong. */
+}
+
 hixl_fab_lib_t hixl__fab_lib;
 static pthread_once_t fab_lib_once = PTHREAD_ONCE_INIT;
 static char fab_lib_error[256];
@@ -131,6 +211,7 @@ static void fab_lib_load_once(void)
     return;
   }
   hixl__fab_lib = l; /* the handle stays open for the life of the process */
+  rxm_init_sized();
 }
 
 /* Load libfabric once per process; NO_DEVICE (saying why) without it. */
@@ -327,6 +408,7 @@ static hixl_status_t fab_ctx_init(hixl_ctx_t *ctx)
   pthread_mutex_init(&fc->op_lock, NULL);
   pthread_rwlock_init(&fc->lreg_lock, NULL);
   snprintf(fc->prov, sizeof(fc->prov), "%s", info->fabric_attr->prov_name);
+  fc->rxm_buf = strstr(fc->prov, "ofi_rxm") != NULL ? rxm_buf_size : 0;
   fc->mr_mode = info->domain_attr->mr_mode;
   fc->virt_addr = fc->mr_mode & (FI_MR_VIRT_ADDR | FI_MR_BASIC);
   fc->prov_key = fc->mr_mode & (FI_MR_PROV_KEY | FI_MR_BASIC);
@@ -646,6 +728,22 @@ static hixl_status_t attach_peer(hixl_peer_t *peer, const uint8_t *blob, size_t 
   return HIXL_OK;
 }
 
+/* rxm refuses a connection between endpoints of different eager limits
+ * and then leaves every operation queued until it times out as "queues
+ * full": say so at the bind instead.  A peer that sent 0 is not rxm (the
+ * provider names already matched) or a hixl before this check. */
+static bool rxm_buf_agrees(const fab_ctx_t *fc, uint64_t theirs, const char *us, const char *them,
+                           char *why, size_t len)
+{
+  if (theirs == 0 || fc->rxm_buf == 0 || theirs == fc->rxm_buf)
+    return true;
+  snprintf(why, len,
+           "rxm buffer size %u %s, %llu %s: set FI_OFI_RXM_BUFFER_SIZE the same on both sides (or "
+           "on neither)",
+           fc->rxm_buf, us, (unsigned long long)theirs, them);
+  return false;
+}
+
 static hixl_status_t fab_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64_t deadline)
 {
   (void)ack;
@@ -655,6 +753,7 @@ static hixl_status_t fab_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64
   uint64_t rx_cookie = hixl__fab_rand64();
   m.blob_len = (uint32_t)blob_with_cookie(m.blob, fc, rx_cookie);
   HIXL_MSG_AS(fab_bind_msg_t, &m)->ctx_id = peer->ctx->id;
+  HIXL_MSG_AS(fab_bind_msg_t, &m)->rxm_buf = fc->rxm_buf;
   hixl_status_t st = hixl__send(peer, &m, NULL, 0);
   if (st == HIXL_OK)
     st = hixl__peer_recv_sync(peer, &r, deadline);
@@ -666,6 +765,10 @@ static hixl_status_t fab_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64
                          : HIXL_ERR_TRANSPORT,
                      "fabric: %s refused our endpoint (%s%s%s)", peer->name,
                      hixl_strerror(r.status), r.str[0][0] ? ": " : "", r.str[0]);
+  char why[HIXL_WIRE_STR];
+  if (!rxm_buf_agrees(fc, HIXL_MSG_AS(fab_bind_msg_t, &r)->rxm_buf, "here", "there", why,
+                      sizeof(why)))
+    return hixl__err(HIXL_ERR_UNSUPPORTED, "fabric: cannot connect to %s: %s", peer->name, why);
   return attach_peer(peer, r.blob, r.blob_len, rx_cookie);
 }
 
@@ -681,6 +784,12 @@ static void fab_accept(hixl_peer_t *peer, const hixl_msg_t *m, int *fds, int nfd
     snprintf(out->str[0], sizeof(out->str[0]), "provider %s here, %s there", fc->prov, m->str[0]);
     return;
   }
+  if (!rxm_buf_agrees(fc, HIXL_MSG_AS(fab_bind_msg_t, m)->rxm_buf, "at the target",
+                      "at the initiator", out->str[0], sizeof(out->str[0]))) {
+    out->status = HIXL_ERR_UNSUPPORTED;
+    hixl_warn("fabric: refused %s: %s", peer->name, out->str[0]);
+    return;
+  }
   uint64_t rx_cookie = hixl__fab_rand64();
   hixl_status_t st = attach_peer(peer, m->blob, m->blob_len, rx_cookie);
   out->status = st;
@@ -689,6 +798,7 @@ static void fab_accept(hixl_peer_t *peer, const hixl_msg_t *m, int *fds, int nfd
     return;
   }
   snprintf(out->str[0], sizeof(out->str[0]), "%s", fc->prov);
+  HIXL_MSG_AS(fab_bind_msg_t, out)->rxm_buf = fc->rxm_buf;
   out->blob_len = (uint32_t)blob_with_cookie(out->blob, fc, rx_cookie);
 }
 

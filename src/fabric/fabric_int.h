@@ -27,8 +27,9 @@ extern const hixl_transport_ops_t hixl__fabric_ops;
 
 /* The bind (TP_BIND / TP_BIND_REPLY) as fabric reads it: str[0] the
  * provider (the reply: or why not), blob the endpoint name (fi_getname);
- * the request's ctx_id: the initiator's context id. */
-typedef HIXL_MSG_VIEW(p0, p1, p2, ctx_id, q1, q2, q3, q4) fab_bind_msg_t;
+ * the request's ctx_id: the initiator's context id; rxm_buf: the sender's
+ * rxm buffer size (0: not rxm, or a hixl that did not send it). */
+typedef HIXL_MSG_VIEW(p0, p1, p2, ctx_id, rxm_buf, q2, q3, q4) fab_bind_msg_t;
 
 /* libfabric is loaded at run time (fab_lib_load in fabric.c), not linked:
  * Debian's libfabric links PSM's libinfinipath, whose constructor installs
@@ -94,6 +95,7 @@ typedef struct fab_ctx {
   struct fid_av *av;
   struct fid_cq *cq; /* sends, RMA and receives */
   char prov[64];
+  uint32_t rxm_buf; /* rxm's buffer size (eager limit); 0: not an rxm provider */
   uint8_t addr[FAB_ADDR_MAX];
   size_t addrlen;
   uint64_t mr_mode;
