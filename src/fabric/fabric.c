@@ -119,7 +119,7 @@ static const char *const rxm_sized[] = {"FI_OFI_RXM_MSG_RX_SIZE=256",
 #define N_SIZED (sizeof(rxm_sized) / sizeof(rxm_sized[0]))
 /* Never freed: another thread's getenv may still walk it after we put the
  * original back (a static keeps it reachable for leak checkers). */
-static char **env_sized;
+static char **volatile env_sized; /* volatile: written only, kept */
 /* The buffer size rxm was initialised with, as rxm reads it (rxm_init.c:
  * strtol base 0, capped at INT32_MAX; 16 KiB unset). */
 static uint32_t rxm_buf_size = 16384;
