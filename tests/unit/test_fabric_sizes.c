@@ -50,6 +50,19 @@ static long rss_kib(void)
   return v;
 }
 
+/* Read len bytes, or until EOF; how many came. */
+static size_t read_full(int fd, void *buf, size_t len)
+{
+  size_t got = 0;
+  while (got < len) {
+    ssize_t n = read(fd, (char *)buf + got, len - got);
+    if (n <= 0)
+      break;
+    got += (size_t)n;
+  }
+  return got;
+}
+
 static void set_sizes(const char *user_buf, const char *user_rx)
 {
   unsetenv("FI_OFI_RXM_BUFFER_SIZE");
@@ -99,13 +112,7 @@ static pid_t target_child(const char *user_buf, char *addr, size_t len, int *hol
   close(a[1]);
   close(h[0]);
   char in[128] = "";
-  size_t got = 0;
-  while (got < sizeof(in)) {
-    ssize_t n = read(a[0], in + got, sizeof(in) - got);
-    if (n <= 0)
-      break;
-    got += (size_t)n;
-  }
+  read_full(a[0], in, sizeof(in));
   close(a[0]);
   in[sizeof(in) - 1] = 0;
   if (in[0] == 0)
@@ -163,13 +170,7 @@ static report_t run_child_to(const char *user_buf, const char *user_rx, const ch
   }
   close(pfd[1]);
   report_t r;
-  size_t got = 0;
-  while (got < sizeof(r)) {
-    ssize_t n = read(pfd[0], (char *)&r + got, sizeof(r) - got);
-    if (n <= 0)
-      break;
-    got += (size_t)n;
-  }
+  size_t got = read_full(pfd[0], &r, sizeof(r));
   close(pfd[0]);
   int ws = 0;
   waitpid(pid, &ws, 0);
