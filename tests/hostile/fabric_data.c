@@ -105,6 +105,9 @@ static void hex(char *dst, const uint8_t *p, size_t n)
     sprintf(dst + 2 * i, "%02x", p[i]);
 }
 
+/* The attacker's FI_OFI_RXM_BUFFER_SIZE when not hixl's (NULL: hixl's). */
+static const char *attacker_rxm_buf;
+
 /* Run the attacker (this program as "attacker ...") while the legitimate
  * peer keeps using the target; returns its stdout, asserts it ran. */
 static void run_attacker(char *const *args, char *out, size_t outsz, unsigned *rounds)
@@ -117,6 +120,8 @@ static void run_attacker(char *const *args, char *out, size_t outsz, unsigned *r
     dup2(pfd[1], 1);
     close(pfd[0]);
     prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
+    if (attacker_rxm_buf)
+      setenv("FI_OFI_RXM_BUFFER_SIZE", attacker_rxm_buf, 1);
     execv("/proc/self/exe", args);
     _exit(3);
   }
@@ -183,6 +188,29 @@ static void test_rma_guessing(void **state)
     free(copy[i]);
   }
   legit_round(100000);
+}
+
+/* An attacker whose rxm has another eager limit: the target's rxm rejects
+ * each connection request, and the attacker's rxm retries it on every poll
+ * of its CQ for as long as it keeps sending (5 s here) -- a connection
+ * flood.  The target pays for each refusal (its fabric thread busy about
+ * as long as the attacker's CPU), but the legitimate peer's round trips go
+ * on: each one must complete (run_attacker waits up to 10 s per op). */
+static void test_mismatched_flood(void **state)
+{
+  (void)state;
+  target_addr();
+  char fake[32];
+  snprintf(fake, sizeof(fake), "%#llx", (unsigned long long)(uintptr_t)t_legit);
+  char *args[] = {"fabric_data", "attacker", "rma", PROV, addr_hex, fake, NULL};
+  char out[512];
+  unsigned rounds;
+  attacker_rxm_buf = "16384";
+  run_attacker(args, out, sizeof(out), &rounds);
+  attacker_rxm_buf = NULL;
+  assert_non_null(strstr(out, "connected 0 "));
+  assert_true(rounds >= 2); /* during the flood, not only the one after it */
+  legit_round(100002);
 }
 
 static void test_forged_notifications(void **state)
@@ -256,6 +284,7 @@ int main(int argc, char **argv)
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_rma_guessing),
       cmocka_unit_test(test_forged_notifications),
+      cmocka_unit_test(test_mismatched_flood),
   };
   return cmocka_run_group_tests_name("fabric_data", tests, setup, teardown);
 }
