@@ -291,6 +291,10 @@ static void fc_free(fab_ctx_t *fc)
     fi_close(&fc->fabric->fid);
   if (fc->info)
     fi_freeinfo(fc->info);
+  /* The endpoint is closed: no completion comes for what was left. */
+  while (fc->orphans)
+    hixl__fab_orphan_free(fc, fc->orphans);
+  pthread_mutex_destroy(&fc->orphan_lock);
   hixl__fab_ops_free(fc);
   free(fc->rbufs);
   free(fc->lregs);
@@ -406,6 +410,7 @@ static hixl_status_t fab_ctx_init(hixl_ctx_t *ctx)
   fc->info = info;
   pthread_mutex_init(&fc->poll_lock, NULL);
   pthread_mutex_init(&fc->op_lock, NULL);
+  pthread_mutex_init(&fc->orphan_lock, NULL);
   pthread_rwlock_init(&fc->lreg_lock, NULL);
   snprintf(fc->prov, sizeof(fc->prov), "%s", info->fabric_attr->prov_name);
   fc->rxm_buf = strstr(fc->prov, "ofi_rxm") != NULL ? rxm_buf_size : 0;
@@ -433,6 +438,7 @@ static hixl_status_t fab_ctx_init(hixl_ctx_t *ctx)
     fi_freeinfo(info);
     pthread_mutex_destroy(&fc->poll_lock);
     pthread_mutex_destroy(&fc->op_lock);
+    pthread_mutex_destroy(&fc->orphan_lock);
     pthread_rwlock_destroy(&fc->lreg_lock);
     free(fc);
     return e;
@@ -709,6 +715,7 @@ static hixl_status_t attach_peer(hixl_peer_t *peer, const uint8_t *blob, size_t 
     return hixl__err(HIXL_ERR_NOMEM, "fabric: no memory for a peer");
   fp->peer = peer;
   fp->rx_cookie = rx_cookie;
+  atomic_init(&fp->outstanding, FAB_PEER_OPEN);
   uint64_t le;
   memcpy(&le, blob + len - sizeof(le), sizeof(le));
   fp->tx_cookie = le64toh(le);
@@ -809,8 +816,9 @@ static void fab_peer_close(hixl_peer_t *peer)
     return;
   fab_ctx_t *fc = FC(peer->ctx);
   if (!hixl__fab_drain_peer(fp))
-    hixl_warn("fabric: %d operations to %s did not finish; their contexts are kept",
-              atomic_load(&fp->outstanding), peer->name);
+    hixl_warn("fabric: %d operations to %s did not finish; their record is kept until they "
+              "do or the context goes",
+              fab_inflight(fp), peer->name);
   pthread_mutex_lock(&fc->poll_lock);
   for (size_t i = 0; i < fc->n_smap; i++)
     if (fc->smap[i].peer == peer) {
@@ -819,12 +827,33 @@ static void fab_peer_close(hixl_peer_t *peer)
       atomic_fetch_sub(&fc->n_bound, 1);
       break;
     }
+  fp->peer = NULL; /* completions read it under poll_lock, and the handle may go first */
   pthread_mutex_unlock(&fc->poll_lock);
   fi_av_remove(fc->av, &fp->fa, 1, 0);
-  if (atomic_load(&fp->outstanding) == 0)
-    free(fp);
   peer->tp = NULL;
   hixl__inbox_forget(peer);
+  /* Listed before the open bit goes, so that a completion taking the count
+   * to 0 right after finds it to unlink.  Operations still in flight keep
+   * the record (their completion reads op->fp); the last one frees it. */
+  pthread_mutex_lock(&fc->orphan_lock);
+  fp->orphan_next = fc->orphans;
+  fp->orphan_prev = &fc->orphans;
+  if (fc->orphans)
+    fc->orphans->orphan_prev = &fp->orphan_next;
+  fc->orphans = fp;
+  pthread_mutex_unlock(&fc->orphan_lock);
+  if (atomic_fetch_and(&fp->outstanding, ~FAB_PEER_OPEN) == FAB_PEER_OPEN)
+    hixl__fab_orphan_free(fc, fp);
+}
+
+void hixl__fab_orphan_free(fab_ctx_t *fc, fab_peer_t *fp)
+{
+  pthread_mutex_lock(&fc->orphan_lock);
+  *fp->orphan_prev = fp->orphan_next;
+  if (fp->orphan_next)
+    fp->orphan_next->orphan_prev = fp->orphan_prev;
+  pthread_mutex_unlock(&fc->orphan_lock);
+  free(fp);
 }
 
 /* ------------------------------------------------------------ remote keys */

@@ -159,15 +159,34 @@ typedef struct fab_ctx {
   int parked[FAB_RECV_COUNT];
   fi_addr_t parked_src[FAB_RECV_COUNT]; /* by receive buffer */
   int n_parked;
+  /* Peer records closed while operations to them were in flight (a
+   * stopped target past the drain): freed by their last completion, or
+   * here at context destroy once the endpoint is closed. */
+  pthread_mutex_t orphan_lock;
+  struct fab_peer *orphans;
 } fab_ctx_t;
 
 typedef struct fab_peer {
   hixl_peer_t *peer;
   fi_addr_t fa;
-  uint64_t tx_cookie;      /* the peer's secret for us: in every notification we send */
-  uint64_t rx_cookie;      /* ours for it: its notifications must carry it */
-  _Atomic int outstanding; /* posted, not completed */
+  uint64_t tx_cookie; /* the peer's secret for us: in every notification we send */
+  uint64_t rx_cookie; /* ours for it: its notifications must carry it */
+  /* Operations posted and not completed, plus FAB_PEER_OPEN until
+   * fab_peer_close: whoever takes the count to 0 (the close, or the last
+   * completion after it) frees the record.  Read it with fab_inflight. */
+  _Atomic int outstanding;
+  struct fab_peer *orphan_next, **orphan_prev; /* closed with operations in flight */
 } fab_peer_t;
+
+#define FAB_PEER_OPEN (1 << 30)
+
+static inline int fab_inflight(fab_peer_t *fp)
+{
+  return atomic_load(&fp->outstanding) & ~FAB_PEER_OPEN;
+}
+
+/* The last reference to a closed peer record is gone: unlink and free it. */
+void hixl__fab_orphan_free(fab_ctx_t *fc, fab_peer_t *fp);
 
 enum { FAB_OP_WRITE, FAB_OP_READ, FAB_OP_SEND, FAB_OP_AMO };
 

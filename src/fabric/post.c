@@ -117,7 +117,8 @@ static void op_finish(fab_ctx_t *fc, fab_op_t *op, hixl_status_t st)
     req->old_p = NULL; /* written above; completing must not overwrite it */
   }
   op_put(fc, op);
-  atomic_fetch_sub(&fp->outstanding, 1);
+  if (atomic_fetch_sub(&fp->outstanding, 1) == 1) /* the last reference: closed before */
+    hixl__fab_orphan_free(fc, fp);
   atomic_fetch_add(&fc->finished, 1); /* queues have room: see wait_finished */
   hixl__req_part_done(req, st);       /* wakes sleeping waiters */
 }
@@ -265,7 +266,7 @@ static bool quiet(void *arg)
 {
   fab_peer_t *fp = arg;
   for (int pass = 0; pass < 2; pass++) {
-    if (atomic_load(&fp->outstanding) == 0 || atomic_load(&fp->peer->state) != HIXL_PEER_UP)
+    if (fab_inflight(fp) == 0 || atomic_load(&fp->peer->state) != HIXL_PEER_UP)
       return true;
     if (pass == 0)
       hixl__fab_progress(fp->peer->ctx);
@@ -275,10 +276,10 @@ static bool quiet(void *arg)
 
 static hixl_status_t wait_quiet(hixl_peer_t *peer, fab_peer_t *fp)
 {
-  if (atomic_load(&fp->outstanding) == 0)
+  if (fab_inflight(fp) == 0)
     return HIXL_OK;
   hixl__wait(peer->ctx, hixl__deadline(hixl__ctx_timeout(peer->ctx)), 0, quiet, fp);
-  if (atomic_load(&fp->outstanding) == 0)
+  if (fab_inflight(fp) == 0)
     return HIXL_OK;
   if (atomic_load(&peer->state) != HIXL_PEER_UP)
     return hixl__peer_state_err("fabric", peer, NULL);
@@ -531,9 +532,11 @@ static int poll_locked(fab_ctx_t *fc)
                                          : "atomic",
                fi_cq_strerror(fc->cq, err.prov_errno, err.err_data, NULL, 0), err.err,
                err.prov_errno);
-      hixl__err(st, "fabric: peer %s: %s", op->fp->peer->name, why);
-      if (st == HIXL_ERR_PEER_LOST)
-        hixl__peer_lost_async(op->fp->peer, why);
+      /* NULL once the peer was closed (its handle may be gone with it). */
+      hixl_peer_t *peer = op->fp->peer;
+      hixl__err(st, "fabric: peer %s: %s", peer ? peer->name : "(closed)", why);
+      if (st == HIXL_ERR_PEER_LOST && peer)
+        hixl__peer_lost_async(peer, why);
       op_finish(fc, op, st);
       total++;
       continue;
@@ -573,17 +576,17 @@ int hixl__fab_progress(hixl_ctx_t *ctx)
 static bool drained(void *arg)
 {
   fab_peer_t *fp = arg;
-  if (atomic_load(&fp->outstanding) == 0)
+  if (fab_inflight(fp) == 0)
     return true;
   hixl__fab_progress(fp->peer->ctx);
-  return atomic_load(&fp->outstanding) == 0;
+  return fab_inflight(fp) == 0;
 }
 
 bool hixl__fab_drain_peer(fab_peer_t *fp)
 {
   /* The peer is closing: its state says so, so wait on the count alone. */
   hixl__wait(fp->peer->ctx, hixl__deadline(2000), 0, drained, fp);
-  return atomic_load(&fp->outstanding) == 0;
+  return fab_inflight(fp) == 0;
 }
 
 /* The context's progress thread: completions and receives while nobody
