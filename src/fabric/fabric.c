@@ -832,18 +832,22 @@ static void fab_peer_close(hixl_peer_t *peer)
   fi_av_remove(fc->av, &fp->fa, 1, 0);
   peer->tp = NULL;
   hixl__inbox_forget(peer);
-  /* Listed before the open bit goes, so that a completion taking the count
-   * to 0 right after finds it to unlink.  Operations still in flight keep
-   * the record (their completion reads op->fp); the last one frees it. */
+  /* Operations still in flight keep the record (their completion reads
+   * op->fp); the last one frees it.  The open bit goes under orphan_lock: a
+   * completion taking the count to 0 right after waits there for the
+   * record to be listed before it unlinks it. */
   pthread_mutex_lock(&fc->orphan_lock);
+  if (atomic_fetch_and(&fp->outstanding, ~FAB_PEER_OPEN) == FAB_PEER_OPEN) {
+    pthread_mutex_unlock(&fc->orphan_lock);
+    free(fp);
+    return;
+  }
   fp->orphan_next = fc->orphans;
   fp->orphan_prev = &fc->orphans;
   if (fc->orphans)
     fc->orphans->orphan_prev = &fp->orphan_next;
   fc->orphans = fp;
   pthread_mutex_unlock(&fc->orphan_lock);
-  if (atomic_fetch_and(&fp->outstanding, ~FAB_PEER_OPEN) == FAB_PEER_OPEN)
-    hixl__fab_orphan_free(fc, fp);
 }
 
 void hixl__fab_orphan_free(fab_ctx_t *fc, fab_peer_t *fp)
