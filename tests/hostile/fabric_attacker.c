@@ -117,6 +117,18 @@ static int wait_one(int ms)
   return 0;
 }
 
+/* fi_send, retried while EAGAIN for up to 5 s: a connection rxm cannot
+ * make (another eager limit) keeps it at EAGAIN forever, and the test
+ * would wait on us forever. */
+static ssize_t send_bounded(const void *m, size_t len)
+{
+  int64_t give_up = now_ms() + 5000;
+  ssize_t rc;
+  while ((rc = fi_send(ep, m, len, NULL, target, NULL)) == -FI_EAGAIN && now_ms() < give_up)
+    fi_cq_read(cq, NULL, 0);
+  return rc;
+}
+
 static int rma(int n_addrs, const uint64_t *addrs)
 {
   static uint8_t wbuf[64];
@@ -134,14 +146,7 @@ static int rma(int n_addrs, const uint64_t *addrs)
    * the connection is up, so the failures below are the target's refusals
    * and not a connection rxm never made. */
   attacker_msg_t probe = {0};
-  ssize_t prc;
-  /* Bounded: a connection rxm cannot make (another eager limit) keeps
-   * fi_send at EAGAIN forever, and the test would wait on us forever. */
-  int64_t give_up = now_ms() + 5000;
-  while ((prc = fi_send(ep, &probe, sizeof(probe), NULL, target, NULL)) == -FI_EAGAIN &&
-         now_ms() < give_up)
-    fi_cq_read(cq, NULL, 0);
-  int connected = prc == 0 && wait_one(5000);
+  int connected = send_bounded(&probe, sizeof(probe)) == 0 && wait_one(5000);
   int tries = 0;
   if (!connected) { /* nothing below could tell a refusal from no connection */
     printf("connected 0 tries 0 reads 0 writes 0 landed 0\n");
@@ -197,12 +202,7 @@ static int notif(uint64_t sender, int count)
                         .cookie = i % 3 == 0   ? 0
                                   : i % 3 == 1 ? sender
                                                : (uint64_t)i};
-    ssize_t rc;
-    int64_t give_up = now_ms() + 5000; /* as in rma(): rxm may never connect */
-    while ((rc = fi_send(ep, &m, sizeof(m), NULL, target, NULL)) == -FI_EAGAIN &&
-           now_ms() < give_up)
-      fi_cq_read(cq, NULL, 0);
-    if (rc == 0 && wait_one(2000))
+    if (send_bounded(&m, sizeof(m)) == 0 && wait_one(2000))
       sent++;
   }
   printf("sent %d\n", sent);
