@@ -57,6 +57,7 @@
  *             [--targets N] [--initiators N] [--timeout-ms MS]
  *             [--fault-ms MEAN] [--no-faults] [--listen HOST]
  *             [--env-target K=V] [--env-initiator K=V] [--quiet]
+ *             [--inject block|notif|lock|faa]
  *
  * Defaults: shm, 60 s, a seed from the clock (printed), 3 targets, 4
  * initiators, HIXL_TIMEOUT_MS 3000, a fault every 2 s on average, listen
@@ -64,7 +65,14 @@
  * also HIXL_FABRIC_PROVIDER="tcp;ofi_rxm" unless set).  --env-target and
  * --env-initiator set a variable in one role only (the rxe guest puts the
  * targets on rxe1: --env-target HIXL_NET_DEV=rxe1).  Exit status 0 when
- * every check held, 1 otherwise; the summary's last line says PASS or FAIL.
+ * every check held, 1 otherwise; the summary's last line says PASS or FAIL
+ * (and, on FAIL, the command that replays the schedule).
+ *
+ * --inject breaks, in target 0, what one check watches (a byte of every
+ * block of an initiator, a notification taken twice, the locked invariant,
+ * a private counter), every 200th notification: a run must then FAIL with
+ * that check's errors.  tests/soak_selftest.sh runs each in the suite, so
+ * that a check that sees nothing cannot pass for one that holds.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -198,13 +206,13 @@ static shared_t *sh;
 /* ------------------------------------------------------------ options */
 
 static struct opts {
-  const char *transport, *listen;
+  const char *transport, *listen, *inject;
   int duration_s, ntgt, nini, timeout_ms, fault_ms;
   bool faults, quiet;
   uint64_t seed;
   const char *env_t[16], *env_i[16];
   int nenv_t, nenv_i;
-} o = {"shm", "127.0.0.1", 60, 3, 4, 3000, 2000, true, false, 0, {0}, {0}, 0, 0};
+} o = {"shm", "127.0.0.1", NULL, 60, 3, 4, 3000, 2000, true, false, 0, {0}, {0}, 0, 0};
 
 /* ------------------------------------------------------------ utilities */
 
@@ -431,8 +439,29 @@ static void target_notif(const hixl_notif_t *n)
   }
 }
 
+/* --inject: break what a check watches, to show that it sees it (the
+ * target 0 does it every 200th notification). */
+static void inject(const hixl_notif_t *n)
+{
+  int slot = IMM_SLOT(n->imm);
+  if (!strcmp(o.inject, "block")) {
+    for (int b = 0; b < (int)NBLK; b++)
+      tgt_a[blk_off(slot, b) + blk_sz[b] - 1] ^= 0x40;
+  } else if (!strcmp(o.inject, "notif")) {
+    target_notif(n); /* as if delivered twice */
+  } else if (!strcmp(o.inject, "lock")) {
+    uint64_t x;
+    memcpy(&x, tgt_b + OFF_X, 8);
+    x += 7;
+    memcpy(tgt_b + OFF_X, &x, 8);
+  } else if (!strcmp(o.inject, "faa")) {
+    __atomic_fetch_add((uint64_t *)(tgt_a + OFF_CNT(slot)), 1, __ATOMIC_SEQ_CST);
+  }
+}
+
 static int run_target(int idx)
 {
+  unsigned ninj = 0;
   me_stats = &sh->tgt[idx];
   me_name = "target";
   hixl_config_t cfg;
@@ -477,8 +506,11 @@ static int run_target(int idx)
       else if (st != HIXL_ERR_TIMEOUT)
         note_err(&me_stats->unexpected, "hixl_notif_wait: %s", hixl_last_error());
     }
-    for (int i = 0; i < k; i++)
+    for (int i = 0; i < k; i++) {
       target_notif(&n[i]);
+      if (o.inject && idx == 0 && ++ninj % 200 == 0)
+        inject(&n[i]);
+    }
   }
   atomic_store(&sh->tgt_port[idx], 0);
   hixl_ctx_destroy(ctx); /* deregisters both regions, frees A */
@@ -1215,7 +1247,7 @@ static void usage(void)
   fprintf(stderr, "usage: hixl-soak [--transport shm|fabric|verbs] [--duration S] [--seed N]\n"
                   "  [--targets N] [--initiators N] [--timeout-ms MS] [--fault-ms MEAN]\n"
                   "  [--no-faults] [--listen HOST] [--env-target K=V] [--env-initiator K=V]\n"
-                  "  [--quiet]\n");
+                  "  [--inject block|notif|lock|faa] [--quiet]\n");
   exit(2);
 }
 
@@ -1332,6 +1364,8 @@ int main(int argc, char **argv)
       o.nini = atoi(argv[++i]);
     else if (!strcmp(a, "--timeout-ms"))
       o.timeout_ms = atoi(argv[++i]);
+    else if (!strcmp(a, "--inject"))
+      o.inject = argv[++i];
     else if (!strcmp(a, "--fault-ms"))
       o.fault_ms = atoi(argv[++i]);
     else if (!strcmp(a, "--env-target") && o.nenv_t < 16)
@@ -1343,6 +1377,9 @@ int main(int argc, char **argv)
   }
   if (o.ntgt < 1 || o.ntgt > MAX_T || o.nini < 1 || o.nini > MAX_I || o.duration_s < 1 ||
       o.timeout_ms < 1000 || o.fault_ms < 100)
+    usage();
+  if (o.inject && strcmp(o.inject, "block") && strcmp(o.inject, "notif") &&
+      strcmp(o.inject, "lock") && strcmp(o.inject, "faa"))
     usage();
   setenv("HIXL_TRANSPORTS", o.transport, 1);
   if (!strcmp(o.transport, "fabric"))
@@ -1580,6 +1617,11 @@ int main(int argc, char **argv)
   bool pass = errs == 0 && hangs == 0 && fd_count == 0 && child_failures == 0 && total > 0 &&
               ti.verify_ok > 0 && tt.notif_ok > 0;
   printf("%s (seed %" PRIu64 ")\n", pass ? "PASS" : "FAIL", o.seed);
+  if (!pass)
+    printf("replay the same schedule: hixl-soak --transport %s --duration %d --targets %d "
+           "--initiators %d --timeout-ms %d --fault-ms %d%s --seed %" PRIu64 "\n",
+           o.transport, o.duration_s, o.ntgt, o.nini, o.timeout_ms, o.fault_ms,
+           o.faults ? "" : " --no-faults", o.seed);
   free(dk);
   free(ds);
   return pass ? 0 : 1;
