@@ -8,7 +8,8 @@
 #      the Python package (pytest, Debian's /usr/bin/python3), torchrun;
 #      the two-host suite in network namespaces (fabric; root); then the
 #      Soft-RoCE guest (verbs);
-#   2. the same suite under ASan + UBSan;
+#   2. the same suite under ASan + UBSan; then a minute of the soak harness
+#      per transport (shm, fabric) in that build;
 #   3. clang, warnings as errors, the suite again; then under ThreadSanitizer;
 #   4. install into a staging prefix and build out-of-tree programs with
 #      pkg-config against it; import the Python package installed there and
@@ -38,6 +39,16 @@ ninja -C "$out/asan" >/dev/null
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   meson test -C "$out/asan" --print-errorlogs --num-processes 2 --timeout-multiplier 3 \
   --no-suite rxe --no-suite netns
+
+# The soak harness (bench/soak.c, docs/reliability.md), short: a minute
+# per transport of kills, stops and restarts with every byte checked, under
+# ASan so that LeakSanitizer checks every process that exits at the end.
+# Its seed is printed; a failure prints the command that replays it.
+step "soak, short (ASan + LSan): shm and fabric, 60 s each"
+for t in shm fabric; do
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    "$out/asan/tests/hixl-soak" --transport "$t" --duration 60 --quiet
+done
 
 step "clang build + suite"
 rm -rf "$out/clang" && CC=clang CXX=clang++ meson setup "$out/clang" -Dwerror=true -Dfuzz=true >/dev/null

@@ -123,6 +123,10 @@ run hixl-perf-server-client "$(dirname "$0")/../tools/perf_server_client.sh" "$b
 # A notification's wake-up from sleep and the idle cost over verbs (its
 # figures in the log; docs/waiting.md).
 run wake_lat env HIXL_TRANSPORTS=verbs "$build/tests/hixl-wake-lat" --quick && cat /tmp/wake_lat.log
+# The soak harness over verbs (bench/soak.c, docs/reliability.md):
+# initiators on rxe0, targets on rxe1, killed and stopped for a minute.
+run soak "$build/tests/hixl-soak" --transport verbs --duration 60 --quiet \
+  --env-target HIXL_NET_DEV=rxe1 && tail -n 14 /tmp/soak.log
 run demo "$build/examples/hixl-demo"
 run ps_train "$build/examples/hixl-ps-train" --launch 3 --params 4096 --steps 8
 run kv_transfer "$build/examples/hixl-kv-transfer" --requests 12 --seq-len 16:160 --blocks 128
