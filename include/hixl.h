@@ -159,8 +159,11 @@ const char *hixl_ctx_transports(const hixl_ctx_t *ctx);
  * common transport), NOMEM. */
 hixl_status_t hixl_connect(hixl_ctx_t *ctx, const char *addr, int timeout_ms, hixl_peer_t **peer_p);
 /* Close a peer we connected to: outstanding requests fail with PEER_LOST,
- * rmrs unpacked through it become unusable (release them still).  The handle
- * is freed.  Peers that connected to us are owned by the context; for those
+ * rmrs unpacked through it become unusable (release them still).  Its
+ * connection and transport resources are released now; the handle itself
+ * (under 1 KiB) stays until hixl_ctx_destroy, answering PEER_LOST if it is
+ * used again, so do not (docs/reliability.md: what connections cost over
+ * time).  Peers that connected to us are owned by the context; for those
  * this closes the connection and the handle stays valid (but lost) until
  * hixl_ctx_destroy.  Errors: INVALID (NULL). */
 hixl_status_t hixl_disconnect(hixl_peer_t *peer);
