@@ -101,7 +101,7 @@
 #define MAX_LOSS 65536
 #define MAX_EVENTS 8192
 #define MAX_SAMPLES 8192
-#define MAX_TPEERS 4096 /* connections a target incarnation tracks */
+#define MAX_TPEERS 65536 /* connections a target incarnation tracks */
 
 /* ------------------------------------------------------------ layout */
 
@@ -1292,15 +1292,34 @@ static void analyse_losses(int *false_deaths, int64_t *det_kill, int *ndk, int64
   int64_t thr = ((int64_t)o.timeout_ms * 3 / 4 - 250) * 1000000;
   *false_deaths = *ndk = *nds = 0;
   /* Detection: per kill of a target, the first loss of it after the kill
-   * (by any initiator); per long stop, the first loss after the SIGSTOP. */
+   * (by any initiator, of a connection made before it); per stop longer
+   * than the timeout, the first loss after the SIGSTOP that the stop
+   * alone explains: no earlier than its silence could (thr), no later
+   * than 2 s after the SIGCONT, and not by an initiator itself stopped
+   * meanwhile.  Either way, before the target's next fault. */
   for (int e = 0; e < nev; e++) {
     if (!ev[e].tgt || (!ev[e].kill && ev[e].t1 - ev[e].t0 < (int64_t)o.timeout_ms * 1000000))
       continue;
+    int64_t lo = ev[e].t0 + (ev[e].kill ? 0 : thr);
+    int64_t hi = ev[e].kill ? ev[e].t0 + 30000000000LL : ev[e].t1 + 2000000000LL;
+    for (int f = e + 1; f < nev; f++)
+      if (ev[f].tgt && ev[f].idx == ev[e].idx) {
+        hi = ev[f].t0 < hi ? ev[f].t0 : hi;
+        break;
+      }
     int64_t best = INT64_MAX;
-    for (uint32_t i = 0; i < n; i++)
-      if (sh->loss[i].tgt == ev[e].idx && sh->loss[i].t_ns >= ev[e].t0 &&
-          sh->loss[i].conn_ns < ev[e].t0 && sh->loss[i].t_ns - ev[e].t0 < best)
-        best = sh->loss[i].t_ns - ev[e].t0;
+    for (uint32_t i = 0; i < n; i++) {
+      const loss_t *l = &sh->loss[i];
+      if (l->tgt != ev[e].idx || l->t_ns < lo || l->t_ns > hi || l->conn_ns >= ev[e].t0 ||
+          l->t_ns - ev[e].t0 >= best)
+        continue;
+      bool ini_stopped = false;
+      for (int f = 0; f < nev && !ini_stopped; f++)
+        ini_stopped = !ev[f].tgt && !ev[f].kill && ev[f].idx == l->ini && ev[f].t0 <= l->t_ns &&
+                      (ev[f].t1 == 0 || ev[f].t1 >= ev[e].t0);
+      if (!ini_stopped)
+        best = l->t_ns - ev[e].t0;
+    }
     if (best == INT64_MAX)
       continue;
     if (ev[e].kill)

@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cases.h"
 #include "harness.h"
 
 #define TIMEOUT_MS 2000
@@ -240,6 +241,56 @@ static void test_inflight_requests(void **state)
   hixl_ctx_destroy(ctx);
 }
 
+/* A target that stops answering (SIGSTOP) with operations in flight to
+ * it: once it is lost, whoever waits hears so -- PEER_LOST within the
+ * timeout and a tick -- instead of waiting for a process that may never
+ * run again.  On shm and verbs a get or put moves without the target's
+ * CPU and may simply complete; none may time out.
+ * Not over fabric: there they wait until the target runs again (forever,
+ * for a hung host), because rxm times nothing out and the provider still
+ * holds their buffers, so hixl cannot end them early.  Closing rxm's
+ * connection at the loss (fi_av_remove with FI_AV_REMOVE_CLEANUP=1) makes
+ * tcp flush them, but Debian's libfabric 1.17 then crashes in
+ * fi_cq_readfrom; docs/fabric.md ("A peer that stops answering"). */
+static void test_frozen_inflight(void **state)
+{
+  (void)state;
+  if (strcmp(g_transport, "fabric") == 0) {
+    printf("# skipped over fabric: operations in flight outlive the loss (docs/fabric.md)\n");
+    skip();
+  }
+  hixl_ctx_t *ctx = test_ctx(TIMEOUT_MS, NULL);
+  target_t t;
+  target_start(&t, ctx, NULL, TIMEOUT_MS);
+  hixl_peer_t *peer = connect_to(ctx, &t);
+  hixl_rmr_t *rmr = lookup(peer, "alloc");
+  static uint8_t in[1 << 16], out[1 << 16];
+  EXPECT_OK(hixl_get(peer, in, 8, rmr, 0, 0, NULL)); /* its connections up */
+  EXPECT_OK(hixl_fence(ctx, peer, TIMEOUT_MS));
+  kill(t.pid, SIGSTOP);
+  siginfo_t si; /* stopped for sure, not about to be */
+  assert_int_equal(waitid(P_PID, (id_t)t.pid, &si, WSTOPPED | WNOWAIT), 0);
+  hixl_req_t *reqs[2];
+  const char *what[2] = {"get", "put"};
+  EXPECT_OK(hixl_get(peer, in, sizeof(in), rmr, 0, 0, &reqs[0]));
+  EXPECT_OK(hixl_put(peer, out, sizeof(out), rmr, sizeof(in), 0, &reqs[1]));
+  double t0 = now_ms();
+  for (int i = 0; i < 2; i++) {
+    hixl_status_t st = hixl_req_wait(reqs[i], 3 * TIMEOUT_MS + SLACK_MS);
+    if (st != HIXL_OK && st != HIXL_ERR_PEER_LOST)
+      fail_msg("%s in flight to a stopped target ended with %s after %.0f ms (%s)", what[i],
+               hixl_strerror(st), now_ms() - t0, hixl_last_error());
+    printf("# %s: %s after %.0f ms\n", what[i], hixl_strerror(st), now_ms() - t0);
+    hixl_req_free(reqs[i]);
+  }
+  kill(t.pid, SIGKILL);
+  still_serves(ctx);
+  hixl_rmr_release(rmr);
+  hixl_disconnect(peer);
+  target_stop(&t);
+  hixl_ctx_destroy(ctx);
+}
+
 /* A peer lost to a partition that heals (frozen past the timeout, then
  * thawed) can be connected again at the same address: a new handle, new
  * transport state (new QPs on verbs), the same memory, and the old handle
@@ -291,7 +342,8 @@ static void test_reconnect_after_loss(void **state)
  * close, once the target runs again: they must find the transport's peer
  * record alive, and the last of them free it (fabric leaked it; under
  * ASan/LSan this case fails on either).  Then the same with the target
- * killed instead: the context's destroy frees what never completed. */
+ * killed instead: the context's destroy frees what never completed.
+ */
 static void closed_while_frozen(bool thaw)
 {
   hixl_ctx_t *ctx = test_ctx(TIMEOUT_MS, NULL);
@@ -336,9 +388,13 @@ int main(int argc, char **argv)
       cmocka_unit_test(test_kill_cma),
       cmocka_unit_test(test_frozen_peer_heartbeat),
       cmocka_unit_test(test_inflight_requests),
+      cmocka_unit_test(test_frozen_inflight),
       cmocka_unit_test(test_reconnect_after_loss),
       cmocka_unit_test(test_closed_while_frozen_thawed),
       cmocka_unit_test(test_closed_while_frozen_killed),
   };
-  return cmocka_run_group_tests_name("peer_death", tests, NULL, NULL);
+  /* peer_death TP [CASE]: every case, or the one named. */
+  cases_options(CASES(tests), argc, argv);
+  return cases_run_cmocka("peer_death", tests, sizeof(tests) / sizeof(tests[0]),
+                          argc > 2 ? argv[2] : NULL, NULL, NULL);
 }
