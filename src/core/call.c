@@ -300,8 +300,37 @@ hixl_status_t hixl__call(hixl_peer_t *peer, hixl_msg_t *m, uint16_t reply_type, 
   return st;
 }
 
+void hixl__pending_req_end(hixl_pending_t *pd, hixl_status_t st, uint64_t old)
+{
+  hixl_req_t *req = pd->req;
+  if (!pd->part) {
+    hixl__req_complete(req, st, old);
+    return;
+  }
+  /* The last part completes the request with no value: write it now. */
+  if (st == HIXL_OK && req->old_p)
+    *req->old_p = old;
+  req->old_p = NULL;
+  hixl__req_part_done(req, st);
+}
+
+static hixl_status_t call_async(hixl_peer_t *peer, hixl_msg_t *m, uint16_t reply_type,
+                                hixl_req_t *req, bool part);
+
 hixl_status_t hixl__call_async(hixl_peer_t *peer, hixl_msg_t *m, uint16_t reply_type,
                                hixl_req_t *req)
+{
+  return call_async(peer, m, reply_type, req, false);
+}
+
+hixl_status_t hixl__call_async_part(hixl_peer_t *peer, hixl_msg_t *m, uint16_t reply_type,
+                                    hixl_req_t *req)
+{
+  return call_async(peer, m, reply_type, req, true);
+}
+
+static hixl_status_t call_async(hixl_peer_t *peer, hixl_msg_t *m, uint16_t reply_type,
+                                hixl_req_t *req, bool part)
 {
   hixl_ctx_t *ctx = peer->ctx;
   hixl_pending_t *pd = calloc(1, sizeof(*pd));
@@ -309,6 +338,7 @@ hixl_status_t hixl__call_async(hixl_peer_t *peer, hixl_msg_t *m, uint16_t reply_
     return hixl__err(HIXL_ERR_NOMEM, "no memory for a pending call");
   pd->reply_type = reply_type;
   pd->req = req;
+  pd->part = part;
   pd->fd = -1;
   pthread_mutex_lock(&ctx->lock);
   if (atomic_load(&peer->state) != HIXL_PEER_UP) {
@@ -323,8 +353,12 @@ hixl_status_t hixl__call_async(hixl_peer_t *peer, hixl_msg_t *m, uint16_t reply_
   while (*pp)
     pp = &(*pp)->next;
   *pp = pd;
-  req->counted = true;
-  atomic_fetch_add(&peer->issued, 1);
+  if (part) {
+    hixl__req_part_add(req); /* the core counted the request already */
+  } else {
+    req->counted = true;
+    atomic_fetch_add(&peer->issued, 1);
+  }
   pthread_mutex_unlock(&ctx->lock);
   hixl_status_t st = hixl__send(peer, m, NULL, 0);
   if (st != HIXL_OK) {
@@ -350,7 +384,7 @@ void hixl__complete_pending_locked(hixl_peer_t *p, hixl_msg_t *m, int fd)
   }
   pending_unlink_locked(p, pd);
   if (pd->req) {
-    hixl__req_complete(pd->req, m->status, m->atomic_reply.old);
+    hixl__pending_req_end(pd, m->status, m->atomic_reply.old);
     free(pd);
     if (fd >= 0)
       close(fd);

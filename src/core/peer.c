@@ -166,7 +166,7 @@ void hixl__fail_pending_locked(hixl_peer_t *p)
     pd->status = HIXL_ERR_PEER_LOST;
     pd->done = true;
     if (pd->req) {
-      hixl__req_complete(pd->req, HIXL_ERR_PEER_LOST, 0);
+      hixl__pending_req_end(pd, HIXL_ERR_PEER_LOST, 0);
       free(pd);
     }
     pd = next;

@@ -400,6 +400,7 @@ typedef struct hixl_pending {
   struct hixl_msg *reply; /* caller-owned buffer the reply is decoded into */
   int fd;                 /* a passed fd, or -1 */
   hixl_req_t *req;        /* async: complete this instead of waking a waiter */
+  bool part;              /* req is an asynchronous transport's (parts counted): end a part */
   struct hixl_pending *next;
 } hixl_pending_t;
 
@@ -646,6 +647,14 @@ hixl_status_t hixl__peer_recv_sync(hixl_peer_t *peer, struct hixl_msg *m, int64_
 hixl_status_t hixl__recv_sync(int fd, struct hixl_msg *m, int *fds, int max_fds, int64_t deadline,
                               const char *who);
 /* Async call: the reply completes req (ATOMIC_REPLY). */
+/* The same for a request of an asynchronous transport (ops->async: counted
+ * by the core, completed by parts): the reply ends one part of it, writing
+ * the atomic's old value first. */
+hixl_status_t hixl__call_async_part(hixl_peer_t *peer, struct hixl_msg *m, uint16_t reply_type,
+                                    hixl_req_t *req);
+/* End an asynchronous call's request with st (and an atomic's old value);
+ * ctx->lock held. */
+void hixl__pending_req_end(hixl_pending_t *pd, hixl_status_t st, uint64_t old);
 hixl_status_t hixl__call_async(hixl_peer_t *peer, struct hixl_msg *m, uint16_t reply_type,
                                hixl_req_t *req);
 /* Mark a peer lost/closed and fail what waits on it; ctx->lock held. */
