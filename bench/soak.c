@@ -42,7 +42,8 @@
  *    with its slot in it: its next connection takes it over and repairs.
  *  - Status.  Operations may end only with OK or PEER_LOST (the fault
  *    injection's effect); anything else is "unexpected".  A request that
- *    does not complete within 15 s counts as unexpected (TIMEOUT) too.
+ *    does not complete within twice the timeout and 5 s (11 s at the
+ *    default) counts as unexpected (TIMEOUT) too.
  *  - Hangs.  A process that is not stopped and makes no progress for
  *    max(20 s, 4 x HIXL_TIMEOUT_MS) is a hang (its stacks go to the log,
  *    through gdb when installed).
@@ -50,7 +51,7 @@
  *    the supervisor matches it to the faults: detection time after a kill
  *    (from the SIGKILL) and after a stop longer than the timeout (from the
  *    SIGSTOP); a loss that no kill, and no stop of either side at least
- *    3/4 of the timeout less 250 ms long (heartbeats go every quarter of
+ *    3/4 of the timeout less 500 ms long (heartbeats go every quarter of
  *    it, so a stop that long may be silence enough), explains is a false
  *    death.
  *
@@ -98,7 +99,7 @@
 
 #define MAX_T 8
 #define MAX_I 8
-#define MAX_LOSS 65536
+#define MAX_LOSS 32768
 #define MAX_EVENTS 8192
 #define MAX_SAMPLES 8192
 #define MAX_TPEERS 65536 /* connections a target incarnation tracks */
@@ -175,8 +176,9 @@ static const char *const kind_name[K_N] = {"put",       "get", "put_imm", "notif
 
 typedef struct stats {
   _Atomic uint64_t ops[K_N], bytes;
-  _Atomic uint64_t lost_ops;   /* operations that ended with PEER_LOST */
-  _Atomic uint64_t unexpected; /* any other failure */
+  _Atomic uint64_t lost_ops;           /* operations that ended with PEER_LOST */
+  _Atomic uint64_t successor_refusals; /* NOT_REGISTERED from a killed target's successor */
+  _Atomic uint64_t unexpected;         /* any other failure */
   _Atomic uint64_t verify_ok, verify_err;
   _Atomic uint64_t notif_ok, notif_superseded, notif_err;
   _Atomic uint64_t connects, connect_fail;
@@ -192,6 +194,7 @@ typedef struct stats {
 typedef struct loss {
   int64_t t_ns, conn_ns;
   int ini, tgt;
+  char why[112]; /* hixl_last_error() of the operation that saw it */
 } loss_t;
 
 typedef struct shared {
@@ -537,6 +540,7 @@ typedef struct conn {
   uint32_t epoch, seq; /* this connection's, and its last message */
   uint32_t acked;      /* last seq the target acknowledged */
   int64_t conn_ns;
+  uint32_t tgt_inc; /* the target's incarnation when we connected */
   blkst_t b[2][NBLK];
   uint64_t cnt[2]; /* our FAA counters' expected values */
   bool cnt_known[2];
@@ -551,9 +555,13 @@ static uint32_t iinc;
 static uint64_t irng;
 static uint8_t *stage[2][NBLK], *rbuf[2][NBLK];
 
+/* How long a request or fence may take: past the loss of a peer that
+ * stopped answering (the timeout, and a tick), with room for a slow one. */
+static int wait_ms(void) { return 2 * o.timeout_ms + 5000; }
+
 static hixl_status_t wait_req(hixl_req_t *r, int kind, size_t bytes)
 {
-  hixl_status_t st = hixl_req_wait(r, 15000);
+  hixl_status_t st = hixl_req_wait(r, wait_ms());
   hixl_req_free(r);
   if (st == HIXL_OK) {
     atomic_fetch_add(&me_stats->ops[kind], 1);
@@ -565,12 +573,21 @@ static hixl_status_t wait_req(hixl_req_t *r, int kind, size_t bytes)
 /* Record a status that is not OK: PEER_LOST is the faults' doing. */
 static void on_fail(conn_t *c, int tgt, hixl_status_t st, const char *what)
 {
+  /* A target killed and restarted before we saw the loss: over fabric its
+   * successor may take the same port, rxm connects our old address to it,
+   * and it refuses keys it never issued.  The peer is gone either way. */
+  if (st == HIXL_ERR_NOT_REGISTERED && atomic_load(&sh->tgt[tgt].incarnation) != c->tgt_inc) {
+    atomic_fetch_add(&me_stats->successor_refusals, 1);
+    st = HIXL_ERR_PEER_LOST;
+  }
   if (st == HIXL_ERR_PEER_LOST) {
     atomic_fetch_add(&me_stats->lost_ops, 1);
     if (!c->lost) {
       uint32_t i = atomic_fetch_add(&sh->nloss, 1);
-      if (i < MAX_LOSS)
-        sh->loss[i] = (loss_t){now_ns(), c->conn_ns, islot, tgt};
+      if (i < MAX_LOSS) {
+        sh->loss[i] = (loss_t){now_ns(), c->conn_ns, islot, tgt, {0}};
+        snprintf(sh->loss[i].why, sizeof(sh->loss[i].why), "%s: %s", what, hixl_last_error());
+      }
     }
   } else {
     note_err(&me_stats->unexpected, "target %d %s: %s (%s)", tgt, what, hixl_strerror(st),
@@ -613,7 +630,7 @@ static bool put8(conn_t *c, int tgt, hixl_rmr_t *r, uint64_t off, uint64_t v)
 
 static bool fence(conn_t *c, int tgt)
 {
-  hixl_status_t st = hixl_fence(ictx, c->peer, 15000);
+  hixl_status_t st = hixl_fence(ictx, c->peer, wait_ms());
   if (st == HIXL_OK)
     atomic_fetch_add(&me_stats->ops[K_FENCE], 1);
   else
@@ -991,6 +1008,7 @@ static bool conn_open(conn_t *c, int t)
   c->rb = rb;
   c->lost = false;
   c->conn_ns = now_ns();
+  c->tgt_inc = atomic_load(&sh->tgt[t].incarnation);
   /* Published before anything of this connection is written: a target that
    * finds an older connection's message overwritten knows why. */
   c->epoch = atomic_fetch_add(&sh->cur_epoch[islot], 1) + 1;
@@ -1261,6 +1279,7 @@ static void sum_stats(stats_t *tot, const stats_t *s, int n)
       tot->ops[k] += s[i].ops[k];
     tot->bytes += s[i].bytes;
     tot->lost_ops += s[i].lost_ops;
+    tot->successor_refusals += s[i].successor_refusals;
     tot->unexpected += s[i].unexpected;
     tot->verify_ok += s[i].verify_ok;
     tot->verify_err += s[i].verify_err;
@@ -1287,9 +1306,9 @@ static void analyse_losses(int *false_deaths, int64_t *det_kill, int *ndk, int64
     n = MAX_LOSS;
   /* A peer is lost after timeout_ms of silence, and heartbeats go every
    * quarter of it: a stop of 3/4 of the timeout can be enough, if the last
-   * heartbeat went just before it.  Shorter ones (less 250 ms for
+   * heartbeat went just before it.  Shorter ones (less 500 ms for
    * scheduling) must never be. */
-  int64_t thr = ((int64_t)o.timeout_ms * 3 / 4 - 250) * 1000000;
+  int64_t thr = ((int64_t)o.timeout_ms * 3 / 4 - 500) * 1000000;
   *false_deaths = *ndk = *nds = 0;
   /* Detection: per kill of a target, the first loss of it after the kill
    * (by any initiator, of a connection made before it); per stop longer
@@ -1346,9 +1365,15 @@ static void analyse_losses(int *false_deaths, int64_t *det_kill, int *ndk, int64
       if (*false_deaths <= 10)
         fprintf(stderr,
                 "soak: false death? initiator %d saw target %d lost at %.3f s (connected at "
-                "%.3f s), no kill or long stop explains it\n",
+                "%.3f s), no kill or long stop explains it: %s\n",
                 l->ini, l->tgt, (double)(l->t_ns - t_start) / 1e9,
-                (double)(l->conn_ns - t_start) / 1e9);
+                (double)(l->conn_ns - t_start) / 1e9, l->why);
+      for (int e = 0; e < nev; e++) /* the faults around it */
+        if (ev[e].t0 > l->conn_ns - 10000000000LL && ev[e].t0 < l->t_ns + 1000000000LL)
+          fprintf(stderr, "soak:   %8.3f s %s %s %d, until %.3f s\n",
+                  (double)(ev[e].t0 - t_start) / 1e9, ev[e].kill ? "kill" : "stop",
+                  ev[e].tgt ? "target" : "initiator", ev[e].idx,
+                  (double)((ev[e].t1 ? ev[e].t1 : ev[e].t0) - t_start) / 1e9);
     }
   }
 }
@@ -1591,8 +1616,10 @@ int main(int argc, char **argv)
     printf(" %s %" PRIu64, kind_name[k], (uint64_t)ti.ops[k]);
     total += ti.ops[k];
   }
-  printf("\n  total %" PRIu64 " (%.0f/s), %.1f MB moved; %" PRIu64 " ended with PEER_LOST\n", total,
-         (double)total / secs, (double)ti.bytes / 1e6, (uint64_t)ti.lost_ops);
+  printf("\n  total %" PRIu64 " (%.0f/s), %.1f MB moved; %" PRIu64 " ended with PEER_LOST (%" PRIu64
+         " of them NOT_REGISTERED from a killed target's successor)\n",
+         total, (double)total / secs, (double)ti.bytes / 1e6, (uint64_t)ti.lost_ops,
+         (uint64_t)ti.successor_refusals);
   printf("checks passed: %" PRIu64 " blocks read back, %" PRIu64 " notifications (%" PRIu64
          " superseded by a newer connection), %" PRIu64 " atomics, %" PRIu64
          " lock invariants (%" PRIu64 " busy, %" PRIu64 " repaired after a holder's loss)\n",
