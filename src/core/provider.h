@@ -647,6 +647,8 @@ hixl_status_t hixl__peer_recv_sync(hixl_peer_t *peer, struct hixl_msg *m, int64_
 hixl_status_t hixl__recv_sync(int fd, struct hixl_msg *m, int *fds, int max_fds, int64_t deadline,
                               const char *who);
 /* Async call: the reply completes req (ATOMIC_REPLY). */
+hixl_status_t hixl__call_async(hixl_peer_t *peer, struct hixl_msg *m, uint16_t reply_type,
+                               hixl_req_t *req);
 /* The same for a request of an asynchronous transport (ops->async: counted
  * by the core, completed by parts): the reply ends one part of it, writing
  * the atomic's old value first. */
@@ -655,8 +657,6 @@ hixl_status_t hixl__call_async_part(hixl_peer_t *peer, struct hixl_msg *m, uint1
 /* End an asynchronous call's request with st (and an atomic's old value);
  * ctx->lock held. */
 void hixl__pending_req_end(hixl_pending_t *pd, hixl_status_t st, uint64_t old);
-hixl_status_t hixl__call_async(hixl_peer_t *peer, struct hixl_msg *m, uint16_t reply_type,
-                               hixl_req_t *req);
 /* Mark a peer lost/closed and fail what waits on it; ctx->lock held. */
 void hixl__peer_fail_locked(hixl_peer_t *peer, int state, const char *why);
 /* Mark a peer lost from a thread that may not take ctx->lock (completion

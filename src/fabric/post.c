@@ -335,8 +335,10 @@ hixl_status_t hixl__fab_put_imm(hixl_peer_t *peer, const void *src, size_t len, 
   return st == HIXL_OK ? hixl__fab_notify(peer, imm, len, req) : st;
 }
 
-/* Owner-executed atomics in flight per peer: bounded so that neither
- * side's socket buffer fills up (as shm's). */
+/* Requests in flight to a peer (its counted ones: every operation over
+ * fabric) past which an owner-run atomic waits for room: bounds the
+ * atomics queued on the control connection, so that neither side's socket
+ * buffer fills up (as shm's). */
 #define FAB_MAX_OWNER_AMO 1024
 
 static bool owner_room(hixl_peer_t *peer)
