@@ -69,7 +69,7 @@ static hixl_status_t order_after_earlier(const char *fn, hixl_peer_t *peer)
   if (atomic_load_explicit(&peer->completed, memory_order_acquire) >= target)
     return HIXL_OK;
   int state;
-  hixl__wait_completed(peer, target, hixl__deadline(hixl__ctx_timeout(peer->ctx)), &state);
+  hixl__wait_completed(peer, target, hixl__deadline(hixl__issue_wait_ms(peer->ctx)), &state);
   if (atomic_load_explicit(&peer->completed, memory_order_acquire) >= target)
     return HIXL_OK;
   if (atomic_load(&peer->state) != HIXL_PEER_UP)

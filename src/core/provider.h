@@ -669,6 +669,16 @@ const char *hixl__peer_why(hixl_peer_t *peer);
 hixl_status_t hixl__peer_state_err(const char *fn, hixl_peer_t *peer, const char *tail);
 void hixl__wake(hixl_ctx_t *ctx);
 int hixl__ctx_timeout(const hixl_ctx_t *ctx);
+/* How long an issuing call waits for earlier operations of a peer (an
+ * ordered operation, a notification behind writes): past the liveness
+ * period, so that a peer that stopped answering is declared lost first
+ * and the caller hears PEER_LOST; TIMEOUT is left for a live peer that
+ * does not complete.  With the timeout itself the two raced (hixl-soak:
+ * a target stopped a little longer made them fail TIMEOUT at issue). */
+static inline int hixl__issue_wait_ms(const hixl_ctx_t *ctx)
+{
+  return 2 * hixl__ctx_timeout(ctx) + 1000;
+}
 /* A peer silent for max(timeout_ms, this) is lost (ctl.c: liveness_ms). */
 #define HIXL_LIVENESS_FLOOR_MS 1000
 

@@ -274,17 +274,12 @@ static bool quiet(void *arg)
   return false;
 }
 
-/* Waits past the liveness period (twice the timeout and a second): a peer
- * that stopped answering is declared lost first, so the caller hears
- * PEER_LOST, and TIMEOUT is left for a peer that is alive yet does not
- * complete what it was sent.  With the timeout itself the two raced: a
- * target stopped a little longer than it made a notification fail with
- * TIMEOUT at issue (hixl-soak over fabric; docs/reliability.md). */
+/* Waits past the liveness period (hixl__issue_wait_ms). */
 static hixl_status_t wait_quiet(hixl_peer_t *peer, fab_peer_t *fp)
 {
   if (fab_inflight(fp) == 0)
     return HIXL_OK;
-  int ms = 2 * hixl__ctx_timeout(peer->ctx) + 1000;
+  int ms = hixl__issue_wait_ms(peer->ctx);
   hixl__wait(peer->ctx, hixl__deadline(ms), 0, quiet, fp);
   if (fab_inflight(fp) == 0)
     return HIXL_OK;
