@@ -300,6 +300,41 @@ hixl_status_t hixl__call(hixl_peer_t *peer, hixl_msg_t *m, uint16_t reply_type, 
   return st;
 }
 
+static hixl_status_t call_async(hixl_peer_t *peer, hixl_msg_t *m, uint16_t reply_type,
+                                hixl_req_t *req, bool part);
+
+/* Requests in flight to a peer (issued, not completed) past which an
+ * owner-run atomic waits for room: bounds the atomics queued on the
+ * control connection, so that neither side's socket buffer fills up. */
+#define OWNER_AMO_MAX 1024
+
+static bool owner_room(hixl_peer_t *peer)
+{
+  return atomic_load(&peer->issued) - atomic_load(&peer->completed) < OWNER_AMO_MAX;
+}
+
+static bool owner_room_fn(void *arg)
+{
+  hixl_peer_t *peer = arg;
+  return owner_room(peer) || atomic_load(&peer->state) != HIXL_PEER_UP;
+}
+
+hixl_status_t hixl__owner_atomic(const char *tp, hixl_peer_t *peer, hixl_rmr_t *r, uint64_t off,
+                                 int op, uint64_t a, uint64_t b, hixl_req_t *req, bool part)
+{
+  if (!owner_room(peer)) {
+    hixl__wait(peer->ctx, hixl__deadline(hixl__ctx_timeout(peer->ctx)), 0, owner_room_fn, peer);
+    if (atomic_load(&peer->state) != HIXL_PEER_UP)
+      return hixl__peer_state_err(tp, peer, NULL);
+    if (!owner_room(peer))
+      return hixl__err(HIXL_ERR_AGAIN, "%s: %d atomics to %s in flight for %d ms", tp,
+                       OWNER_AMO_MAX, peer->name, hixl__ctx_timeout(peer->ctx));
+  }
+  hixl_msg_t m;
+  hixl__atomic_msg(r, off, op, a, b, &m);
+  return call_async(peer, &m, HIXL_MSG_ATOMIC_REPLY, req, part);
+}
+
 void hixl__pending_req_end(hixl_pending_t *pd, hixl_status_t st, uint64_t old)
 {
   hixl_req_t *req = pd->req;
@@ -312,21 +347,6 @@ void hixl__pending_req_end(hixl_pending_t *pd, hixl_status_t st, uint64_t old)
     *req->old_p = old;
   req->old_p = NULL;
   hixl__req_part_done(req, st);
-}
-
-static hixl_status_t call_async(hixl_peer_t *peer, hixl_msg_t *m, uint16_t reply_type,
-                                hixl_req_t *req, bool part);
-
-hixl_status_t hixl__call_async(hixl_peer_t *peer, hixl_msg_t *m, uint16_t reply_type,
-                               hixl_req_t *req)
-{
-  return call_async(peer, m, reply_type, req, false);
-}
-
-hixl_status_t hixl__call_async_part(hixl_peer_t *peer, hixl_msg_t *m, uint16_t reply_type,
-                                    hixl_req_t *req)
-{
-  return call_async(peer, m, reply_type, req, true);
 }
 
 static hixl_status_t call_async(hixl_peer_t *peer, hixl_msg_t *m, uint16_t reply_type,

@@ -646,14 +646,15 @@ hixl_status_t hixl__peer_recv_sync(hixl_peer_t *peer, struct hixl_msg *m, int64_
  * (handshakes); passed fds go to fds[0..max_fds). */
 hixl_status_t hixl__recv_sync(int fd, struct hixl_msg *m, int *fds, int max_fds, int64_t deadline,
                               const char *who);
-/* Async call: the reply completes req (ATOMIC_REPLY). */
-hixl_status_t hixl__call_async(hixl_peer_t *peer, struct hixl_msg *m, uint16_t reply_type,
-                               hixl_req_t *req);
-/* The same for a request of an asynchronous transport (ops->async: counted
- * by the core, completed by parts): the reply ends one part of it, writing
- * the atomic's old value first. */
-hixl_status_t hixl__call_async_part(hixl_peer_t *peer, struct hixl_msg *m, uint16_t reply_type,
-                                    hixl_req_t *req);
+/* An atomic the owner's control thread executes (ATOMIC, asynchronous):
+ * waits for room when the peer has many requests in flight (AGAIN past
+ * the timeout), then sends it; req completes with the reply, or with
+ * PEER_LOST.  part: req belongs to an asynchronous transport (ops->async:
+ * counted by the core, completed by parts), and the reply ends one part
+ * of it, writing the old value first; else the reply completes req.  tp
+ * names the transport in errors. */
+hixl_status_t hixl__owner_atomic(const char *tp, hixl_peer_t *peer, hixl_rmr_t *r, uint64_t off,
+                                 int op, uint64_t a, uint64_t b, hixl_req_t *req, bool part);
 /* End an asynchronous call's request with st (and an atomic's old value);
  * ctx->lock held. */
 void hixl__pending_req_end(hixl_pending_t *pd, hixl_status_t st, uint64_t old);

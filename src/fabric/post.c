@@ -330,23 +330,6 @@ hixl_status_t hixl__fab_put_imm(hixl_peer_t *peer, const void *src, size_t len, 
   return st == HIXL_OK ? hixl__fab_notify(peer, imm, len, req) : st;
 }
 
-/* Requests in flight to a peer (its counted ones: every operation over
- * fabric) past which an owner-run atomic waits for room: bounds the
- * atomics queued on the control connection, so that neither side's socket
- * buffer fills up (as shm's). */
-#define FAB_MAX_OWNER_AMO 1024
-
-static bool owner_room(hixl_peer_t *peer)
-{
-  return atomic_load(&peer->issued) - atomic_load(&peer->completed) < FAB_MAX_OWNER_AMO;
-}
-
-static bool owner_room_fn(void *arg)
-{
-  hixl_peer_t *peer = arg;
-  return owner_room(peer) || atomic_load(&peer->state) != HIXL_PEER_UP;
-}
-
 /* Executed by the owner's control thread (no native atomics): atomic with
  * respect to the owner and every other peer's atomics.  Asynchronous, like
  * every operation: the request completes with the reply, or with
@@ -361,17 +344,7 @@ static hixl_status_t owner_atomic(hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t o
   if (rmr->flags & HIXL_REGF_DEVICE)
     return hixl__err(HIXL_ERR_UNSUPPORTED,
                      "fabric: peer %s cannot run an atomic in its device memory", peer->name);
-  if (!owner_room(peer)) {
-    hixl__wait(peer->ctx, hixl__deadline(hixl__ctx_timeout(peer->ctx)), 0, owner_room_fn, peer);
-    if (atomic_load(&peer->state) != HIXL_PEER_UP)
-      return hixl__peer_state_err("fabric", peer, NULL);
-    if (!owner_room(peer))
-      return hixl__err(HIXL_ERR_AGAIN, "fabric: %d atomics to %s in flight for %d ms",
-                       FAB_MAX_OWNER_AMO, peer->name, hixl__ctx_timeout(peer->ctx));
-  }
-  hixl_msg_t m;
-  hixl__atomic_msg(rmr, off, op, a, b, &m);
-  return hixl__call_async_part(peer, &m, HIXL_MSG_ATOMIC_REPLY, req);
+  return hixl__owner_atomic("fabric", peer, rmr, off, op, a, b, req, true);
 }
 
 hixl_status_t hixl__fab_atomic(hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t off, int op, uint64_t a,

@@ -58,7 +58,6 @@
 #ifndef SHM_RING_CAP
 #define SHM_RING_CAP 1024u /* entries of a peer's inbox: 32 bytes each, 32 KiB (docs/scale.md) */
 #endif
-#define SHM_MAX_INFLIGHT 1024 /* atomics executed by the owner, per peer */
 
 /* ------------------------------------------------------ the tag table */
 
@@ -1006,17 +1005,6 @@ static hixl_status_t shm_batch(hixl_peer_t *peer, const hixl_xfer_t *x, size_t n
   return st;
 }
 
-static bool inflight_room(hixl_peer_t *peer)
-{
-  return atomic_load(&peer->issued) - atomic_load(&peer->completed) < SHM_MAX_INFLIGHT;
-}
-
-static bool inflight_room_fn(void *arg)
-{
-  hixl_peer_t *peer = arg;
-  return inflight_room(peer) || atomic_load(&peer->state) != HIXL_PEER_UP;
-}
-
 static hixl_status_t shm_atomic(hixl_peer_t *peer, hixl_rmr_t *r, uint64_t off, int op, uint64_t a,
                                 uint64_t b, uint64_t *old_p, hixl_req_t *req)
 {
@@ -1032,19 +1020,8 @@ static hixl_status_t shm_atomic(hixl_peer_t *peer, hixl_rmr_t *r, uint64_t off, 
   if (req == NULL)
     return HIXL_INPROGRESS; /* asynchronous: the core supplies a request */
   /* Not mapped: the owner's control thread executes it on its memory, so
-   * it is atomic with respect to the owner and every other peer.  Bound the
-   * work in flight so that neither side's socket buffer fills up. */
-  if (!inflight_room(peer)) {
-    hixl__wait(peer->ctx, hixl__deadline(hixl__ctx_timeout(peer->ctx)), 0, inflight_room_fn, peer);
-    if (atomic_load(&peer->state) != HIXL_PEER_UP)
-      return hixl__peer_state_err("shm", peer, NULL);
-    if (!inflight_room(peer))
-      return hixl__err(HIXL_ERR_AGAIN, "shm: %d atomics to %s in flight for %d ms",
-                       SHM_MAX_INFLIGHT, peer->name, hixl__ctx_timeout(peer->ctx));
-  }
-  hixl_msg_t m;
-  hixl__atomic_msg(r, off, op, a, b, &m);
-  return hixl__call_async(peer, &m, HIXL_MSG_ATOMIC_REPLY, req);
+   * it is atomic with respect to the owner and every other peer. */
+  return hixl__owner_atomic("shm", peer, r, off, op, a, b, req, false);
 }
 
 static int shm_progress(hixl_ctx_t *ctx)
