@@ -71,6 +71,7 @@
 #define _GNU_SOURCE
 #endif
 #include <hixl.h>
+#include "bench_util.h"
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
@@ -97,20 +98,6 @@
 #define REGION_BASE (1u << 20) /* the region: 1 MiB plus 8 bytes per peer */
 
 /* ------------------------------------------------------------ utilities */
-
-static int64_t now_ns(void)
-{
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
-
-static void sleep_ms(int ms)
-{
-  struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000};
-  while (nanosleep(&t, &t) != 0 && errno == EINTR)
-    ;
-}
 
 static double cpu_s(void)
 {
@@ -157,12 +144,6 @@ static void bump_wake(_Atomic uint32_t *w)
   syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
-static int cmp_i64(const void *a, const void *b)
-{
-  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-  return x < y ? -1 : x > y;
-}
-
 /* Nearest-rank percentile of v[0..n) (sorts v). */
 static int64_t pct(int64_t *v, int n, double p)
 {
@@ -179,20 +160,6 @@ typedef struct snap {
   int64_t rss_kib, pss_kib, shared_kib, pss_shmem_kib;
   int fds, threads, maps;
 } snap_t;
-
-static int count_dir(const char *path)
-{
-  DIR *d = opendir(path);
-  if (!d)
-    return -1;
-  int n = 0;
-  struct dirent *e;
-  while ((e = readdir(d)) != NULL)
-    if (e->d_name[0] != '.')
-      n++;
-  closedir(d);
-  return n;
-}
 
 static int64_t field_kib(const char *file, const char *key)
 {

@@ -81,6 +81,7 @@
 #define _GNU_SOURCE
 #endif
 #include <hixl.h>
+#include "bench_util.h"
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -220,20 +221,6 @@ static struct opts {
 } o = {"shm", "127.0.0.1", NULL, 60, 3, 4, 3000, 2000, true, false, 0, {0}, {0}, 0, 0};
 
 /* ------------------------------------------------------------ utilities */
-
-static int64_t now_ns(void)
-{
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
-
-static void sleep_ms(int ms)
-{
-  struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000};
-  while (nanosleep(&t, &t) != 0 && errno == EINTR)
-    ;
-}
 
 static uint64_t splitmix(uint64_t *s)
 {
@@ -1219,15 +1206,7 @@ static int proc_fds(pid_t pid)
 {
   char path[64];
   snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
-  DIR *d = opendir(path);
-  if (!d)
-    return -1;
-  int n = 0;
-  struct dirent *e;
-  while ((e = readdir(d)) != NULL)
-    n += e->d_name[0] != '.';
-  closedir(d);
-  return n;
+  return count_dir(path);
 }
 
 typedef struct sample {
@@ -1237,12 +1216,6 @@ typedef struct sample {
 } sample_t;
 static sample_t samples[MAX_SAMPLES];
 static int nsamples;
-
-static int cmp_i64(const void *a, const void *b)
-{
-  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-  return x < y ? -1 : x > y;
-}
 
 /* Least-squares slope of y over the samples from index i0 on, per minute. */
 static double slope(int i0, int which, bool fds)

@@ -29,6 +29,7 @@
  */
 #define _GNU_SOURCE
 #include <hixl.h>
+#include "bench_util.h"
 #include <errno.h>
 #include <linux/futex.h>
 #include <signal.h>
@@ -57,13 +58,6 @@ static shared_t *sh;
 static int ctl[2];    /* parent <-> child: one byte per command */
 static int pipefd[2]; /* the pipe baseline: child -> parent */
 
-static int64_t now_ns(void)
-{
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
-
 static void die(const char *what, hixl_status_t st)
 {
   fprintf(stderr, "wake_lat: %s: %s (%s)\n", what, hixl_strerror(st), hixl_last_error());
@@ -91,13 +85,6 @@ static char recv_cmd(int fd)
   while ((r = read(fd, &c, 1)) < 0 && errno == EINTR)
     ;
   return r == 1 ? c : 'q';
-}
-
-static void sleep_ms(int ms)
-{
-  struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000};
-  while (nanosleep(&t, &t) != 0 && errno == EINTR)
-    ;
 }
 
 /* ----------------------------------------------------------- the child */
@@ -148,12 +135,6 @@ static int child_main(int gap_ms)
 }
 
 /* ---------------------------------------------------------- the waiter */
-
-static int cmp_i64(const void *a, const void *b)
-{
-  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-  return x < y ? -1 : x > y;
-}
 
 typedef struct figures {
   double p50, p90;
