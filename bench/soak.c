@@ -738,6 +738,48 @@ static bool send_notify(conn_t *c, int tgt)
   return st == HIXL_OK;
 }
 
+/* Put (from stage) or get (into rbuf) blocks (pr[j], pb[j]), j < n: one
+ * batch, or one operation each (puts ordered now and then), all waited
+ * for.  The first failure, after every issued one is waited for. */
+static hixl_status_t move_blocks(conn_t *c, bool put, const int *pr, const int *pb, int n,
+                                 bool batch)
+{
+  hixl_status_t st = HIXL_OK;
+  if (batch) {
+    hixl_xfer_t x[3];
+    size_t total = 0;
+    for (int j = 0; j < n; j++) {
+      x[j] = (hixl_xfer_t){put ? stage[pr[j]][pb[j]] : rbuf[pr[j]][pb[j]], pr[j] ? c->rb : c->ra,
+                           blk_off(islot, pb[j]), blk_sz[pb[j]]};
+      total += blk_sz[pb[j]];
+    }
+    hixl_req_t *q;
+    st = put ? hixl_put_batch(c->peer, x, (size_t)n, NULL, 0, &q)
+             : hixl_get_batch(c->peer, x, (size_t)n, 0, &q);
+    return st == HIXL_OK ? wait_req(q, put ? K_PUT_BATCH : K_GET_BATCH, total) : st;
+  }
+  hixl_req_t *q[3] = {0};
+  int issued = 0;
+  for (int j = 0; j < n && st == HIXL_OK; j++) {
+    hixl_rmr_t *r = pr[j] ? c->rb : c->ra;
+    if (put) {
+      unsigned fl = rnd(&irng, 3) == 0 ? HIXL_OP_ORDERED : 0;
+      st = hixl_put(c->peer, stage[pr[j]][pb[j]], blk_sz[pb[j]], r, blk_off(islot, pb[j]), fl,
+                    &q[j]);
+    } else {
+      st = hixl_get(c->peer, rbuf[pr[j]][pb[j]], blk_sz[pb[j]], r, blk_off(islot, pb[j]), 0, &q[j]);
+    }
+    if (st == HIXL_OK)
+      issued++;
+  }
+  for (int j = 0; j < issued; j++) {
+    hixl_status_t s2 = wait_req(q[j], put ? K_PUT : K_GET, blk_sz[pb[j]]);
+    if (s2 != HIXL_OK && st == HIXL_OK)
+      st = s2;
+  }
+  return st;
+}
+
 /* Put 1-3 blocks (singly, ordered, or as one batch), then read 1-3 back. */
 static bool data_round(conn_t *c, int tgt)
 {
@@ -762,35 +804,8 @@ static bool data_round(conn_t *c, int tgt)
     pb[n] = b;
     n++;
   }
-  hixl_status_t st = HIXL_OK;
-  if (n > 1 && rnd(&irng, 2)) {
-    hixl_xfer_t x[3];
-    size_t total = 0;
-    for (int j = 0; j < n; j++) {
-      x[j] = (hixl_xfer_t){stage[pr[j]][pb[j]], pr[j] ? c->rb : c->ra, blk_off(islot, pb[j]),
-                           blk_sz[pb[j]]};
-      total += blk_sz[pb[j]];
-    }
-    hixl_req_t *q;
-    st = hixl_put_batch(c->peer, x, (size_t)n, NULL, 0, &q);
-    if (st == HIXL_OK)
-      st = wait_req(q, K_PUT_BATCH, total);
-  } else {
-    hixl_req_t *q[3] = {0};
-    int issued = 0;
-    for (int j = 0; j < n && st == HIXL_OK; j++) {
-      unsigned fl = rnd(&irng, 3) == 0 ? HIXL_OP_ORDERED : 0;
-      st = hixl_put(c->peer, stage[pr[j]][pb[j]], blk_sz[pb[j]], pr[j] ? c->rb : c->ra,
-                    blk_off(islot, pb[j]), fl, &q[j]);
-      if (st == HIXL_OK)
-        issued++;
-    }
-    for (int j = 0; j < issued; j++) {
-      hixl_status_t s2 = wait_req(q[j], K_PUT, blk_sz[pb[j]]);
-      if (s2 != HIXL_OK && st == HIXL_OK)
-        st = s2;
-    }
-  }
+  bool batch = n > 1 && rnd(&irng, 2);
+  hixl_status_t st = move_blocks(c, true, pr, pb, n, batch);
   if (st != HIXL_OK) {
     on_fail(c, tgt, st, "put");
     return false;
@@ -819,34 +834,8 @@ static bool data_round(conn_t *c, int tgt)
   }
   if (n == 0)
     return true;
-  bool batch = n > 1 && rnd(&irng, 2);
-  if (batch) {
-    hixl_xfer_t x[3];
-    size_t total = 0;
-    for (int j = 0; j < n; j++) {
-      x[j] = (hixl_xfer_t){rbuf[pr[j]][pb[j]], pr[j] ? c->rb : c->ra, blk_off(islot, pb[j]),
-                           blk_sz[pb[j]]};
-      total += blk_sz[pb[j]];
-    }
-    hixl_req_t *q;
-    st = hixl_get_batch(c->peer, x, (size_t)n, 0, &q);
-    if (st == HIXL_OK)
-      st = wait_req(q, K_GET_BATCH, total);
-  } else {
-    hixl_req_t *q[3] = {0};
-    int issued = 0;
-    for (int j = 0; j < n && st == HIXL_OK; j++) {
-      st = hixl_get(c->peer, rbuf[pr[j]][pb[j]], blk_sz[pb[j]], pr[j] ? c->rb : c->ra,
-                    blk_off(islot, pb[j]), 0, &q[j]);
-      if (st == HIXL_OK)
-        issued++;
-    }
-    for (int j = 0; j < issued; j++) {
-      hixl_status_t s2 = wait_req(q[j], K_GET, blk_sz[pb[j]]);
-      if (s2 != HIXL_OK && st == HIXL_OK)
-        st = s2;
-    }
-  }
+  batch = n > 1 && rnd(&irng, 2);
+  st = move_blocks(c, false, pr, pb, n, batch);
   if (st != HIXL_OK) {
     on_fail(c, tgt, st, batch ? "get_batch" : "get");
     return false;
