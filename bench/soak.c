@@ -94,6 +94,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -1144,6 +1145,12 @@ static void spawn(proc_t *p)
   fflush(NULL);
   pid_t pid = fork();
   if (pid == 0) {
+    /* A child goes with the supervisor, and ignores SIGHUP: the kernel
+     * sends SIGHUP to a stopped member of a process group that becomes
+     * orphaned (the shell that started the soak exits while a child is
+     * SIGSTOPped), which would read as an unexplained death. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    signal(SIGHUP, SIG_IGN);
     if (p->is_tgt)
       apply_env(o.env_t, o.nenv_t);
     else
