@@ -70,7 +70,7 @@ typedef enum hixl_status {
   HIXL_ERR_PEER_LOST = -7,      /* the peer died, disconnected or stopped answering */
   HIXL_ERR_TRANSPORT = -8,      /* the transport failed (details in hixl_last_error) */
   HIXL_ERR_AUTH = -9,           /* the peer rejected our auth token, or we rejected theirs */
-  HIXL_ERR_AGAIN = -10,         /* a bounded queue is full for longer than the timeout; retry */
+  HIXL_ERR_AGAIN = -10,         /* a bounded queue stayed full (see docs/errors.md); retry */
   HIXL_ERR_NO_DEVICE = -11      /* no such device, or no device runtime on this machine */
 } hixl_status_t;
 

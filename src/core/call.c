@@ -323,12 +323,15 @@ hixl_status_t hixl__owner_atomic(const char *tp, hixl_peer_t *peer, hixl_rmr_t *
                                  int op, uint64_t a, uint64_t b, hixl_req_t *req, bool part)
 {
   if (!owner_room(peer)) {
-    hixl__wait(peer->ctx, hixl__deadline(hixl__ctx_timeout(peer->ctx)), 0, owner_room_fn, peer);
+    /* Past the liveness period: a peer that stopped answering is lost
+     * first, and the caller hears PEER_LOST rather than AGAIN. */
+    int ms = hixl__issue_wait_ms(peer->ctx);
+    hixl__wait(peer->ctx, hixl__deadline(ms), 0, owner_room_fn, peer);
     if (atomic_load(&peer->state) != HIXL_PEER_UP)
       return hixl__peer_state_err(tp, peer, NULL);
     if (!owner_room(peer))
       return hixl__err(HIXL_ERR_AGAIN, "%s: %d atomics to %s in flight for %d ms", tp,
-                       OWNER_AMO_MAX, peer->name, hixl__ctx_timeout(peer->ctx));
+                       OWNER_AMO_MAX, peer->name, ms);
   }
   hixl_msg_t m;
   hixl__atomic_msg(r, off, op, a, b, &m);

@@ -671,7 +671,9 @@ hixl_status_t hixl__peer_state_err(const char *fn, hixl_peer_t *peer, const char
 void hixl__wake(hixl_ctx_t *ctx);
 int hixl__ctx_timeout(const hixl_ctx_t *ctx);
 /* How long an issuing call waits for earlier operations of a peer (an
- * ordered operation, a notification behind writes): past the liveness
+ * ordered operation, a notification behind writes) or for room to issue
+ * (fabric queues full, owner-run atomics at their cap, shm copies staged
+ * for the owner): past the liveness
  * period, so that a peer that stopped answering is declared lost first
  * and the caller hears PEER_LOST; TIMEOUT is left for a live peer that
  * does not complete.  With the timeout itself the two raced (hixl-soak:

@@ -6,7 +6,7 @@
  * operation context from a free list (fab_op_t: its fi_context2 first) that
  * the completion hands back; each is a part of the hixl request.  A post
  * that meets -FI_EAGAIN (queues full) drives completions and tries again,
- * bounded by the context timeout.
+ * bounded by hixl__issue_wait_ms (past the liveness period).
  *
  * Completions and notification receives are read under poll_lock, by
  * whoever drives progress (a caller's hixl_progress or blocking wait, or
@@ -150,7 +150,11 @@ static void wait_finished(fab_ctx_t *fc, hixl_peer_t *peer, uint64_t seen, int64
 }
 
 /* Post with fn until it is not -FI_EAGAIN (completions are driven between
- * tries), bounded by the context timeout. */
+ * tries), bounded by hixl__issue_wait_ms: past the liveness period, so
+ * that queues full because the peer stopped answering end with PEER_LOST
+ * once it is declared lost.  Bounded by the timeout itself the two raced,
+ * and the caller heard AGAIN (hixl-soak seed 18006); AGAIN is now left for
+ * a live peer whose queues stay full. */
 #define POST(fc, peer, what, call)                                                                 \
   ({                                                                                               \
     ssize_t rc_;                                                                                   \
@@ -158,7 +162,7 @@ static void wait_finished(fab_ctx_t *fc, hixl_peer_t *peer, uint64_t seen, int64
     uint64_t seen_;                                                                                \
     while ((seen_ = atomic_load(&(fc)->finished)), (rc_ = (call)) == -FI_EAGAIN) {                 \
       if (dl_ == 0)                                                                                \
-        dl_ = hixl__deadline(hixl__ctx_timeout((peer)->ctx));                                      \
+        dl_ = hixl__deadline(hixl__issue_wait_ms((peer)->ctx));                                    \
       if (atomic_load(&(peer)->state) != HIXL_PEER_UP || hixl__expired(dl_))                       \
         break;                                                                                     \
       wait_finished(fc, peer, seen_, dl_);                                                         \
@@ -166,7 +170,7 @@ static void wait_finished(fab_ctx_t *fc, hixl_peer_t *peer, uint64_t seen, int64
     rc_ == 0                                      ? HIXL_OK                                        \
     : atomic_load(&(peer)->state) != HIXL_PEER_UP ? hixl__peer_state_err("fabric", (peer), NULL)   \
     : rc_ == -FI_EAGAIN ? hixl__err(HIXL_ERR_AGAIN, "fabric: %s: queues full for %d ms", what,     \
-                                    hixl__ctx_timeout((peer)->ctx))                                \
+                                    hixl__issue_wait_ms((peer)->ctx))                              \
                         : hixl__fab_err(HIXL_ERR_TRANSPORT, what, rc_);                            \
   })
 

@@ -96,13 +96,16 @@ static hixl_status_t wait_done(hixl_peer_t *peer, shm_stage_out_t *so, uint64_t 
   if (atomic_load_explicit(&so->hdr->done, memory_order_acquire) >= seq)
     return HIXL_OK;
   done_wait_t w = {peer, so, seq};
-  hixl__wait(peer->ctx, hixl__deadline(hixl__ctx_timeout(peer->ctx)), 0, copy_done, &w);
+  /* Past the liveness period: an owner that stopped is lost first, and
+   * the caller hears PEER_LOST rather than TIMEOUT. */
+  int ms = hixl__issue_wait_ms(peer->ctx);
+  hixl__wait(peer->ctx, hixl__deadline(ms), 0, copy_done, &w);
   if (atomic_load_explicit(&so->hdr->done, memory_order_acquire) >= seq)
     return HIXL_OK;
   if (atomic_load_explicit(&peer->state, memory_order_relaxed) != HIXL_PEER_UP)
     return hixl__err(HIXL_ERR_PEER_LOST, "shm: peer %s lost during a copy", peer->name);
   return hixl__err(HIXL_ERR_TIMEOUT, "shm: peer %s did not perform a copy in %d ms", peer->name,
-                   hixl__ctx_timeout(peer->ctx));
+                   ms);
 }
 
 /* Retire the oldest piece: done, and a get's bytes taken out. */

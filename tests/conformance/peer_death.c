@@ -313,6 +313,75 @@ static void test_frozen_inflight(void **state)
   hixl_ctx_destroy(ctx);
 }
 
+/* Issuing to a stopped target until there is no room: the call that waits
+ * for room (fabric's provider queues full, 1,024 owner-run atomics in
+ * flight) must wait for the loss and say PEER_LOST, never AGAIN or
+ * TIMEOUT.  The context's timeout is 300 ms, under the 1 s liveness floor:
+ * a wait for room bounded by the timeout gave up before the peer could be
+ * lost (AGAIN, "queues full for 300 ms"), which made the race that
+ * hixl-soak seed 18006 hit with equal periods certain.  Over verbs the NIC
+ * runs atomics without the target's CPU and every request may complete;
+ * there the usual timeout (300 ms calls in the emulating guest, 170x
+ * slower than this host, could time out a lookup). */
+static void no_room(hixl_ctx_t *ctx, bool atomics)
+{
+  enum { N = 3000 };
+  target_t t;
+  target_start(&t, ctx, NULL, TIMEOUT_MS);
+  hixl_peer_t *peer = connect_to(ctx, &t);
+  hixl_rmr_t *rmr = lookup(peer, "alloc"), *ctr = lookup(peer, "ctr_reg");
+  static uint8_t small[8];
+  static uint64_t olds[N];
+  static hixl_req_t *reqs[N];
+  EXPECT_OK(hixl_get(peer, small, sizeof(small), rmr, 0, 0, NULL));
+  EXPECT_OK(hixl_atomic_faa(peer, ctr, 0, 1, &olds[0], 0, NULL));
+  EXPECT_OK(hixl_fence(ctx, peer, TIMEOUT_MS));
+  kill(t.pid, SIGSTOP);
+  siginfo_t si;
+  assert_int_equal(waitid(P_PID, (id_t)t.pid, &si, WSTOPPED | WNOWAIT), 0);
+  double t0 = now_ms();
+  hixl_status_t st = HIXL_OK;
+  int n = 0;
+  if (atomics) { /* run by the owner (heap memory): at most 1,024 in flight */
+    for (; n < N && (st = hixl_atomic_faa(peer, ctr, 0, 1, &olds[n], 0, &reqs[n])) == HIXL_OK; n++)
+      ;
+  } else { /* until the provider's queues are full (fabric: rxm's 2,048) */
+    for (int g = 0; g < 100000 && st == HIXL_OK; g++) {
+      hixl_req_t *r;
+      if ((st = hixl_get(peer, small, sizeof(small), rmr, 0, 0, &r)) == HIXL_OK)
+        hixl_req_free(r); /* in flight: allowed, its result is dropped */
+    }
+  }
+  const char *what = atomics ? "atomic" : "get";
+  if (st != HIXL_OK && st != HIXL_ERR_PEER_LOST)
+    fail_msg("a %s to a stopped target: %s after %.0f ms (%s)", what, hixl_strerror(st),
+             now_ms() - t0, hixl_last_error());
+  printf("# %ss to a stopped target: %s after %.0f ms\n", what, hixl_strerror(st), now_ms() - t0);
+  for (int i = 0; i < n; i++) {
+    st = hixl_req_wait(reqs[i], 3 * TIMEOUT_MS + SLACK_MS);
+    if (st != HIXL_OK && st != HIXL_ERR_PEER_LOST)
+      fail_msg("atomic %d in flight to a stopped target ended with %s (%s)", i, hixl_strerror(st),
+               hixl_last_error());
+    hixl_req_free(reqs[i]);
+  }
+  kill(t.pid, SIGKILL); /* dead before target_stop looks */
+  assert_int_equal(waitid(P_PID, (id_t)t.pid, &si, WEXITED | WNOWAIT), 0);
+  hixl_rmr_release(ctr);
+  hixl_rmr_release(rmr);
+  hixl_disconnect(peer);
+  target_stop(&t);
+}
+
+static void test_no_room(void **state)
+{
+  (void)state;
+  hixl_ctx_t *ctx = test_ctx(strcmp(g_transport, "verbs") == 0 ? TIMEOUT_MS : 300, NULL);
+  no_room(ctx, true);
+  no_room(ctx, false);
+  still_serves(ctx);
+  hixl_ctx_destroy(ctx);
+}
+
 /* A peer lost to a partition that heals (frozen past the timeout, then
  * thawed) can be connected again at the same address: a new handle, new
  * transport state (new QPs on verbs), the same memory, and the old handle
@@ -411,6 +480,7 @@ int main(int argc, char **argv)
       cmocka_unit_test(test_frozen_peer_heartbeat),
       cmocka_unit_test(test_inflight_requests),
       cmocka_unit_test(test_frozen_inflight),
+      cmocka_unit_test(test_no_room),
       cmocka_unit_test(test_reconnect_after_loss),
       cmocka_unit_test(test_closed_while_frozen_thawed),
       cmocka_unit_test(test_closed_while_frozen_killed),
