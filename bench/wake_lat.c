@@ -12,8 +12,10 @@
  *    waiter's latency is its time on waking minus that.  Events: a bare
  *    futex wake-up (FUTEX_WAKE on a shared word), a pipe write the waiter
  *    is blocked reading, the same write to a waiter in poll() on an eventfd
- *    and the pipe with a timeout (the kernel mechanism hixl sleeps in), and
- *    a hixl notification (hixl_notify; the waiter in hixl_notif_wait).  One
+ *    and the pipe with a timeout (the kernel mechanism hixl sleeps in), a
+ *    1-byte send on a loopback TCP connection to a waiter in poll() on it
+ *    (what libfabric's tcp provider sleeps in: fabric's floor), and a hixl
+ *    notification (hixl_notify; the waiter in hixl_notif_wait).  One
  *    sample of each per round: this VM's wake-up latency drifts by 3x
  *    within seconds, so only samples taken side by side compare.
  *  - Idle: the waiter blocked for --idle-ms in hixl_notif_wait with nothing
@@ -39,6 +41,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <poll.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -57,6 +62,7 @@ typedef struct shared {
 static shared_t *sh;
 static int ctl[2];    /* parent <-> child: one byte per command */
 static int pipefd[2]; /* the pipe baseline: child -> parent */
+static int tcpfd[2];  /* the TCP baseline over loopback: [1] child -> [0] parent */
 
 static void die(const char *what, hixl_status_t st)
 {
@@ -122,6 +128,10 @@ static int child_main(int gap_ms)
       char b = 1;
       if (write(pipefd[1], &b, 1) != 1)
         return 1;
+    } else if (c == 't') {
+      char b = 1;
+      if (send(tcpfd[1], &b, 1, MSG_NOSIGNAL) != 1)
+        return 1;
     } else if (c == 'n') {
       CHECK(hixl_notify(peer, 7, 0, NULL));
     }
@@ -181,6 +191,42 @@ static int64_t sample_poll(int efd)
     exit(1);
   }
   return now_ns() - atomic_load(&sh->ts);
+}
+
+/* What a provider over TCP sleeps on: poll() on a loopback TCP socket,
+ * woken by a 1-byte send (TCP_NODELAY) -- the kernel's part of a fabric
+ * (tcp;ofi_rxm) wake-up, which has the loopback stack in the sender's
+ * send() besides the wake-up itself. */
+static int64_t sample_tcp(void)
+{
+  send_cmd(ctl[0], 't');
+  struct pollfd pf = {.fd = tcpfd[0], .events = POLLIN};
+  while (poll(&pf, 1, 1000) <= 0)
+    ;
+  char b;
+  if (recv(tcpfd[0], &b, 1, 0) != 1) {
+    perror("wake_lat: tcp");
+    exit(1);
+  }
+  return now_ns() - atomic_load(&sh->ts);
+}
+
+/* A connected pair of loopback TCP sockets, Nagle off. */
+static int tcp_pair(int fds[2])
+{
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t al = sizeof(a);
+  int one = 1, l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  fds[1] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (l < 0 || fds[1] < 0 || bind(l, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(l, 1) != 0 ||
+      getsockname(l, (struct sockaddr *)&a, &al) != 0 ||
+      connect(fds[1], (struct sockaddr *)&a, sizeof(a)) != 0 ||
+      (fds[0] = accept4(l, NULL, NULL, SOCK_CLOEXEC)) < 0)
+    return -1;
+  close(l);
+  setsockopt(fds[0], IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  setsockopt(fds[1], IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return 0;
 }
 
 static int64_t sample_notif(hixl_ctx_t *ctx)
@@ -261,7 +307,8 @@ int main(int argc, char **argv)
   if (n < 2)
     n = 2;
   sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (sh == MAP_FAILED || socketpair(AF_UNIX, SOCK_STREAM, 0, ctl) != 0 || pipe(pipefd) != 0) {
+  if (sh == MAP_FAILED || socketpair(AF_UNIX, SOCK_STREAM, 0, ctl) != 0 || pipe(pipefd) != 0 ||
+      tcp_pair(tcpfd) != 0) {
     perror("wake_lat");
     return 1;
   }
@@ -291,17 +338,18 @@ int main(int argc, char **argv)
    * this VM's wake-up latency drifts by 3x within seconds, so only
    * samples taken side by side compare. */
   sample_notif(ctx);
-  int64_t *lat = calloc(4 * (size_t)n, sizeof(*lat));
+  int64_t *lat = calloc(5 * (size_t)n, sizeof(*lat));
   int efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   for (int i = 0; i < n; i++) {
     lat[i] = sample_futex();
     lat[n + i] = sample_pipe();
     lat[2 * n + i] = sample_poll(efd);
     lat[3 * n + i] = sample_notif(ctx);
+    lat[4 * n + i] = sample_tcp();
   }
   close(efd);
   figures_t fx = figures(lat, n), pp = figures(lat + n, n), po = figures(lat + 2 * n, n),
-            hx = figures(lat + 3 * n, n);
+            hx = figures(lat + 3 * n, n), tc = figures(lat + 4 * n, n);
   free(lat);
   printf("wake-up from sleep (%d samples, %d ms apart; us)   p50      p90\n", n, gap_ms);
   printf("  futex (FUTEX_WAKE, shared word)          %8.1f %8.1f\n", fx.p50, fx.p90);
@@ -314,6 +362,9 @@ int main(int argc, char **argv)
          hx.p90 / pp.p90);
   printf("  poll / futex (the kernel's part)         %7.2fx %7.2fx\n", po.p50 / fx.p50,
          po.p90 / fx.p90);
+  printf("  tcp over loopback (poll, 1-byte send)    %8.1f %8.1f\n", tc.p50, tc.p90);
+  printf("  hixl / tcp                               %7.2fx %7.2fx\n", hx.p50 / tc.p50,
+         hx.p90 / tc.p90);
 
   /* Idle: a notification wait with nothing coming. */
   usage_begin();
