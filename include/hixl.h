@@ -140,6 +140,35 @@ const char *hixl_ctx_address(const hixl_ctx_t *ctx);
  * why.  Valid while ctx lives; NULL for a NULL ctx. */
 const char *hixl_ctx_transports(const hixl_ctx_t *ctx);
 
+/* One figure of hixl_ctx_stats: a name that stays the same from release to
+ * release (docs/observability.md lists them), a line of help, the value. */
+typedef enum {
+  HIXL_STAT_COUNTER = 0, /* only grows while the context lives */
+  HIXL_STAT_GAUGE = 1    /* a level now (peers connected, operations in flight) */
+} hixl_stat_kind_t;
+
+typedef struct hixl_stat {
+  const char *name; /* e.g. "put_bytes"; static storage, never freed */
+  const char *help; /* static storage */
+  uint64_t value;
+  int kind; /* hixl_stat_kind_t */
+  int reserved;
+} hixl_stat_t;
+
+/* The counters of ctx (peer NULL) or of one of its peers (ctx may then be
+ * NULL): operations and bytes by kind, errors by status, operations in
+ * flight, notifications, connections, time spent waiting.  *count is the
+ * room in stats on entry and the number of figures there are on return;
+ * the first min(room, that number) are filled, so *count = 0 (stats may be
+ * NULL) asks how many there are.  New figures are only ever appended, so a
+ * fixed array sized for an older release gets the same first figures.
+ * Counting costs the operations no locked instruction: a peer's figures are
+ * exact while one thread at a time issues to it (concurrent issuers may
+ * lose a few of its increments); the context's are exact.
+ * Errors: INVALID (NULL count, NULL ctx and peer, a released peer, a peer of
+ * another context, NULL stats with room). */
+hixl_status_t hixl_ctx_stats(hixl_ctx_t *ctx, hixl_peer_t *peer, hixl_stat_t *stats, size_t *count);
+
 /* ------------------------------------------------------------------ peers */
 
 /* Connect to the context listening at addr ("host:port", IPv4, IPv6 in

@@ -317,6 +317,7 @@ static void peer_readable(hixl_ctx_t *ctx, hixl_peer_t *p)
           hixl__peer_fail_locked(reply_to, HIXL_PEER_LOST, "bind reply not sent");
         if (done && sst == HIXL_OK && atomic_load(&reply_to->state) == HIXL_PEER_CONNECTING) {
           atomic_store(&reply_to->state, HIXL_PEER_UP);
+          atomic_fetch_add_explicit(&ctx->cnt.accepts, 1, memory_order_relaxed);
           pthread_cond_broadcast(&ctx->cond);
         }
         /* A refused handshake: the connection has no further use. */

@@ -128,6 +128,7 @@ hixl_status_t hixl_ctx_create(const hixl_config_t *cfg_in, hixl_ctx_t **ctx_p)
   pthread_mutex_init(&ctx->reg_lock, NULL);
   pthread_mutex_init(&ctx->pool_lock, NULL);
   pthread_mutex_init(&ctx->aux_lock, NULL);
+  pthread_mutex_init(&ctx->stats_lock, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -143,6 +144,8 @@ hixl_status_t hixl_ctx_create(const hixl_config_t *cfg_in, hixl_ctx_t **ctx_p)
     goto fail;
   ctx->tp_allowed |= 1u << hixl__tp_loopback()->id; /* our own context is always reachable */
   ctx->id = hixl__random64();
+  if (ctx->id == 0) /* 0 marks an empty slot of the counters' thread cache */
+    ctx->id = 1;
   hixl__host_id(ctx->host_id);
   /* The abstract unix name of our control socket (and, + "-bell", of the
    * shm doorbell): leading NUL, scoped to the network namespace. */
@@ -250,6 +253,8 @@ void hixl_ctx_destroy(hixl_ctx_t *ctx)
   pthread_mutex_destroy(&ctx->reg_lock);
   pthread_mutex_destroy(&ctx->pool_lock);
   pthread_mutex_destroy(&ctx->aux_lock);
+  hixl__stats_fini(ctx);
+  pthread_mutex_destroy(&ctx->stats_lock);
   pthread_cond_destroy(&ctx->cond);
   hixl__wait_fini(ctx);
   free(ctx);

@@ -539,6 +539,7 @@ static hixl_status_t connect_once(hixl_ctx_t *ctx, const char *addr, int64_t dea
     goto fail;
   }
   atomic_store(&p->state, HIXL_PEER_UP);
+  atomic_fetch_add_explicit(&ctx->cnt.connects, 1, memory_order_relaxed);
   p->last_rx_ns = hixl__now_ns();
   pthread_mutex_lock(&p->send_lock);
   p->polled = true;

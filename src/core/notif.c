@@ -222,6 +222,11 @@ int hixl_notif_poll(hixl_ctx_t *ctx, hixl_notif_t *out, int max)
   }
   if (n < max && !inbox_first)
     n += inbox_take_locked(ctx, out + n, max - n);
+  if (n > 0) { /* counted under notif.lock, which serializes the consumers */
+    hixl__stat_add(&ctx->cnt.notif_received, (uint64_t)n);
+    for (int i = 0; i < n; i++)
+      hixl__stat_add(&out[i].peer->st_notif_rx, 1);
+  }
   pthread_mutex_unlock(&ctx->notif.lock);
   return n;
 }

@@ -122,6 +122,8 @@ static inline hixl_req_t *async_begin(hixl_peer_t *peer)
 static hixl_status_t async_end(hixl_req_t *req, hixl_status_t st, hixl_req_t **req_p)
 {
   bool failed = st < 0;
+  if (failed)
+    req->issue_failed = true; /* before our part goes: whoever completes it reads this */
   hixl__req_part_done(req, failed ? st : HIXL_OK);
   if (failed || req_p == NULL) {
     hixl__req_release(req);
@@ -162,6 +164,34 @@ static inline hixl_status_t op_begin(const char *fn, hixl_peer_t *peer, unsigned
   return hixl_likely(st == HIXL_OK) ? op_request(peer, req) : st;
 }
 
+/* Counting (stats.h): an operation issued, in this thread's block for the
+ * context and in the peer; an error, when the peer is a live handle. */
+static inline hixl_status_t op_counted(hixl_peer_t *peer, hixl_status_t st, int k, uint64_t bytes,
+                                       bool has_bytes)
+{
+  if (hixl_unlikely(st != HIXL_OK)) {
+    hixl__stat_error(peer->ctx, peer, st);
+    return st;
+  }
+  hixl_tstats_t *b = hixl__tstats_for(peer->ctx->id, peer->ctx);
+  if (hixl_likely(b != NULL)) {
+    hixl__stat_add(&b->c[k], 1);
+    if (has_bytes)
+      hixl__stat_add(&b->c[k + 1], bytes);
+  }
+  hixl__stat_add(&peer->st[k], 1);
+  if (has_bytes)
+    hixl__stat_add(&peer->st[k + 1], bytes);
+  return HIXL_OK;
+}
+
+static __attribute__((noinline, cold)) hixl_status_t op_failed(hixl_peer_t *peer, hixl_status_t st)
+{
+  if (peer != NULL && peer->magic == HIXL_MAGIC_PEER)
+    hixl__stat_error(peer->ctx, peer, st);
+  return st;
+}
+
 HIXL_HOT hixl_status_t hixl_put(hixl_peer_t *peer, const void *src, size_t len, hixl_rmr_t *dst,
                                 uint64_t off, unsigned flags, hixl_req_t **req_p)
 {
@@ -173,11 +203,12 @@ HIXL_HOT hixl_status_t hixl_put(hixl_peer_t *peer, const void *src, size_t len, 
   if (hixl_unlikely(st == HIXL_OK && dev_any()))
     st = hixl__dev_check_local("hixl_put", src, len);
   if (hixl_unlikely(st != HIXL_OK))
-    return st;
+    return op_failed(peer, st);
   hixl_req_t *req;
   if ((st = op_begin("hixl_put", peer, flags, &req)) != HIXL_OK)
-    return st;
-  return op_end(peer, req, peer->ops->put(peer, src, len, dst, off, req), req_p);
+    return op_failed(peer, st);
+  return op_counted(peer, op_end(peer, req, peer->ops->put(peer, src, len, dst, off, req), req_p),
+                    HIXL_OPST_PUT_OPS, len, true);
 }
 
 HIXL_HOT hixl_status_t hixl_get(hixl_peer_t *peer, void *dst, size_t len, hixl_rmr_t *src,
@@ -191,11 +222,12 @@ HIXL_HOT hixl_status_t hixl_get(hixl_peer_t *peer, void *dst, size_t len, hixl_r
   if (hixl_unlikely(st == HIXL_OK && dev_any()))
     st = hixl__dev_check_local("hixl_get", dst, len);
   if (hixl_unlikely(st != HIXL_OK))
-    return st;
+    return op_failed(peer, st);
   hixl_req_t *req;
   if ((st = op_begin("hixl_get", peer, flags, &req)) != HIXL_OK)
-    return st;
-  return op_end(peer, req, peer->ops->get(peer, dst, len, src, off, req), req_p);
+    return op_failed(peer, st);
+  return op_counted(peer, op_end(peer, req, peer->ops->get(peer, dst, len, src, off, req), req_p),
+                    HIXL_OPST_GET_OPS, len, true);
 }
 
 hixl_status_t hixl_put_imm(hixl_peer_t *peer, const void *src, size_t len, hixl_rmr_t *dst,
@@ -209,27 +241,30 @@ hixl_status_t hixl_put_imm(hixl_peer_t *peer, const void *src, size_t len, hixl_
   if (hixl_unlikely(st == HIXL_OK && dev_any()))
     st = hixl__dev_check_local("hixl_put_imm", src, len);
   if (hixl_unlikely(st != HIXL_OK))
-    return st;
+    return op_failed(peer, st);
   hixl_req_t *req;
   if ((st = op_begin("hixl_put_imm", peer, flags, &req)) != HIXL_OK)
-    return st;
-  return op_end(peer, req, peer->ops->put_imm(peer, src, len, dst, off, imm, req), req_p);
+    return op_failed(peer, st);
+  return op_counted(
+      peer, op_end(peer, req, peer->ops->put_imm(peer, src, len, dst, off, imm, req), req_p),
+      HIXL_OPST_IMM_OPS, len, true);
 }
 
 hixl_status_t hixl_notify(hixl_peer_t *peer, uint32_t imm, unsigned flags, hixl_req_t **req_p)
 {
   hixl_status_t st = check_peer("hixl_notify", peer);
   if (hixl_unlikely(st != HIXL_OK))
-    return st;
+    return op_failed(peer, st);
   hixl_req_t *req;
   if ((st = op_begin("hixl_notify", peer, flags, &req)) != HIXL_OK)
-    return st;
-  return op_end(peer, req, peer->ops->notify(peer, imm, 0, req), req_p);
+    return op_failed(peer, st);
+  return op_counted(peer, op_end(peer, req, peer->ops->notify(peer, imm, 0, req), req_p),
+                    HIXL_OPST_NOTIFY_OPS, 0, false);
 }
 
-static hixl_status_t atomic_common(const char *fn, hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t off,
-                                   int op, uint64_t a, uint64_t b, uint64_t *old_p, unsigned flags,
-                                   hixl_req_t **req_p)
+static hixl_status_t atomic_issue(const char *fn, hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t off,
+                                  int op, uint64_t a, uint64_t b, uint64_t *old_p, unsigned flags,
+                                  hixl_req_t **req_p)
 {
   hixl_status_t st = check_peer(fn, peer);
   if (hixl_likely(st == HIXL_OK))
@@ -269,6 +304,7 @@ static hixl_status_t atomic_common(const char *fn, hixl_peer_t *peer, hixl_rmr_t
   st = peer->ops->atomic(peer, rmr, off, op, a, b, &old, req);
   if (hixl_unlikely(st < 0)) {
     req->old_p = NULL;
+    req->issue_failed = true;
     hixl__req_complete(req, st, 0);
     hixl__req_release(req);
     return st;
@@ -282,6 +318,16 @@ static hixl_status_t atomic_common(const char *fn, hixl_peer_t *peer, hixl_rmr_t
   else
     hixl__req_release(req);
   return HIXL_OK;
+}
+
+static hixl_status_t atomic_common(const char *fn, hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t off,
+                                   int op, uint64_t a, uint64_t b, uint64_t *old_p, unsigned flags,
+                                   hixl_req_t **req_p)
+{
+  hixl_status_t st = atomic_issue(fn, peer, rmr, off, op, a, b, old_p, flags, req_p);
+  if (hixl_unlikely(st != HIXL_OK))
+    return op_failed(peer, st);
+  return op_counted(peer, st, HIXL_OPST_ATOMIC_OPS, 0, false);
 }
 
 hixl_status_t hixl_atomic_cas(hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t off, uint64_t expected,
@@ -346,11 +392,13 @@ hixl_status_t hixl_put_batch(hixl_peer_t *peer, const hixl_xfer_t *xfers, size_t
   if (st == HIXL_OK)
     st = check_batch("hixl_put_batch", peer, xfers, n, HIXL_ACCESS_WRITE, &total);
   if (st != HIXL_OK)
-    return st;
+    return op_failed(peer, st);
   hixl_req_t *req;
   if ((st = op_begin("hixl_put_batch", peer, flags, &req)) != HIXL_OK)
-    return st;
-  return op_end(peer, req, batch_issue(peer, xfers, n, true, imm, total, req), req_p);
+    return op_failed(peer, st);
+  return op_counted(peer,
+                    op_end(peer, req, batch_issue(peer, xfers, n, true, imm, total, req), req_p),
+                    HIXL_OPST_BATCH_OPS, total, true);
 }
 
 hixl_status_t hixl_get_batch(hixl_peer_t *peer, const hixl_xfer_t *xfers, size_t n, unsigned flags,
@@ -361,9 +409,11 @@ hixl_status_t hixl_get_batch(hixl_peer_t *peer, const hixl_xfer_t *xfers, size_t
   if (st == HIXL_OK)
     st = check_batch("hixl_get_batch", peer, xfers, n, HIXL_ACCESS_READ, &total);
   if (st != HIXL_OK)
-    return st;
+    return op_failed(peer, st);
   hixl_req_t *req;
   if ((st = op_begin("hixl_get_batch", peer, flags, &req)) != HIXL_OK)
-    return st;
-  return op_end(peer, req, batch_issue(peer, xfers, n, false, NULL, total, req), req_p);
+    return op_failed(peer, st);
+  return op_counted(peer,
+                    op_end(peer, req, batch_issue(peer, xfers, n, false, NULL, total, req), req_p),
+                    HIXL_OPST_BATCH_OPS, total, true);
 }

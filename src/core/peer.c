@@ -184,6 +184,10 @@ void hixl__peer_fail_locked(hixl_peer_t *p, int state, const char *why)
   p->lost_ns = hixl__now_ns();
   if (!p->unix_pending && old == HIXL_PEER_UP)
     hixl_info("peer %s %s: %s", p->name, state == HIXL_PEER_LOST ? "lost" : "closed", why);
+  if (old == HIXL_PEER_UP && !p->self)
+    atomic_fetch_add_explicit(state == HIXL_PEER_LOST ? &p->ctx->cnt.losses
+                                                      : &p->ctx->cnt.disconnects,
+                              1, memory_order_relaxed);
   hixl__fail_pending_locked(p);
   /* Let the transport fail what is in flight now, not when its own retries
    * run out (verbs: the QPs go to ERROR and flush). */

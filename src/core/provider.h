@@ -15,6 +15,7 @@
 #include "base.h"
 
 #include "../device/device.h"
+#include "stats.h"
 
 /* Transport ids: small numbers that travel in handshakes, so fixed: each
  * transport defines its own (HIXL_TP_<NAME> in its header), transport.c
@@ -176,6 +177,7 @@ struct hixl_req {
   hixl_peer_t *peer;
   uint64_t *old_p;            /* atomics: where the old value goes */
   bool counted;               /* counted in peer->issued: count its completion */
+  bool issue_failed;          /* its issuing call returned the error (stats: counted there) */
   _Atomic int parts;          /* async transports: pieces in flight (+1 while issuing) */
   _Atomic int part_err;       /* the first error of a piece */
   uint32_t index;             /* position in the pool */
@@ -454,6 +456,11 @@ struct hixl_peer {
   _Atomic uint64_t issued;
   _Atomic uint64_t completed;
 
+  /* Its figures for hixl_ctx_stats (stats.h: operation counters written
+   * with relaxed load-and-store, errors and notifications atomically). */
+  _Atomic uint64_t st[HIXL_OPST_N];
+  _Atomic uint64_t st_errors, st_notif_rx;
+
   /* Notifications they send us in a ring of their own (shm: shared; self:
    * local), or NULL: verbs and fabric deliver into the context's inbox
    * (hixl__inbox_push), where inbox_queued counts this peer's entries. */
@@ -630,6 +637,11 @@ struct hixl_ctx {
   hixl_req_t *pool_chunks[256];
   _Atomic uint32_t pool_nchunks;
   _Atomic uint64_t pool_head; /* (aba tag << 32) | (index + 1), 0 = empty */
+
+  /* Counters (stats.h, stats.c): the per-thread blocks, and the rest. */
+  pthread_mutex_t stats_lock; /* tstats list: adding a block */
+  hixl_tstats_t *_Atomic tstats;
+  hixl_ctx_counters_t cnt;
 };
 
 /* The control connection, for transports (call.c, peer.c, handshake.c). */

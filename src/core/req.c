@@ -75,6 +75,7 @@ hixl_req_t *hixl__req_get(hixl_ctx_t *ctx, hixl_peer_t *peer)
       req->peer = peer;
       req->old_p = NULL;
       req->counted = false;
+      req->issue_failed = false;
       atomic_store_explicit(&req->parts, 0, memory_order_relaxed);
       atomic_store_explicit(&req->part_err, HIXL_OK, memory_order_relaxed);
       return req;
@@ -87,6 +88,10 @@ void hixl__req_complete(hixl_req_t *req, hixl_status_t st, uint64_t old)
   hixl_ctx_t *ctx = req->ctx;
   if (st == HIXL_OK && req->old_p)
     *req->old_p = old;
+  /* An error after the call that issued it returned OK (one whose issue
+   * failed is counted by that call, ops.c). */
+  if (hixl_unlikely(st < 0) && !req->issue_failed)
+    hixl__stat_error(ctx, req->peer, st);
   atomic_store_explicit(&req->status, st, memory_order_release);
   if (req->counted)
     atomic_fetch_add_explicit(&req->peer->completed, 1, memory_order_release);

@@ -398,6 +398,13 @@ static bool sleep_once(hixl_ctx_t *ctx, int64_t deadline, int cap_ms, unsigned f
     *pp = me.next;
     pthread_mutex_unlock(&ctx->wait_lock);
   }
+  if (slept_ns) {
+    hixl_tstats_t *b = hixl__tstats_for(ctx->id, ctx);
+    if (b) {
+      hixl__stat_add(&b->c[HIXL_WST_SLEEPS], 1);
+      hixl__stat_add(&b->c[HIXL_WST_SLEEP_NS], (uint64_t)(hixl__now_ns() - slept_ns));
+    }
+  }
   if (fired) {
     last.ctx = ctx;
     last.woke_ns = hixl__now_ns();
@@ -417,6 +424,17 @@ static bool sleep_once(hixl_ctx_t *ctx, int64_t deadline, int cap_ms, unsigned f
   return done;
 }
 
+/* Time polled, t0 to t1, in the calling thread's counters (hixl_ctx_stats'
+ * wait_spin_ns); returns done.  t1 is the loop's own last clock reading,
+ * not a new one: the waiter that just found its event pays nothing more. */
+static bool spun(hixl_ctx_t *ctx, int64_t t0, int64_t t1, bool done)
+{
+  hixl_tstats_t *b = hixl__tstats_for(ctx->id, ctx);
+  if (b && t1 > t0)
+    hixl__stat_add(&b->c[HIXL_WST_SPIN_NS], (uint64_t)(t1 - t0));
+  return done;
+}
+
 /* Poll fn for the adaptive budget (or forever in SPIN mode); true when
  * fn said done, false when it is time to sleep (or TIMEOUT in *st). */
 static bool poll_phase(hixl_ctx_t *ctx, int64_t deadline, unsigned flags, hixl_wait_fn fn,
@@ -431,26 +449,31 @@ static bool poll_phase(hixl_ctx_t *ctx, int64_t deadline, unsigned flags, hixl_w
   }
   int mode = ctx->wait_mode;
   if (mode == HIXL_WAIT_SPIN) {
+    int64_t t0 = hixl__now_coarse_ns(), t1 = t0;
     for (unsigned i = 1;; i++) {
       if (fn(arg))
-        return true;
-      if ((i & 63) == 0 && hixl__expired(deadline)) {
-        *st = HIXL_ERR_TIMEOUT;
-        return false;
+        return spun(ctx, t0, t1, true);
+      if ((i & 63) == 0) {
+        t1 = hixl__now_coarse_ns();
+        if (deadline != INT64_MAX && t1 >= deadline) {
+          *st = HIXL_ERR_TIMEOUT;
+          return spun(ctx, t0, t1, false);
+        }
       }
       cpu_relax();
     }
   }
   if (mode == HIXL_WAIT_ADAPTIVE && !(flags & HIXL_WAITF_NOSPIN)) {
     int64_t budget = atomic_load_explicit(&ctx->spin_ns, memory_order_relaxed);
-    int64_t t0 = hixl__now_ns();
+    int64_t t0 = hixl__now_ns(), t1 = t0;
     for (unsigned i = 1;; i++) {
       if (fn(arg))
-        return true;
-      if ((i & 7) == 0 && hixl__now_ns() - t0 >= budget)
+        return spun(ctx, t0, t1, true);
+      if ((i & 7) == 0 && (t1 = hixl__now_ns()) - t0 >= budget)
         break;
       cpu_relax();
     }
+    spun(ctx, t0, t1, false);
   }
   return false;
 }

@@ -686,7 +686,7 @@ hixl_peer_t *hixl__fab_sender(fab_ctx_t *fc, fi_addr_t src, uint64_t cookie)
   for (size_t i = fc->n_smap; i-- > 0;)
     if ((!fc->source || fc->smap[i].fa == src) && fc->smap[i].cookie == cookie)
       return fc->smap[i].peer;
-  fc->n_dropped++;
+  fab_dropped(fc);
   if (fc->n_dropped == 1 || (fc->n_dropped & (fc->n_dropped - 1)) == 0)
     hixl_warn("fabric: dropped a notification from an unbound sender (%llu so far)",
               (unsigned long long)fc->n_dropped);

@@ -238,4 +238,12 @@ void hixl__fab_ops_free(fab_ctx_t *fc);
 /* Wait (bounded) until the peer has nothing in flight. */
 bool hixl__fab_drain_peer(fab_peer_t *fp);
 
+/* A notification from no bound peer: counted here and in the context's
+ * "notifications_dropped" (hixl_ctx_stats). */
+static inline void fab_dropped(fab_ctx_t *fc)
+{
+  fc->n_dropped++;
+  atomic_fetch_add_explicit(&fc->ctx->cnt.notif_dropped, 1, memory_order_relaxed);
+}
+
 #endif

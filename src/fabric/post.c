@@ -422,7 +422,7 @@ static void repost(fab_ctx_t *fc, int i)
 static bool deliver(fab_ctx_t *fc, const fab_msg_t *m, fi_addr_t src)
 {
   if (le32toh(m->magic) != FAB_MSG_MAGIC) {
-    fc->n_dropped++;
+    fab_dropped(fc);
     return true; /* not ours: dropped */
   }
   hixl_peer_t *p = hixl__fab_sender(fc, src, le64toh(m->cookie));
@@ -460,7 +460,7 @@ static void on_recv(fab_ctx_t *fc, int ri, size_t len, fi_addr_t src)
 {
   fab_msg_t m;
   if (len != FAB_MSG_SIZE) { /* short: not one of ours */
-    fc->n_dropped++;
+    fab_dropped(fc);
     repost(fc, ri);
     return;
   }

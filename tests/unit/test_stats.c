@@ -1,0 +1,328 @@
+/* SPDX-License-Identifier: MIT */
+/* hixl_ctx_stats (docs/observability.md): every operation kind counted with
+ * its bytes, in the context and in the peer; errors by status, at issue
+ * (and not twice); notifications taken, per context and per sender;
+ * connects, accepts, disconnects and losses; waiting; the figures of a
+ * context exact when several threads issue at once; the calling
+ * convention (room, how many there are, bad arguments).  Over shm and
+ * fabric (tcp;ofi_rxm over loopback), with the public API only. */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include <hixl.h>
+
+#define MAXS 128
+
+static hixl_ctx_t *make(const char *transports)
+{
+  hixl_config_t cfg;
+  hixl_config_init(&cfg);
+  cfg.transports = transports;
+  cfg.listen = "127.0.0.1:0";
+  cfg.timeout_ms = 1000;
+  hixl_ctx_t *c = NULL;
+  if (hixl_ctx_create(&cfg, &c) != HIXL_OK)
+    fail_msg("hixl_ctx_create(%s): %s", transports, hixl_last_error());
+  return c;
+}
+
+/* The value of the figure called name (the test fails if there is none). */
+static uint64_t stat(hixl_ctx_t *ctx, hixl_peer_t *peer, const char *name)
+{
+  hixl_stat_t s[MAXS];
+  size_t n = MAXS;
+  if (hixl_ctx_stats(ctx, peer, s, &n) != HIXL_OK)
+    fail_msg("hixl_ctx_stats: %s", hixl_last_error());
+  for (size_t i = 0; i < n && i < MAXS; i++)
+    if (strcmp(s[i].name, name) == 0)
+      return s[i].value;
+  fail_msg("no figure %s", name);
+  return 0;
+}
+
+typedef struct kv {
+  const char *name;
+  uint64_t want;
+} kv_t;
+
+static void expect(hixl_ctx_t *ctx, hixl_peer_t *peer, const kv_t *kv, size_t n, const char *what)
+{
+  for (size_t i = 0; i < n; i++) {
+    uint64_t v = stat(ctx, peer, kv[i].name);
+    if (v != kv[i].want)
+      fail_msg("%s: %s = %llu, want %llu", what, kv[i].name, (unsigned long long)v,
+               (unsigned long long)kv[i].want);
+  }
+}
+
+/* Wait up to 10 s for a figure of ctx to reach want. */
+static uint64_t settle(hixl_ctx_t *ctx, const char *name, uint64_t want)
+{
+  uint64_t v = stat(ctx, NULL, name);
+  for (int i = 0; i < 200 && v < want; i++) {
+    usleep(50000);
+    v = stat(ctx, NULL, name);
+  }
+  return v;
+}
+
+static void counts(const char *transports)
+{
+  hixl_ctx_t *tgt = make(transports), *ini = make(transports);
+  uint8_t *mem;
+  hixl_mr_t *mr;
+  assert_int_equal(hixl_mem_alloc(tgt, 8192, HIXL_MEM_HOST,
+                                  HIXL_ACCESS_READ | HIXL_ACCESS_WRITE | HIXL_ACCESS_ATOMIC,
+                                  (void **)&mem, &mr),
+                   HIXL_OK);
+  assert_int_equal(hixl_mr_publish(mr, "m"), HIXL_OK);
+  hixl_peer_t *p = NULL;
+  hixl_rmr_t *r = NULL;
+  if (hixl_connect(ini, hixl_ctx_address(tgt), 10000, &p) != HIXL_OK)
+    fail_msg("connect over %s: %s", transports, hixl_last_error());
+  assert_int_equal(hixl_rmr_lookup(p, "m", 10000, &r), HIXL_OK);
+
+  static const kv_t zero[] = {{"put_ops", 0},    {"put_bytes", 0}, {"get_ops", 0},
+                              {"atomic_ops", 0}, {"errors", 0},    {"in_flight", 0}};
+  expect(ini, NULL, zero, 6, "before");
+  expect(NULL, p, zero, 6, "peer before");
+  assert_int_equal(stat(ini, NULL, "connects"), 1);
+  assert_int_equal(stat(ini, NULL, "peers"), 1);
+  assert_int_equal(stat(NULL, p, "up"), 1);
+
+  uint8_t buf[256] = {1};
+  uint64_t old;
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(hixl_put(p, buf, 100, r, 128 * (uint64_t)i, 0, NULL), HIXL_OK);
+  for (int i = 0; i < 2; i++)
+    assert_int_equal(hixl_get(p, buf, 50, r, 1024, 0, NULL), HIXL_OK);
+  assert_int_equal(hixl_put_imm(p, buf, 10, r, 2048, 7, 0, NULL), HIXL_OK);
+  assert_int_equal(hixl_notify(p, 8, 0, NULL), HIXL_OK);
+  assert_int_equal(hixl_notify(p, 9, 0, NULL), HIXL_OK);
+  assert_int_equal(hixl_atomic_faa(p, r, 4096, 5, &old, 0, NULL), HIXL_OK);
+  assert_int_equal(hixl_atomic_cas(p, r, 4096, 5, 6, &old, 0, NULL), HIXL_OK);
+  hixl_xfer_t x[2] = {{buf, r, 3000, 16}, {buf, r, 3100, 16}};
+  uint32_t imm = 10;
+  assert_int_equal(hixl_put_batch(p, x, 2, &imm, 0, NULL), HIXL_OK);
+  assert_int_equal(hixl_get_batch(p, x, 1, 0, NULL), HIXL_OK);
+  assert_int_equal(hixl_fence(ini, p, 10000), HIXL_OK);
+
+  /* Errors: outside the region (at issue), bad flags; a NULL peer has no
+   * context to count in. */
+  assert_int_equal(hixl_put(p, buf, 16, r, 8190, 0, NULL), HIXL_ERR_NOT_REGISTERED);
+  assert_int_equal(hixl_get(p, buf, 16, r, 0, 0x100, NULL), HIXL_ERR_INVALID);
+  assert_int_equal(hixl_put(NULL, buf, 16, r, 0, 0, NULL), HIXL_ERR_INVALID);
+  assert_int_equal(hixl_fence(ini, p, 10000), HIXL_OK);
+
+  static const kv_t after[] = {{"put_ops", 3},
+                               {"put_bytes", 300},
+                               {"get_ops", 2},
+                               {"get_bytes", 100},
+                               {"put_imm_ops", 1},
+                               {"put_imm_bytes", 10},
+                               {"notify_ops", 2},
+                               {"atomic_ops", 2},
+                               {"batch_ops", 2},
+                               {"batch_bytes", 48},
+                               {"errors", 2},
+                               {"errors_invalid", 1},
+                               {"errors_not_registered", 1},
+                               {"errors_peer_lost", 0},
+                               {"in_flight", 0}};
+  expect(ini, NULL, after, sizeof(after) / sizeof(after[0]), transports);
+  /* The peer's figures are the same (one thread issued), without the
+   * context's own. */
+  static const kv_t peer_after[] = {{"put_ops", 3},     {"put_bytes", 300}, {"get_ops", 2},
+                                    {"get_bytes", 100}, {"put_imm_ops", 1}, {"notify_ops", 2},
+                                    {"atomic_ops", 2},  {"batch_ops", 2},   {"batch_bytes", 48},
+                                    {"errors", 2},      {"in_flight", 0}};
+  expect(NULL, p, peer_after, sizeof(peer_after) / sizeof(peer_after[0]), "peer");
+  /* The target issued nothing; it took four notifications (put_imm, two
+   * notify, the batch's), all from the one peer it accepted. */
+  assert_int_equal(stat(tgt, NULL, "put_ops"), 0);
+  assert_int_equal(stat(tgt, NULL, "accepts"), 1);
+  assert_int_equal(stat(tgt, NULL, "peers"), 1);
+  hixl_notif_t nt[4];
+  hixl_peer_t *from = NULL;
+  for (int i = 0; i < 4; i++) {
+    if (hixl_notif_wait(tgt, &nt[i], 10000) != HIXL_OK)
+      fail_msg("notification %d over %s: %s", i, transports, hixl_last_error());
+    from = nt[i].peer;
+  }
+  assert_int_equal(stat(tgt, NULL, "notifications_received"), 4);
+  assert_int_equal(stat(NULL, from, "notifications_received"), 4);
+  assert_int_equal(stat(tgt, NULL, "notifications_dropped"), 0);
+  /* A wait with nothing to take sleeps, and says so. */
+  uint64_t sleeps = stat(tgt, NULL, "wait_sleeps");
+  assert_int_equal(hixl_notif_wait(tgt, &nt[0], 100), HIXL_ERR_TIMEOUT);
+  assert_true(stat(tgt, NULL, "wait_sleeps") > sleeps);
+  assert_true(stat(tgt, NULL, "wait_sleep_ns") > 0);
+
+  /* Disconnect: counted on our side at once, on theirs when the BYE
+   * arrives; later operations fail with PEER_LOST and are counted. */
+  assert_int_equal(hixl_disconnect(p), HIXL_OK);
+  assert_int_equal(stat(ini, NULL, "disconnects"), 1);
+  assert_int_equal(stat(ini, NULL, "peers"), 0);
+  assert_int_equal(stat(NULL, p, "up"), 0);
+  assert_int_equal(hixl_put(p, buf, 8, r, 0, 0, NULL), HIXL_ERR_PEER_LOST);
+  assert_int_equal(stat(ini, NULL, "errors_peer_lost"), 1);
+  uint64_t gone = settle(tgt, "disconnects", 1) + stat(tgt, NULL, "peer_losses");
+  assert_true(gone >= 1);
+  hixl_ctx_destroy(ini);
+  hixl_ctx_destroy(tgt);
+}
+
+static void counts_shm(void **state)
+{
+  (void)state;
+  counts("shm");
+}
+
+static void counts_fabric(void **state)
+{
+  (void)state;
+  setenv("HIXL_FABRIC_PROVIDER", "tcp;ofi_rxm", 0);
+  counts("fabric");
+}
+
+/* A peer that dies is counted as lost. */
+static void loss(void **state)
+{
+  (void)state;
+  hixl_ctx_t *tgt = make("shm");
+  char addr[128];
+  snprintf(addr, sizeof(addr), "%s", hixl_ctx_address(tgt));
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    hixl_ctx_t *c = make("shm");
+    hixl_peer_t *p;
+    _exit(hixl_connect(c, addr, 10000, &p) == HIXL_OK ? 0 : 1);
+  }
+  int ws;
+  assert_int_equal(waitpid(pid, &ws, 0), pid);
+  assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+  assert_int_equal(settle(tgt, "peer_losses", 1), 1);
+  assert_int_equal(stat(tgt, NULL, "accepts"), 1);
+  assert_int_equal(stat(tgt, NULL, "peers"), 0);
+  hixl_ctx_destroy(tgt);
+}
+
+typedef struct worker {
+  hixl_peer_t *p;
+  hixl_rmr_t *r;
+  int n;
+} worker_t;
+
+static void *issue(void *arg)
+{
+  worker_t *w = arg;
+  uint64_t v = 1;
+  for (int i = 0; i < w->n; i++)
+    if (hixl_put(w->p, &v, 8, w->r, 0, 0, NULL) != HIXL_OK)
+      return (void *)1;
+  return NULL;
+}
+
+/* Four threads issue to one peer at once: the context's figures are exact
+ * (per-thread counters); the peer's may miss collided increments. */
+static void threads(void **state)
+{
+  (void)state;
+  hixl_ctx_t *tgt = make("shm"), *ini = make("shm");
+  void *mem;
+  hixl_mr_t *mr;
+  assert_int_equal(
+      hixl_mem_alloc(tgt, 4096, HIXL_MEM_HOST, HIXL_ACCESS_WRITE | HIXL_ACCESS_READ, &mem, &mr),
+      HIXL_OK);
+  assert_int_equal(hixl_mr_publish(mr, "m"), HIXL_OK);
+  hixl_peer_t *p;
+  hixl_rmr_t *r;
+  assert_int_equal(hixl_connect(ini, hixl_ctx_address(tgt), 10000, &p), HIXL_OK);
+  assert_int_equal(hixl_rmr_lookup(p, "m", 10000, &r), HIXL_OK);
+  enum { T = 4, N = 20000 };
+  pthread_t th[T];
+  worker_t w = {p, r, N};
+  for (int i = 0; i < T; i++)
+    assert_int_equal(pthread_create(&th[i], NULL, issue, &w), 0);
+  for (int i = 0; i < T; i++) {
+    void *rv;
+    pthread_join(th[i], &rv);
+    assert_null(rv);
+  }
+  /* Threads that ended leave their counts behind; new ones (which may get
+   * an ended one's pthread_t and its block) add to them. */
+  for (int i = 0; i < T; i++)
+    assert_int_equal(pthread_create(&th[i], NULL, issue, &w), 0);
+  for (int i = 0; i < T; i++)
+    pthread_join(th[i], NULL);
+  assert_int_equal(stat(ini, NULL, "put_ops"), 2 * T * N);
+  assert_int_equal(stat(ini, NULL, "put_bytes"), 2 * T * N * 8);
+  uint64_t pp = stat(NULL, p, "put_ops");
+  assert_true(pp > 0 && pp <= 2 * T * N);
+  hixl_ctx_destroy(ini);
+  hixl_ctx_destroy(tgt);
+}
+
+/* The calling convention: room and count, names, bad arguments. */
+static void convention(void **state)
+{
+  (void)state;
+  hixl_ctx_t *a = make("self"), *b = make("self");
+  size_t n = 0;
+  assert_int_equal(hixl_ctx_stats(a, NULL, NULL, &n), HIXL_OK);
+  assert_true(n >= 30 && n <= MAXS);
+  size_t total = n;
+  hixl_stat_t s[MAXS];
+  memset(s, 0xee, sizeof(s));
+  n = 5;
+  assert_int_equal(hixl_ctx_stats(a, NULL, s, &n), HIXL_OK);
+  assert_int_equal(n, total);
+  assert_string_equal(s[0].name, "put_ops"); /* the first figures never move */
+  assert_string_equal(s[1].name, "put_bytes");
+  assert_int_equal((unsigned char)((uint8_t *)&s[5])[0], 0xee); /* nothing past the room */
+  n = MAXS;
+  assert_int_equal(hixl_ctx_stats(a, NULL, s, &n), HIXL_OK);
+  for (size_t i = 0; i < n; i++) {
+    assert_non_null(s[i].name);
+    assert_non_null(s[i].help);
+    assert_true(s[i].kind == HIXL_STAT_COUNTER || s[i].kind == HIXL_STAT_GAUGE);
+    for (size_t j = 0; j < i; j++)
+      assert_string_not_equal(s[i].name, s[j].name);
+  }
+  /* Bad arguments: each an INVALID that names the problem. */
+  assert_int_equal(hixl_ctx_stats(a, NULL, s, NULL), HIXL_ERR_INVALID);
+  assert_int_equal(hixl_ctx_stats(NULL, NULL, s, &n), HIXL_ERR_INVALID);
+  n = 3;
+  assert_int_equal(hixl_ctx_stats(a, NULL, NULL, &n), HIXL_ERR_INVALID);
+  assert_non_null(strstr(hixl_last_error(), "NULL stats"));
+  hixl_peer_t *self;
+  assert_int_equal(hixl_connect(a, hixl_ctx_address(a), 10000, &self), HIXL_OK);
+  n = MAXS;
+  assert_int_equal(hixl_ctx_stats(b, self, s, &n), HIXL_ERR_INVALID);
+  assert_non_null(strstr(hixl_last_error(), "another context"));
+  n = MAXS;
+  assert_int_equal(hixl_ctx_stats(a, self, s, &n), HIXL_OK);
+  assert_true(n >= 10 && n < total);
+  hixl_ctx_destroy(a);
+  hixl_ctx_destroy(b);
+}
+
+int main(void)
+{
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(convention), cmocka_unit_test(counts_shm), cmocka_unit_test(counts_fabric),
+      cmocka_unit_test(loss),       cmocka_unit_test(threads),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
