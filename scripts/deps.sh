@@ -14,7 +14,9 @@ pkgs=(meson ninja-build gcc g++ pkg-config libcmocka-dev python3 clang
       python3-dev python3-numpy python3-torch python3-pytest python3-mesonpy python3-pip
       patchelf   # meson-python sets the wheel's RPATH with it
       # the lint step (scripts/lint.sh): C style and shell scripts
-      clang-format shellcheck)
+      clang-format shellcheck
+      # the metrics endpoint's test scrapes it and checks it with promtool
+      prometheus curl)
 # libclang-rt provides libFuzzer and the sanitizer runtimes for clang.
 if apt-cache show libclang-rt-14-dev >/dev/null 2>&1; then pkgs+=(libclang-rt-14-dev); fi
 missing=()

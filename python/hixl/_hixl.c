@@ -1256,6 +1256,34 @@ static PyObject *Ctx_wait(CtxObject *c, PyObject *args, PyObject *kw)
   }
 }
 
+/* hixl_ctx_stats as a dict {name: value}, in the library's order. */
+static PyObject *stats_dict(hixl_ctx_t *ctx, hixl_peer_t *peer)
+{
+  hixl_stat_t st[256];
+  size_t n = sizeof(st) / sizeof(st[0]);
+  int rc = hixl_ctx_stats(ctx, peer, st, &n);
+  if (rc != HIXL_OK)
+    return raise_status(rc, hixl_last_error());
+  if (n > sizeof(st) / sizeof(st[0]))
+    n = sizeof(st) / sizeof(st[0]);
+  PyObject *d = PyDict_New();
+  for (size_t i = 0; d && i < n; i++) {
+    PyObject *v = PyLong_FromUnsignedLongLong(st[i].value);
+    if (v == NULL || PyDict_SetItemString(d, st[i].name, v) != 0)
+      Py_CLEAR(d);
+    Py_XDECREF(v);
+  }
+  return d;
+}
+
+static PyObject *Ctx_stats(CtxObject *c, PyObject *u)
+{
+  (void)u;
+  if (!ctx_ok(c))
+    return NULL;
+  return stats_dict(c->ctx, NULL);
+}
+
 static PyMethodDef Ctx_methods[] = {
     {"close", (PyCFunction)Ctx_close, METH_NOARGS,
      "close(): destroy the context (idempotent); BufferError while views of its memory exist."},
@@ -1274,6 +1302,8 @@ static PyMethodDef Ctx_methods[] = {
      "poll(max=64) -> list of Notification"},
     {"wait", (PyCFunction)(void (*)(void))Ctx_wait, METH_VARARGS | METH_KEYWORDS,
      "wait(timeout=None) -> Notification (raises hixl.TimeoutError)"},
+    {"stats", (PyCFunction)Ctx_stats, METH_NOARGS,
+     "stats() -> dict: the context's counters by name (hixl_ctx_stats, docs/observability.md)"},
     {NULL}};
 
 static PyGetSetDef Ctx_getset[] = {
@@ -2257,7 +2287,17 @@ static PyObject *Peer_repr(PeerObject *p)
   return r;
 }
 
+static PyObject *Peer_stats(PeerObject *p, PyObject *u)
+{
+  (void)u;
+  if (!peer_ok(p))
+    return NULL;
+  return stats_dict(NULL, p->peer);
+}
+
 static PyMethodDef Peer_methods[] = {
+    {"stats", (PyCFunction)Peer_stats, METH_NOARGS,
+     "stats() -> dict: this peer's counters by name (hixl_ctx_stats)"},
     {"close", (PyCFunction)Peer_close, METH_NOARGS, "close(): hixl_disconnect"},
     {"lookup", (PyCFunction)(void (*)(void))Peer_lookup, METH_VARARGS | METH_KEYWORDS,
      "lookup(name, timeout=None) -> RemoteRegion"},

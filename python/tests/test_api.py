@@ -327,3 +327,30 @@ def test_numpy_integers_are_addresses_and_offsets(peer, target):
     peer.put(np.uint64(src.ctypes.data), kv, np.int64(40000), nbytes=np.int32(8))
     assert target.peek(40000, 8) == b"np-addr!"       # the memory at the address, not the scalar
     assert peer.faa(kv, np.uint64(40008), np.int8(3)) == 0
+
+
+def test_stats_dicts(ctx, target):
+    # hixl_ctx_stats as dicts: the context's and a peer's, exact for one thread.
+    s0 = ctx.stats()
+    assert isinstance(s0, dict) and list(s0)[:2] == ["put_ops", "put_bytes"]
+    assert all(isinstance(v, int) for v in s0.values())
+    p = ctx.connect(target.address)
+    kv = p.lookup("kv")
+    p.put(b"x" * 100, kv, 0)
+    p.get(bytearray(40), kv, 0)
+    assert p.faa(kv, 4096, 1) >= 0
+    with pytest.raises(hixl.Error):
+        p.put(b"y" * 16, kv, (1 << 20) - 8)      # past the region's end
+    s = ctx.stats()
+    assert s["put_ops"] - s0["put_ops"] == 1 and s["put_bytes"] - s0["put_bytes"] == 100
+    assert s["get_ops"] - s0["get_ops"] == 1 and s["get_bytes"] - s0["get_bytes"] == 40
+    assert s["atomic_ops"] - s0["atomic_ops"] == 1
+    assert s["errors_not_registered"] - s0["errors_not_registered"] == 1
+    assert s["connects"] - s0["connects"] == 1 and s["peers"] >= 1
+    ps = p.stats()
+    assert (ps["put_ops"], ps["put_bytes"], ps["get_bytes"], ps["errors"], ps["up"]) == \
+        (1, 100, 40, 1, 1)
+    p.close()
+    with pytest.raises(hixl.Error):
+        p.stats()
+    assert ctx.stats()["disconnects"] - s0["disconnects"] == 1

@@ -76,6 +76,11 @@ int hixl__ctl_aux_add_locked(hixl_ctx_t *ctx, int fd, uint32_t events,
                              void (*cb)(void *arg, int fd, uint32_t events), void *arg);
 void hixl__ctl_aux_mod_locked(hixl_ctx_t *ctx, int slot, uint32_t events);
 void hixl__ctl_aux_del_locked(hixl_ctx_t *ctx, int slot);
+/* HIXL_METRICS (metrics.c): the Prometheus endpoint, on the control
+ * thread; a bad value or an address that cannot be bound is a warning (the
+ * context works without it).  Stop after the control thread has. */
+void hixl__metrics_start(hixl_ctx_t *ctx);
+void hixl__metrics_stop(hixl_ctx_t *ctx);
 hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeout_ms, uint64_t tag,
                                    hixl_peer_t **peer_p);
 hixl_peer_t *hixl__self_peer(hixl_ctx_t *ctx);

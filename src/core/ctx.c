@@ -200,6 +200,7 @@ hixl_status_t hixl_ctx_create(const hixl_config_t *cfg_in, hixl_ctx_t **ctx_p)
   st = HIXL_OK;
   if ((st = hixl__ctl_start(ctx)) != HIXL_OK)
     goto fail;
+  hixl__metrics_start(ctx);
   if (ctx->cfg.progress_thread) {
     if (pthread_create(&ctx->prog_thread, NULL, progress_main, ctx) != 0) {
       st = hixl__err(HIXL_ERR_NOMEM, "hixl_ctx_create: cannot start the progress thread");
@@ -224,6 +225,7 @@ void hixl_ctx_destroy(hixl_ctx_t *ctx)
   if (ctx->prog_started)
     pthread_join(ctx->prog_thread, NULL);
   hixl__ctl_stop(ctx);
+  hixl__metrics_stop(ctx);
   pthread_mutex_lock(&ctx->lock);
   hixl__peers_destroy(ctx);
   free(ctx->hk);

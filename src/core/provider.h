@@ -642,6 +642,7 @@ struct hixl_ctx {
   pthread_mutex_t stats_lock; /* tstats list: adding a block */
   hixl_tstats_t *_Atomic tstats;
   hixl_ctx_counters_t cnt;
+  struct hixl_metrics *metrics; /* HIXL_METRICS endpoint (metrics.c), or NULL */
 };
 
 /* The control connection, for transports (call.c, peer.c, handshake.c). */

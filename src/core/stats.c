@@ -12,7 +12,7 @@
 
 #include "core.h"
 
-__thread hixl_tstats_cache_t hixl__tstats_tl;
+__thread hixl_tstats_cache_t hixl__tstats_tl __attribute__((tls_model("initial-exec")));
 
 hixl_tstats_t *hixl__tstats_slow(hixl_ctx_t *ctx)
 {
