@@ -168,6 +168,16 @@ typedef struct hixl_stat {
  * Errors: INVALID (NULL count, NULL ctx and peer, a released peer, a peer of
  * another context, NULL stats with room). */
 hixl_status_t hixl_ctx_stats(hixl_ctx_t *ctx, hixl_peer_t *peer, hixl_stat_t *stats, size_t *count);
+/* The counters of the context at the other end of peer, as that context's
+ * hixl_ctx_stats(ctx, NULL) gives them, asked over the authenticated
+ * control connection (what hixl-info --stats shows).  Same convention for
+ * stats and *count; names and help are valid until hixl_ctx_destroy of
+ * ours (help is empty for figures this release does not know).  Several
+ * round trips, each a snapshot of its part: figures in different parts may
+ * be moments apart.  A self peer reads our own context.
+ * Errors: INVALID, PEER_LOST, TIMEOUT, TRANSPORT (a malformed answer). */
+hixl_status_t hixl_peer_remote_stats(hixl_peer_t *peer, hixl_stat_t *stats, size_t *count,
+                                     int timeout_ms);
 
 /* ------------------------------------------------------------------ peers */
 

@@ -2295,9 +2295,45 @@ static PyObject *Peer_stats(PeerObject *p, PyObject *u)
   return stats_dict(NULL, p->peer);
 }
 
+static PyObject *Peer_remote_stats(PeerObject *p, PyObject *args, PyObject *kw)
+{
+  static char *kwl[] = {"timeout", NULL};
+  PyObject *to = Py_None;
+  int ms;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|O:remote_stats", kwl, &to) ||
+      timeout_arg(to, &ms) < 0 || !peer_ok(p))
+    return NULL;
+  if (to == Py_None)
+    ms = p->ctx->timeout_ms;
+  hixl_stat_t st[256];
+  size_t n = sizeof(st) / sizeof(st[0]);
+  hixl_status_t rc;
+  hixl_peer_t *hp = p->peer;
+  p->ctx->busy++;
+  p->busy++;
+  Py_BEGIN_ALLOW_THREADS rc = hixl_peer_remote_stats(hp, st, &n, ms);
+  Py_END_ALLOW_THREADS p->ctx->busy--;
+  p->busy--;
+  if (rc != HIXL_OK)
+    return raise_status(rc, NULL);
+  if (n > sizeof(st) / sizeof(st[0]))
+    n = sizeof(st) / sizeof(st[0]);
+  PyObject *d = PyDict_New();
+  for (size_t i = 0; d && i < n; i++) {
+    PyObject *v = PyLong_FromUnsignedLongLong(st[i].value);
+    if (v == NULL || PyDict_SetItemString(d, st[i].name, v) != 0)
+      Py_CLEAR(d);
+    Py_XDECREF(v);
+  }
+  return d;
+}
+
 static PyMethodDef Peer_methods[] = {
     {"stats", (PyCFunction)Peer_stats, METH_NOARGS,
      "stats() -> dict: this peer's counters by name (hixl_ctx_stats)"},
+    {"remote_stats", (PyCFunction)(void (*)(void))Peer_remote_stats, METH_VARARGS | METH_KEYWORDS,
+     "remote_stats(timeout=None) -> dict: the other end's context counters "
+     "(hixl_peer_remote_stats)"},
     {"close", (PyCFunction)Peer_close, METH_NOARGS, "close(): hixl_disconnect"},
     {"lookup", (PyCFunction)(void (*)(void))Peer_lookup, METH_VARARGS | METH_KEYWORDS,
      "lookup(name, timeout=None) -> RemoteRegion"},

@@ -350,6 +350,9 @@ def test_stats_dicts(ctx, target):
     ps = p.stats()
     assert (ps["put_ops"], ps["put_bytes"], ps["get_bytes"], ps["errors"], ps["up"]) == \
         (1, 100, 40, 1, 1)
+    # The target's own counters, asked over the connection: it accepted us.
+    rs = p.remote_stats(timeout=10)
+    assert list(rs)[:2] == ["put_ops", "put_bytes"] and rs["accepts"] >= 1
     p.close()
     with pytest.raises(hixl.Error):
         p.stats()

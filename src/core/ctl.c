@@ -128,7 +128,9 @@ static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t 
   case HIXL_MSG_DEV_IPC_REPLY:
   case HIXL_MSG_ATOMIC_REPLY:
   case HIXL_MSG_TP_MR_REPLY:
-  case HIXL_MSG_REGION_GONE_ACK: hixl__complete_pending_locked(p, m, fd); return;
+  case HIXL_MSG_REGION_GONE_ACK:
+  case HIXL_MSG_STATS_REPLY: hixl__complete_pending_locked(p, m, fd); return;
+  case HIXL_MSG_STATS: hixl__stats_serve_locked(p, m, out); return;
   case HIXL_MSG_LOOKUP:
   case HIXL_MSG_FD_REQ:
   case HIXL_MSG_DEV_IPC_REQ:

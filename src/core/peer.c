@@ -184,9 +184,12 @@ void hixl__peer_fail_locked(hixl_peer_t *p, int state, const char *why)
   p->lost_ns = hixl__now_ns();
   if (!p->unix_pending && old == HIXL_PEER_UP)
     hixl_info("peer %s %s: %s", p->name, state == HIXL_PEER_LOST ? "lost" : "closed", why);
+  /* Counted once (stats.h): a peer we said BYE to is a disconnect even
+   * when its hang-up (after our BYE) is seen first, as a loss. */
   if (old == HIXL_PEER_UP && !p->self)
-    atomic_fetch_add_explicit(state == HIXL_PEER_LOST ? &p->ctx->cnt.losses
-                                                      : &p->ctx->cnt.disconnects,
+    atomic_fetch_add_explicit(state == HIXL_PEER_CLOSED || atomic_load(&p->bye_sent)
+                                  ? &p->ctx->cnt.disconnects
+                                  : &p->ctx->cnt.losses,
                               1, memory_order_relaxed);
   hixl__fail_pending_locked(p);
   /* Let the transport fail what is in flight now, not when its own retries
@@ -230,6 +233,7 @@ hixl_status_t hixl_disconnect(hixl_peer_t *peer)
     return hixl__err(HIXL_ERR_INVALID, "hixl_disconnect: %s peer",
                      peer == NULL ? "NULL" : "invalid or freed");
   hixl_ctx_t *ctx = peer->ctx;
+  atomic_store(&peer->bye_sent, true);
   if (atomic_load(&peer->state) == HIXL_PEER_UP && !peer->self) {
     /* hixl__send reads peer->fd under its send_lock: the control thread
      * may be closing it right now (a peer lost meanwhile). */

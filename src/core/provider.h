@@ -420,6 +420,7 @@ struct hixl_peer {
   bool self;
   bool unix_pending;         /* an accepted unix connection not yet bound to its peer */
   _Atomic bool used;         /* an operation was issued (fence reports loss only then) */
+  _Atomic bool bye_sent;     /* hixl_disconnect began: its end counts as a disconnect */
   uint64_t fence_acked;      /* fence(NULL) reported this peer's loss */
   int fd;                    /* control socket (TCP, or unix once shm is bound); -1 when none */
   pthread_mutex_t send_lock; /* serializes writes on fd, guards the output queue */
@@ -642,6 +643,8 @@ struct hixl_ctx {
   pthread_mutex_t stats_lock; /* tstats list: adding a block */
   hixl_tstats_t *_Atomic tstats;
   hixl_ctx_counters_t cnt;
+  char **stat_names; /* other contexts' figure names (hixl_peer_remote_stats), stats_lock */
+  size_t n_stat_names;
   struct hixl_metrics *metrics; /* HIXL_METRICS endpoint (metrics.c), or NULL */
 };
 

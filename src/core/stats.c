@@ -59,6 +59,11 @@ void hixl__stats_fini(hixl_ctx_t *ctx)
     b = n;
   }
   atomic_store(&ctx->tstats, NULL);
+  for (size_t i = 0; i < ctx->n_stat_names; i++)
+    free(ctx->stat_names[i]);
+  free(ctx->stat_names);
+  ctx->stat_names = NULL;
+  ctx->n_stat_names = 0;
   /* Our own cache: another thread's stale entries carry an id no live
    * context has. */
   for (int i = 0; i < HIXL_TSTATS_CACHE; i++)
@@ -138,7 +143,7 @@ static uint64_t in_flight(hixl_peer_t *p)
   return issued > done ? issued - done : 0;
 }
 
-static void ctx_values(hixl_ctx_t *ctx, uint64_t *v)
+static void ctx_values(hixl_ctx_t *ctx, uint64_t *v, bool locked)
 {
   uint64_t t[HIXL_TST_N] = {0};
   for (hixl_tstats_t *b = atomic_load_explicit(&ctx->tstats, memory_order_acquire); b; b = b->next)
@@ -154,14 +159,16 @@ static void ctx_values(hixl_ctx_t *ctx, uint64_t *v)
   for (int s = 1; s <= 11; s++)
     v[k++] = atomic_load_explicit(&ctx->cnt.errors[s], memory_order_relaxed);
   uint64_t fl = 0, up = 0;
-  pthread_mutex_lock(&ctx->lock);
+  if (!locked)
+    pthread_mutex_lock(&ctx->lock);
   for (hixl_peer_t *p = ctx->peers; p; p = p->next) {
     if (p->self)
       continue;
     fl += in_flight(p);
     up += atomic_load(&p->state) == HIXL_PEER_UP;
   }
-  pthread_mutex_unlock(&ctx->lock);
+  if (!locked)
+    pthread_mutex_unlock(&ctx->lock);
   v[k++] = fl;
   v[k++] = atomic_load(&ctx->cnt.notif_received);
   v[k++] = atomic_load(&ctx->cnt.notif_dropped);
@@ -209,9 +216,165 @@ hixl_status_t hixl_ctx_stats(hixl_ctx_t *ctx, hixl_peer_t *peer, hixl_stat_t *st
   if (peer)
     peer_values(peer, v);
   else
-    ctx_values(ctx, v);
+    ctx_values(ctx, v, false);
   for (size_t i = 0; i < fit; i++)
     stats[i] = (hixl_stat_t){
         .name = defs[i].name, .help = defs[i].help, .value = v[i], .kind = defs[i].kind};
+  return HIXL_OK;
+}
+
+/* ------------------------------------------------- another context's */
+
+/* STATS_REPLY: str[0] then str[1] hold the names of figures first ..
+ * first + n - 1, each followed by '\n'; blob their values (8 bytes each,
+ * little-endian); total: how many figures the answering context has. */
+#define STATS_CHUNK (HIXL_WIRE_BLOB / 8)
+
+void hixl__stats_serve_locked(hixl_peer_t *p, const hixl_msg_t *m, hixl_msg_t *out)
+{
+  uint64_t v[N_CTX];
+  ctx_values(p->ctx, v, true);
+  memset(out, 0, sizeof(*out));
+  out->type = HIXL_MSG_STATS_REPLY;
+  out->status = HIXL_OK;
+  uint32_t first = m->stats.first < N_CTX ? m->stats.first : N_CTX;
+  uint32_t n = 0;
+  size_t used[2] = {0, 0};
+  for (uint32_t i = first; i < N_CTX && n < STATS_CHUNK; i++, n++) {
+    size_t len = strlen(ctx_defs[i].name) + 1;
+    int s = used[0] + len < HIXL_WIRE_STR ? 0 : used[1] + len < HIXL_WIRE_STR ? 1 : -1;
+    if (s < 0 || (s == 0 && used[1] > 0))
+      break;
+    memcpy(out->str[s] + used[s], ctx_defs[i].name, len - 1);
+    out->str[s][used[s] + len - 1] = '\n';
+    used[s] += len;
+    uint64_t le = htole64(v[i]);
+    memcpy(out->blob + 8 * n, &le, 8);
+  }
+  out->stats.first = first;
+  out->stats.total = N_CTX;
+  out->stats.n = n;
+  out->blob_len = 8 * n;
+}
+
+/* Names from another context live in an interned table of ours (bounded:
+ * a peer cannot grow it past STATS_NAMES_MAX), so the pointers handed out
+ * stay valid until hixl_ctx_destroy. */
+#define STATS_NAMES_MAX 512
+#define STATS_NAME_MAX 63
+
+static const char *intern(hixl_ctx_t *ctx, const char *name, size_t len)
+{
+  for (size_t i = 0; i < N_CTX; i++) /* ours: no copy */
+    if (strlen(ctx_defs[i].name) == len && memcmp(ctx_defs[i].name, name, len) == 0)
+      return ctx_defs[i].name;
+  const char *r = NULL;
+  pthread_mutex_lock(&ctx->stats_lock);
+  for (size_t i = 0; i < ctx->n_stat_names && r == NULL; i++)
+    if (strlen(ctx->stat_names[i]) == len && memcmp(ctx->stat_names[i], name, len) == 0)
+      r = ctx->stat_names[i];
+  if (r == NULL && ctx->n_stat_names < STATS_NAMES_MAX) {
+    if (ctx->stat_names == NULL)
+      ctx->stat_names = calloc(STATS_NAMES_MAX, sizeof(char *));
+    char *c = ctx->stat_names ? strndup(name, len) : NULL;
+    if (c)
+      r = ctx->stat_names[ctx->n_stat_names++] = c;
+  }
+  pthread_mutex_unlock(&ctx->stats_lock);
+  return r;
+}
+
+static const char *help_of(const char *name)
+{
+  for (size_t i = 0; i < N_CTX; i++)
+    if (ctx_defs[i].name == name)
+      return ctx_defs[i].help;
+  return "";
+}
+
+/* A name as the wire may carry it: 1..63 of [a-z0-9_]. */
+static bool name_ok(const char *s, size_t len)
+{
+  if (len == 0 || len > STATS_NAME_MAX)
+    return false;
+  for (size_t i = 0; i < len; i++)
+    if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '_'))
+      return false;
+  return true;
+}
+
+/* Split one reply into stats[at ..]; false when it is malformed. */
+static bool take_chunk(hixl_ctx_t *ctx, const hixl_msg_t *r, hixl_stat_t *stats, size_t room,
+                       uint32_t at)
+{
+  uint32_t k = 0;
+  for (int s = 0; s < 2; s++) {
+    const char *p = r->str[s];
+    size_t left = strnlen(p, HIXL_WIRE_STR);
+    while (left > 0) {
+      const char *nl = memchr(p, '\n', left);
+      if (nl == NULL || k >= r->stats.n || !name_ok(p, (size_t)(nl - p)))
+        return false;
+      if (at + k < room) {
+        const char *name = intern(ctx, p, (size_t)(nl - p));
+        if (name == NULL)
+          return false;
+        uint64_t le;
+        memcpy(&le, r->blob + 8 * k, 8);
+        int kind = strcmp(name, "in_flight") == 0 || strcmp(name, "peers") == 0 ? HIXL_STAT_GAUGE
+                                                                                : HIXL_STAT_COUNTER;
+        for (size_t i = 0; i < N_CTX; i++)
+          if (ctx_defs[i].name == name)
+            kind = ctx_defs[i].kind;
+        stats[at + k] =
+            (hixl_stat_t){.name = name, .help = help_of(name), .value = le64toh(le), .kind = kind};
+      }
+      k++;
+      left -= (size_t)(nl - p) + 1;
+      p = nl + 1;
+    }
+  }
+  return k == r->stats.n;
+}
+
+bool hixl__stats_reply_ok(hixl_ctx_t *ctx, const hixl_msg_t *r, uint32_t at, hixl_stat_t *stats,
+                          size_t room)
+{
+  return r->status == HIXL_OK && r->stats.first == at && r->stats.total <= 4096 &&
+         r->stats.total >= at && r->stats.n <= STATS_CHUNK && r->blob_len == 8 * r->stats.n &&
+         (r->stats.n > 0 || at == r->stats.total) && r->stats.n <= r->stats.total - at &&
+         take_chunk(ctx, r, stats, room, at);
+}
+
+hixl_status_t hixl_peer_remote_stats(hixl_peer_t *peer, hixl_stat_t *stats, size_t *count,
+                                     int timeout_ms)
+{
+  if (peer == NULL || peer->magic != HIXL_MAGIC_PEER || count == NULL)
+    return hixl__err(HIXL_ERR_INVALID, "hixl_peer_remote_stats: %s",
+                     count == NULL ? "NULL count" : "NULL or released peer");
+  if (stats == NULL && *count != 0)
+    return hixl__err(HIXL_ERR_INVALID, "hixl_peer_remote_stats: NULL stats with a count of %zu",
+                     *count);
+  if (peer->self) /* our own context */
+    return hixl_ctx_stats(peer->ctx, NULL, stats, count);
+  hixl_ctx_t *ctx = peer->ctx;
+  int64_t deadline = hixl__deadline(timeout_ms);
+  size_t room = *count;
+  /* Chunks until the room is full or every figure came; the first also
+   * says how many there are (all a room of 0 asks). */
+  uint32_t at = 0, total = 0;
+  do {
+    hixl_msg_t m = {.type = HIXL_MSG_STATS}, r;
+    m.stats.first = at;
+    hixl_status_t st = hixl__call(peer, &m, HIXL_MSG_STATS_REPLY, &r, NULL, deadline);
+    if (st != HIXL_OK)
+      return st;
+    if ((at > 0 && r.stats.total != total) || !hixl__stats_reply_ok(ctx, &r, at, stats, room))
+      return hixl__err(HIXL_ERR_TRANSPORT, "hixl_peer_remote_stats: a malformed reply from %s",
+                       peer->name);
+    total = r.stats.total;
+    at += r.stats.n;
+  } while (at < total && at < room);
+  *count = total;
   return HIXL_OK;
 }

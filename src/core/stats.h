@@ -25,6 +25,8 @@
 #define HIXL_STATS_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* The figures of the per-thread blocks and of a peer: an operation count
@@ -103,6 +105,17 @@ static inline hixl_tstats_t *hixl__tstats_for(uint64_t ctx_id, struct hixl_ctx *
 
 /* Free the blocks (hixl_ctx_destroy). */
 void hixl__stats_fini(struct hixl_ctx *ctx);
+
+struct hixl_msg;
+/* Answer a peer's STATS (control thread, ctx->lock held): a chunk of our
+ * figures from m's first, as many as fit in one STATS_REPLY. */
+void hixl__stats_serve_locked(struct hixl_peer *p, const struct hixl_msg *m, struct hixl_msg *out);
+
+/* A STATS_REPLY r for the figures from at, checked (every byte is the
+ * peer's) and, if sound, taken into stats[at ..] (those below room). */
+struct hixl_stat;
+bool hixl__stats_reply_ok(struct hixl_ctx *ctx, const struct hixl_msg *r, uint32_t at,
+                          struct hixl_stat *stats, size_t room);
 
 /* An error the library returns for ctx (and peer, when known). */
 void hixl__stat_error(struct hixl_ctx *ctx, struct hixl_peer *peer, int status);

@@ -61,6 +61,8 @@ static const uint8_t schema[HIXL_MSG_TYPE_MAX][12] = {
     [HIXL_MSG_DEV_IPC_REPLY] = {F_STATUS, F_U32_0, F_U64_0, F_U64_1, F_BLOB},
     [HIXL_MSG_AUTH_CHALLENGE] = {F_BLOB},
     [HIXL_MSG_AUTH] = {F_U32_0, F_U64_0, F_HOST, F_U32_1, F_U64_1, F_STR0, F_BLOB},
+    [HIXL_MSG_STATS] = {F_U32_0},
+    [HIXL_MSG_STATS_REPLY] = {F_STATUS, F_U32_0, F_U32_1, F_U32_2, F_STR0, F_STR1, F_BLOB},
 };
 
 static const char *const type_names[HIXL_MSG_TYPE_MAX] = {
@@ -88,6 +90,8 @@ static const char *const type_names[HIXL_MSG_TYPE_MAX] = {
     [HIXL_MSG_DEV_IPC_REPLY] = "DEV_IPC_REPLY",
     [HIXL_MSG_AUTH_CHALLENGE] = "AUTH_CHALLENGE",
     [HIXL_MSG_AUTH] = "AUTH",
+    [HIXL_MSG_STATS] = "STATS",
+    [HIXL_MSG_STATS_REPLY] = "STATS_REPLY",
 };
 
 const char *hixl_wire_type_name(unsigned type)

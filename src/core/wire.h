@@ -26,8 +26,9 @@
  * messages are TP_BIND / TP_BIND_REPLY and TP_REQ / TP_REPLY (each
  * transport reads its fields through its own view).  9: shm's sleeper
  * words count futex-word sleepers in their high half, woken through the
- * word in the ring they sleep on rather than the doorbell pipe. */
-#define HIXL_WIRE_VERSION 9
+ * word in the ring they sleep on rather than the doorbell pipe.  10: STATS /
+ * STATS_REPLY (hixl_peer_remote_stats). */
+#define HIXL_WIRE_VERSION 10
 #define HIXL_WIRE_HDR 24
 #define HIXL_WIRE_MAX 4096 /* payload bytes; every message is far smaller */
 #define HIXL_WIRE_STR 256  /* string field capacity, NUL included */
@@ -58,6 +59,8 @@ enum hixl_msg_type {
   HIXL_MSG_TP_REPLY,        /* status, the answer to one (u32[2]: its kind) */
   HIXL_MSG_AUTH_CHALLENGE,  /* target -> initiator: its nonce and proof (auth.h) */
   HIXL_MSG_AUTH,            /* initiator -> target: its identity and proof */
+  HIXL_MSG_STATS,           /* u32[0]: the first figure wanted (hixl_peer_remote_stats) */
+  HIXL_MSG_STATS_REPLY,     /* status, first, total, n; names in str[], values in blob */
   HIXL_MSG_TYPE_MAX
 };
 
@@ -100,6 +103,7 @@ typedef struct hixl_msg {
     HIXL_MSG_VIEW(slot, access, flags, rkey, base, len, q3, q4) tp_mr;
     HIXL_MSG_VIEW(p0, p1, p2, key0, key1, q2, q3, q4) tp_mr_reply;
     HIXL_MSG_VIEW(device, p1, p2, offset, alloc_len, q2, q3, q4) dev_ipc_reply;
+    HIXL_MSG_VIEW(first, total, n, q0, q1, q2, q3, q4) stats; /* STATS, STATS_REPLY */
   };
   uint8_t host_id[32];
   char str[2][HIXL_WIRE_STR];
