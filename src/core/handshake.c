@@ -355,13 +355,44 @@ static hixl_status_t tls_client(hixl_peer_t *p, int64_t deadline, const char *ad
   }
 }
 
+/* What usually causes a failed TCP connect to addr, and what to do about
+ * it (issue 17: errors that say what to do). */
+static const char *connect_hint(int err, const char *addr)
+{
+  bool loop = strncmp(addr, "127.", 4) == 0 || strncmp(addr, "[::1]", 5) == 0 ||
+              strncmp(addr, "localhost:", 10) == 0;
+  switch (err) {
+  case ECONNREFUSED:
+    return loop ? "nothing listens on that port of this machine: is the target running, and is "
+                  "this the address its hixl_ctx_address() gave (the port changes with every run "
+                  "unless HIXL_LISTEN fixes it)?  A loopback address reaches this machine only"
+                : "nothing listens on that port there: is the target running, and is this the "
+                  "address its hixl_ctx_address() gave (the port changes with every run unless "
+                  "HIXL_LISTEN fixes it)?";
+  case EHOSTUNREACH:
+  case ENETUNREACH:
+    return "no route to that host: check the address and this machine's routes "
+           "(ip route get HOST)";
+  case ETIMEDOUT:
+    return "no answer: the host is down or unreachable, or a firewall drops the port "
+           "(try: nc -vz HOST PORT)";
+  default: return "check the address and that the target runs";
+  }
+}
+
+static hixl_status_t connect_failed(int err, const char *addr)
+{
+  return hixl__err(err == ETIMEDOUT ? HIXL_ERR_TIMEOUT : HIXL_ERR_PEER_LOST,
+                   "cannot connect to %s: %s: %s", addr, strerror(err), connect_hint(err, addr));
+}
+
 static hixl_status_t connect_with_deadline(int fd, const struct sockaddr *sa, socklen_t sl,
-                                           int64_t deadline, const char *addr)
+                                           int64_t deadline, const char *addr, int64_t t0)
 {
   if (connect(fd, sa, sl) == 0)
     return HIXL_OK;
   if (errno != EINPROGRESS)
-    return hixl__err(HIXL_ERR_PEER_LOST, "cannot connect to %s: %s", addr, strerror(errno));
+    return connect_failed(errno, addr);
   for (;;) {
     int ms = deadline == INT64_MAX ? -1 : (int)((deadline - hixl__now_ns()) / 1000000);
     if (ms < 0 && deadline != INT64_MAX)
@@ -371,12 +402,16 @@ static hixl_status_t connect_with_deadline(int fd, const struct sockaddr *sa, so
     if (pr < 0 && errno == EINTR)
       continue;
     if (pr == 0)
-      return hixl__err(HIXL_ERR_TIMEOUT, "connecting to %s timed out", addr);
+      return hixl__err(HIXL_ERR_TIMEOUT,
+                       "connecting to %s timed out (no answer in %lld ms): %s; or give "
+                       "hixl_connect a longer timeout",
+                       addr, (long long)((hixl__now_ns() - t0) / 1000000),
+                       connect_hint(ETIMEDOUT, addr));
     int err = 0;
     socklen_t el = sizeof(err);
     getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
     if (err)
-      return hixl__err(HIXL_ERR_PEER_LOST, "cannot connect to %s: %s", addr, strerror(err));
+      return connect_failed(err, addr);
     return HIXL_OK;
   }
 }
@@ -396,11 +431,12 @@ static hixl_status_t tcp_connect(const char *addr, int64_t deadline, int *fd_p)
   if (rc != 0)
     return hixl__err(HIXL_ERR_INVALID, "cannot resolve \"%s\": %s", addr, gai_strerror(rc));
   st = HIXL_ERR_PEER_LOST;
+  int64_t t0 = hixl__now_ns();
   for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
     int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0)
       continue;
-    st = connect_with_deadline(fd, ai->ai_addr, ai->ai_addrlen, deadline, addr);
+    st = connect_with_deadline(fd, ai->ai_addr, ai->ai_addrlen, deadline, addr, t0);
     if (st == HIXL_OK) {
       fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
       *fd_p = fd;
@@ -459,9 +495,14 @@ static hixl_status_t connect_once(hixl_ctx_t *ctx, const char *addr, int64_t dea
   hixl__auth_proof(ctx->cfg.auth_token, HIXL_AUTH_LABEL_TARGET, nonces, nonces + HIXL_AUTH_NONCE,
                    NULL, 0, proof);
   if (!hixl__auth_equal(proof, chal.blob + HIXL_AUTH_NONCE)) {
+    /* Never the token itself, nor anything derived from it. */
+    bool ours = ctx->cfg.auth_token != NULL && ctx->cfg.auth_token[0] != 0;
     st = hixl__err(HIXL_ERR_AUTH,
-                   "%s did not prove it knows our auth token (it has another one, or it is "
-                   "not the target we meant): nothing more was sent to it",
+                   ours ? "%s did not prove it knows our auth token: it has another one or none "
+                          "(set the same HIXL_AUTH_TOKEN / hixl_config_t.auth_token on both "
+                          "sides), or it is not the target we meant; nothing more was sent to it"
+                        : "%s requires an auth token and we have none: set HIXL_AUTH_TOKEN (or "
+                          "hixl_config_t.auth_token) to the target's; nothing more was sent to it",
                    addr);
     goto fail;
   }
@@ -489,8 +530,13 @@ static hixl_status_t connect_once(hixl_ctx_t *ctx, const char *addr, int64_t dea
   if (ack.status != HIXL_OK) {
     st = hixl__err(ack.status < 0 && ack.status >= HIXL_ERR_NO_DEVICE ? ack.status
                                                                       : HIXL_ERR_TRANSPORT,
-                   "%s refused the connection: %s", addr,
-                   ack.str[1][0] ? ack.str[1] : hixl_strerror(ack.status));
+                   "%s refused the connection: %s%s", addr,
+                   ack.str[1][0] ? ack.str[1] : hixl_strerror(ack.status),
+                   ack.status == HIXL_ERR_UNSUPPORTED
+                       ? ": allow a transport both sides can use (HIXL_TRANSPORTS or "
+                         "hixl_config_t.transports, on either side; hixl-info lists what each "
+                         "machine can use)"
+                       : "");
     goto fail;
   }
   p->remote_ctx_id = ack.hello_ack.ctx_id;
