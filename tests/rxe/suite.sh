@@ -13,15 +13,18 @@ shift
 export HIXL_TRANSPORTS=verbs HIXL_NET_DEV=rxe0 HIXL_TEST_TARGET_NET_DEV=rxe1
 cases=""
 hostile=""
+doctor=0
 for c in "$@"; do
   case $c in
     hostile/*) hostile="$hostile ${c#hostile/}" ;;
+    doctor) doctor=1 ;;
     *) cases="$cases $c" ;;
   esac
 done
 if [ $# -eq 0 ]; then
   cases="put_get batch notif_order faa cas_lock fence connect_churn remap flood sleep bounce_shared qp_budget"
   hostile="control-slowloris control-cap control-emfile verbs_data"
+  doctor=1
 fi
 fail=0
 run() {
@@ -47,6 +50,22 @@ pp() {
     [ "$(cat /sys/class/net/veth0/statistics/rx_packets)" -ge 400 ]
 }
 run pingpong pp
+# hixl-info as a doctor where there is RDMA (docs/observability.md): both
+# Soft-RoCE devices with an active port and a RoCE v2 IPv4 GID, the port
+# verbs would use (HIXL_NET_DEV=rxe0), exit 0; a HIXL_NET_DEV that names no
+# active port is a problem (exit 1) that says so.
+# shellcheck disable=SC2317 # called through run ("$@")
+doctor_check() {
+  local o=/tmp/doctor.out
+  if ! "$build/tools/hixl-info" >"$o" 2>&1; then cat "$o"; return 1; fi
+  cat "$o"
+  grep -Eq '^\[ok  \] rxe0 port 1: 4: ACTIVE, Ethernet, GID index [0-9]+ 0000:0000:0000:0000:0000:ffff:' "$o" || return 1
+  grep -Eq '^\[ok  \] rxe1 port 1: 4: ACTIVE' "$o" || return 1
+  grep -q 'verbs would use rxe0 port 1' "$o" || return 1
+  if HIXL_NET_DEV=nosuch "$build/tools/hixl-info" >"$o" 2>&1; then cat "$o"; return 1; fi
+  grep -q '^\[FAIL\] HIXL_NET_DEV=nosuch names no active port' "$o" || { cat "$o"; return 1; }
+}
+if [ $doctor -eq 1 ]; then run doctor doctor_check; fi
 for c in $cases; do
   run "$c" "$build/tests/conformance" verbs "$c"
 done
