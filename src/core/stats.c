@@ -118,6 +118,7 @@ static const stat_def_t ctx_defs[] = {
     {"wait_spin_ns", "time blocking calls spent polling before sleeping (or spinning)", C},
     {"wait_sleeps", "times a blocking call slept in the kernel", C},
     {"wait_sleep_ns", "time blocking calls spent asleep", C},
+    {"notifications_queued", "notifications arrived and not yet taken, from every peer", G},
 };
 static const stat_def_t peer_defs[] = {
     HIXL_OPSTATS(HIXL_X)
@@ -126,6 +127,7 @@ static const stat_def_t peer_defs[] = {
     {"in_flight", "operations to this peer issued and not yet complete", G},
     {"notifications_received", "notifications from this peer taken by the user", C},
     {"up", "1 while the peer is connected, 0 once lost or disconnected", G},
+    {"notifications_queued", "notifications from this peer arrived and not yet taken", G},
 };
 #undef HIXL_X
 #undef C
@@ -141,6 +143,28 @@ static uint64_t in_flight(hixl_peer_t *p)
   uint64_t done = atomic_load_explicit(&p->completed, memory_order_acquire);
   uint64_t issued = atomic_load_explicit(&p->issued, memory_order_relaxed);
   return issued > done ? issued - done : 0;
+}
+
+/* Entries in a ring: its head is the producer's (in shm, another
+ * process's: any value), so the difference is clamped to the capacity. */
+static uint64_t ring_queued(hixl_ring_t *r)
+{
+  if (r == NULL)
+    return 0;
+  uint64_t head = atomic_load_explicit(&r->sh->head, memory_order_relaxed);
+  uint64_t tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
+  uint64_t d = head - tail;
+  return (int64_t)d < 0 ? 0 : d > r->mask + 1 ? r->mask + 1 : d;
+}
+
+static uint64_t queued_all(hixl_ctx_t *ctx)
+{
+  pthread_mutex_lock(&ctx->notif.lock); /* a leaf lock: fine under ctx->lock */
+  uint64_t q = ring_queued(ctx->inbox);
+  for (unsigned i = 0; i < ctx->notif.n; i++)
+    q += ring_queued(ctx->notif.v[i].ring);
+  pthread_mutex_unlock(&ctx->notif.lock);
+  return q;
 }
 
 static void ctx_values(hixl_ctx_t *ctx, uint64_t *v, bool locked)
@@ -180,6 +204,7 @@ static void ctx_values(hixl_ctx_t *ctx, uint64_t *v, bool locked)
   v[k++] = t[HIXL_WST_SPIN_NS];
   v[k++] = t[HIXL_WST_SLEEPS];
   v[k++] = t[HIXL_WST_SLEEP_NS];
+  v[k++] = queued_all(ctx);
 }
 
 static void peer_values(hixl_peer_t *p, uint64_t *v)
@@ -191,6 +216,12 @@ static void peer_values(hixl_peer_t *p, uint64_t *v)
   v[k++] = in_flight(p);
   v[k++] = atomic_load_explicit(&p->st_notif_rx, memory_order_relaxed);
   v[k++] = atomic_load(&p->state) == HIXL_PEER_UP;
+  /* Its own ring (shm, self; under notif.lock, which its close takes before
+   * the ring goes), or its entries in the context's inbox. */
+  pthread_mutex_lock(&p->ctx->notif.lock);
+  v[k++] = p->inbox ? ring_queued(p->inbox)
+                    : atomic_load_explicit(&p->inbox_queued, memory_order_relaxed);
+  pthread_mutex_unlock(&p->ctx->notif.lock);
 }
 
 hixl_status_t hixl_ctx_stats(hixl_ctx_t *ctx, hixl_peer_t *peer, hixl_stat_t *stats, size_t *count)
