@@ -98,7 +98,12 @@ typedef struct hixl_config {
   int wait;               /* how blocking calls wait: a hixl_wait_mode_t; 0 is
                              HIXL_WAIT_ADAPTIVE                    (HIXL_WAIT=adaptive|spin|sleep) */
   int reserved_int;       /* must be zero */
-  void *reserved[7];      /* must be zero (hixl_config_init does it) */
+  /* "host:port": serve this context's counters to Prometheus at /metrics
+   * from its control thread (docs/observability.md); NULL: off.  A value
+   * that does not parse or cannot be bound is a warning, not an error.
+   * Since 1.1 (was reserved[0]).                                 (HIXL_METRICS) */
+  const char *metrics;
+  void *reserved[6]; /* must be zero (hixl_config_init does it) */
 } hixl_config_t;
 
 /* How a blocking call (hixl_notif_wait, hixl_req_wait, hixl_fence, ordered

@@ -745,12 +745,13 @@ static PyObject *peer_wrap(CtxObject *c, hixl_peer_t *hp, int owned, int world);
 
 static int Ctx_init(CtxObject *self, PyObject *args, PyObject *kw)
 {
-  static char *kwl[] = {"listen",          "transports", "net_dev", "auth_token",
-                        "progress_thread", "timeout_ms", "wait",    NULL};
-  const char *listen = NULL, *transports = NULL, *net_dev = NULL, *token = NULL, *wait = NULL;
+  static char *kwl[] = {"listen",     "transports", "net_dev", "auth_token", "progress_thread",
+                        "timeout_ms", "wait",       "metrics", NULL};
+  const char *listen = NULL, *transports = NULL, *net_dev = NULL, *token = NULL, *wait = NULL,
+             *metrics = NULL;
   PyObject *pt = Py_None, *to = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "|zzzzOOz:Context", kwl, &listen, &transports,
-                                   &net_dev, &token, &pt, &to, &wait))
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|zzzzOOzz:Context", kwl, &listen, &transports,
+                                   &net_dev, &token, &pt, &to, &wait, &metrics))
     return -1;
   if (self->ctx || self->peers) { /* peers: it was initialized once (maybe closed since) */
     raise_status(HIXL_ERR_INVALID, "Context.__init__ called twice");
@@ -766,6 +767,8 @@ static int Ctx_init(CtxObject *self, PyObject *args, PyObject *kw)
     cfg.net_dev = net_dev;
   if (token)
     cfg.auth_token = token;
+  if (metrics)
+    cfg.metrics = metrics;
   if (pt != Py_None) {
     uint64_t u;
     if (as_u64(pt, &u, "progress_thread") < 0)

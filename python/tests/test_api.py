@@ -357,3 +357,17 @@ def test_stats_dicts(ctx, target):
     with pytest.raises(hixl.Error):
         p.stats()
     assert ctx.stats()["disconnects"] - s0["disconnects"] == 1
+
+
+def test_metrics_keyword():
+    # Context(metrics="host:port"): hixl_config_t.metrics, scraped by hand.
+    import socket
+    import urllib.request
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    with hixl.Context(transports="self", metrics=f"127.0.0.1:{port}") as c:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+        assert b"# TYPE hixl_put_ops_total counter" in body
+        assert c.stats()["put_ops"] == 0

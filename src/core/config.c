@@ -18,6 +18,7 @@ void hixl_config_init(hixl_config_t *cfg)
   cfg->transports = getenv("HIXL_TRANSPORTS");
   cfg->net_dev = getenv("HIXL_NET_DEV");
   cfg->auth_token = getenv("HIXL_AUTH_TOKEN");
+  cfg->metrics = getenv("HIXL_METRICS");
   long v;
   const char *e = getenv("HIXL_PROGRESS_THREAD");
   if (e && hixl__parse_int(e, 0, 2, &v) == 0)

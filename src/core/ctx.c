@@ -97,7 +97,7 @@ hixl_status_t hixl_ctx_create(const hixl_config_t *cfg_in, hixl_ctx_t **ctx_p)
   if (cfg_in->reserved_int)
     return hixl__err(HIXL_ERR_INVALID,
                      "hixl_ctx_create: reserved fields must be zero (use hixl_config_init)");
-  for (int i = 0; i < 7; i++)
+  for (int i = 0; i < 6; i++)
     if (cfg_in->reserved[i])
       return hixl__err(HIXL_ERR_INVALID,
                        "hixl_ctx_create: reserved fields must be zero (use hixl_config_init)");
@@ -122,6 +122,8 @@ hixl_status_t hixl_ctx_create(const hixl_config_t *cfg_in, hixl_ctx_t **ctx_p)
   ctx->cfg.transports = ctx->cfg_strs[1];
   ctx->cfg.net_dev = ctx->cfg_strs[2];
   ctx->cfg.auth_token = ctx->cfg_strs[3];
+  ctx->cfg_strs[4] = dup_opt(cfg_in->metrics);
+  ctx->cfg.metrics = ctx->cfg_strs[4];
   pthread_mutex_init(&ctx->lock, NULL);
   pthread_mutex_init(&ctx->tp_init_lock, NULL);
   hixl__wait_init(ctx);
@@ -248,7 +250,7 @@ void hixl_ctx_destroy(hixl_ctx_t *ctx)
   for (size_t i = 0; i < sizeof(fds) / sizeof(fds[0]); i++)
     if (fds[i] >= 0)
       close(fds[i]);
-  for (int i = 0; i < 4; i++)
+  for (int i = 0; i < 5; i++)
     free(ctx->cfg_strs[i]);
   pthread_mutex_destroy(&ctx->lock);
   pthread_mutex_destroy(&ctx->tp_init_lock);

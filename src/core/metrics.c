@@ -379,7 +379,7 @@ static hixl_status_t metrics_start(hixl_ctx_t *ctx, const char *spec)
 
 void hixl__metrics_start(hixl_ctx_t *ctx)
 {
-  const char *spec = getenv("HIXL_METRICS");
+  const char *spec = ctx->cfg.metrics; /* hixl_config_init: HIXL_METRICS */
   if (spec != NULL && spec[0] != 0 && metrics_start(ctx, spec) != HIXL_OK)
     hixl_warn("no metrics endpoint for context %s: %s", ctx->address, hixl_last_error());
 }

@@ -516,7 +516,7 @@ struct hixl_ctx {
   uint64_t id;         /* random; identifies us in handshakes and blobs */
   uint8_t host_id[32]; /* boot id + network namespace: "same host" */
   hixl_config_t cfg;   /* strings below are owned copies */
-  char *cfg_strs[4];
+  char *cfg_strs[5];
   uint32_t tp_allowed; /* bit per HIXL_TP_*: what the configuration allows */
   /* Bit per HIXL_TP_*: allowed and set up on this machine.  Bits are only
    * added (hixl__tp_need, once everything a transport needs is in place),

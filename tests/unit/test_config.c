@@ -26,8 +26,9 @@ static void test_defaults_and_env(void **state)
   assert_int_equal(c.progress_thread, 0);
   assert_int_equal(c.wait, HIXL_WAIT_ADAPTIVE);
   assert_int_equal(c.reserved_int, 0);
-  for (int i = 0; i < 7; i++)
+  for (int i = 0; i < 6; i++)
     assert_null(c.reserved[i]);
+  assert_null(c.metrics); /* HIXL_METRICS unset */
   setenv("HIXL_TRANSPORTS", "shm", 1);
   setenv("HIXL_TIMEOUT_MS", "1234", 1);
   setenv("HIXL_PROGRESS_THREAD", "1", 1);

@@ -207,6 +207,19 @@ static void scrape(void **state)
   hixl_ctx_destroy(dup);
   hixl_ctx_destroy(bad);
   hixl_ctx_destroy(bad2);
+  /* hixl_config_t.metrics, without the environment. */
+  int port2 = free_port();
+  char spec2[64];
+  snprintf(spec2, sizeof(spec2), "127.0.0.1:%d", port2);
+  hixl_config_t cfg;
+  hixl_config_init(&cfg);
+  cfg.transports = "self";
+  cfg.metrics = spec2;
+  hixl_ctx_t *viacfg;
+  assert_int_equal(hixl_ctx_create(&cfg, &viacfg), HIXL_OK);
+  raw(port2, "GET /metrics HTTP/1.1\r\n\r\n", 25, out, sizeof(out));
+  assert_non_null(strstr(out, "hixl_put_ops_total"));
+  hixl_ctx_destroy(viacfg);
   /* The endpoint goes with its context. */
   hixl_ctx_destroy(ctx);
   assert_int_equal(dial(port), -1);
