@@ -67,6 +67,9 @@ hixl_peer_t *hixl__handle_bind_locked(hixl_peer_t *u, const hixl_msg_t *m, int *
 void hixl__handle_hello_locked(hixl_peer_t *p, const hixl_msg_t *m, hixl_msg_t *out);
 /* Target side of AUTH.  Returns the ack to send (status set). */
 void hixl__handle_auth_locked(hixl_peer_t *p, const hixl_msg_t *m, hixl_msg_t *ack);
+/* Send p a HEARTBEAT probe stamped with now: its answer gives the round
+ * trip (peer->rtt_ns).  ctx->lock held. */
+void hixl__probe_locked(hixl_peer_t *p, int64_t now);
 /* A control socket's send timeout (timeout_ms), and TCP_NODELAY for TCP. */
 void hixl__set_sock_opts(int fd, int timeout_ms, bool tcp);
 

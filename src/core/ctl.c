@@ -117,9 +117,22 @@ static void dispatch_locked(hixl_peer_t *p, hixl_msg_t *m, int *fds, hixl_msg_t 
   }
   switch (m->type) {
   case HIXL_MSG_HEARTBEAT:
-    if (m->heartbeat.flags & 1) { /* a probe: the peer's timeout is shorter than our pace */
+    if (m->heartbeat.flags & 1) {
+      /* A probe (at connect, or the peer's timeout is shorter than our
+       * pace): answered at once, its stamp echoed. */
       hixl_msg_t hb = {.type = HIXL_MSG_HEARTBEAT};
+      hb.heartbeat.flags = 2;
+      hb.heartbeat.q0 = m->heartbeat.q0;
       hixl__send(p, &hb, NULL, 0);
+    } else if ((m->heartbeat.flags & 2) && p->probe_ns != 0 &&
+               m->heartbeat.q0 == (uint64_t)p->probe_ns) {
+      /* The answer to our last probe (any other echo, stale or invented,
+       * is ignored: the stamp is ours, so the figure is a real round
+       * trip, however slow the peer chose to be). */
+      int64_t rtt = hixl__now_ns() - p->probe_ns;
+      if (rtt > 0)
+        atomic_store_explicit(&p->rtt_ns, rtt, memory_order_relaxed);
+      p->probe_ns = 0;
     }
     return;
   case HIXL_MSG_BYE: hixl__peer_fail_locked(p, HIXL_PEER_CLOSED, "peer disconnected"); return;
@@ -321,6 +334,9 @@ static void peer_readable(hixl_ctx_t *ctx, hixl_peer_t *p)
           atomic_store(&reply_to->state, HIXL_PEER_UP);
           atomic_fetch_add_explicit(&ctx->cnt.accepts, 1, memory_order_relaxed);
           pthread_cond_broadcast(&ctx->cond);
+          /* One probe per connection: its round trip for the stats (later
+           * ones only when the peer falls quiet: no idle traffic). */
+          hixl__probe_locked(reply_to, hixl__now_ns());
         }
         /* A refused handshake: the connection has no further use. */
         if (out.type == HIXL_MSG_HELLO_ACK && out.status != HIXL_OK)
@@ -604,6 +620,17 @@ static int tick_ms(const hixl_ctx_t *ctx)
   return ms < 10 ? 10 : ms > 1000 ? 1000 : ms;
 }
 
+void hixl__probe_locked(hixl_peer_t *p, int64_t now)
+{
+  hixl_msg_t hb = {.type = HIXL_MSG_HEARTBEAT};
+  hb.heartbeat.flags = 1;
+  hb.heartbeat.q0 = (uint64_t)now;
+  /* A newer probe replaces an unanswered one: a late answer to the old
+   * one no longer matches (and is not taken for this one's). */
+  p->probe_ns = now;
+  hixl__send(p, &hb, NULL, 0);
+}
+
 #define HK_FREED INT64_MIN /* visit_locked freed the peer */
 
 /* Housekeeping for one peer: liveness and heartbeats of an up peer, the
@@ -676,9 +703,12 @@ static int64_t visit_locked(hixl_ctx_t *ctx, hixl_peer_t *p, int64_t now)
       bool probe = now - p->last_rx_ns > quiet_ns;
       int64_t tx = atomic_load_explicit(&p->last_tx_ns, memory_order_relaxed);
       if ((probe || alive < 0) && now - tx > (probe ? hb_ns / 2 : hb_ns)) {
-        hixl_msg_t hb = {.type = HIXL_MSG_HEARTBEAT};
-        hb.heartbeat.flags = probe;
-        hixl__send(p, &hb, NULL, 0);
+        if (probe) {
+          hixl__probe_locked(p, now);
+        } else {
+          hixl_msg_t hb = {.type = HIXL_MSG_HEARTBEAT};
+          hixl__send(p, &hb, NULL, 0);
+        }
         tx = now;
       }
       /* Next: once it has been quiet that long (a message postpones

@@ -592,6 +592,7 @@ static hixl_status_t connect_once(hixl_ctx_t *ctx, const char *addr, int64_t dea
   struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = p};
   epoll_ctl(ctx->epoll_fd, EPOLL_CTL_ADD, p->fd, &ev);
   pthread_mutex_unlock(&p->send_lock);
+  hixl__probe_locked(p, hixl__now_ns()); /* the round trip, for the stats */
   pthread_mutex_unlock(&ctx->lock);
   /* Its notifications may have come already (the target can notify once
    * it has bound), while a waiter of ours looked at a peer list without

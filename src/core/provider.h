@@ -461,6 +461,9 @@ struct hixl_peer {
    * with relaxed load-and-store, errors and notifications atomically). */
   _Atomic uint64_t st[HIXL_OPST_N];
   _Atomic uint64_t st_errors, st_notif_rx;
+  /* The control connection's round trip (ns, 0: not measured yet): a
+   * HEARTBEAT probe carries our clock, the answer echoes it (ctl.c). */
+  _Atomic int64_t rtt_ns;
 
   /* Notifications they send us in a ring of their own (shm: shared; self:
    * local), or NULL: verbs and fabric deliver into the context's inbox
@@ -482,6 +485,7 @@ struct hixl_peer {
                                  its last byte (a peer trickling bytes is not kept forever) */
   _Atomic int64_t last_tx_ns; /* written under send_lock, read by heartbeats */
   int64_t lost_ns;            /* when it was lost or closed (0: not) */
+  int64_t probe_ns;           /* the stamp of our last probe not answered yet (0: none) */
   uint64_t barrier_epoch;     /* world: highest barrier epoch received from them */
   uint64_t xchg_epoch;        /* world: epoch of the blob in xchg_blob */
   uint8_t xchg_blob[HIXL_RKEY_MAX];

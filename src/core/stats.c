@@ -128,6 +128,10 @@ static const stat_def_t peer_defs[] = {
     {"notifications_received", "notifications from this peer taken by the user", C},
     {"up", "1 while the peer is connected, 0 once lost or disconnected", G},
     {"notifications_queued", "notifications from this peer arrived and not yet taken", G},
+    {"rtt_ns",
+     "the control connection's round trip, heartbeat probe to answer: at connect and "
+     "whenever the peer falls quiet (0 until measured)",
+     G},
 };
 #undef HIXL_X
 #undef C
@@ -222,6 +226,7 @@ static void peer_values(hixl_peer_t *p, uint64_t *v)
   v[k++] = p->inbox ? ring_queued(p->inbox)
                     : atomic_load_explicit(&p->inbox_queued, memory_order_relaxed);
   pthread_mutex_unlock(&p->ctx->notif.lock);
+  v[k++] = (uint64_t)atomic_load_explicit(&p->rtt_ns, memory_order_relaxed);
 }
 
 hixl_status_t hixl_ctx_stats(hixl_ctx_t *ctx, hixl_peer_t *peer, hixl_stat_t *stats, size_t *count)

@@ -27,7 +27,8 @@
  * transport reads its fields through its own view).  9: shm's sleeper
  * words count futex-word sleepers in their high half, woken through the
  * word in the ring they sleep on rather than the doorbell pipe.  10: STATS /
- * STATS_REPLY (hixl_peer_remote_stats). */
+ * STATS_REPLY (hixl_peer_remote_stats); HEARTBEAT's u64[0], the stamp a
+ * probe carries and its answer echoes (the round trip in the stats). */
 #define HIXL_WIRE_VERSION 10
 #define HIXL_WIRE_HDR 24
 #define HIXL_WIRE_MAX 4096 /* payload bytes; every message is far smaller */
@@ -43,7 +44,8 @@ enum hixl_msg_type {
   HIXL_MSG_FD_REPLY,        /* status (+ 1 fd) */
   HIXL_MSG_ATOMIC,          /* slot, rkey, off, op, a, b */
   HIXL_MSG_ATOMIC_REPLY,    /* status, old */
-  HIXL_MSG_HEARTBEAT,       /* u32[0] bit 0: a probe, answer with a heartbeat at once */
+  HIXL_MSG_HEARTBEAT,       /* u32[0] bit 0: a probe, answer at once (bit 1: an answer,
+                               echoing the probe's u64[0]) */
   HIXL_MSG_BYE,             /* empty: orderly disconnect */
   HIXL_MSG_WORLD_BARRIER,   /* world id, epoch */
   HIXL_MSG_WORLD_XCHG,      /* world id, epoch, blob */

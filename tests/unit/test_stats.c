@@ -100,7 +100,10 @@ static void counts(const char *transports)
   assert_int_equal(stat(ini, NULL, "connects"), 1);
   assert_int_equal(stat(ini, NULL, "peers"), 1);
   assert_int_equal(stat(NULL, p, "up"), 1);
-
+  /* The round trip: the probe at connect went before the lookup on the
+   * same connection, so its answer came before the lookup's. */
+  uint64_t rtt = stat(NULL, p, "rtt_ns");
+  assert_true(rtt > 0 && rtt < 10000000000ull);
   uint8_t buf[256] = {1};
   uint64_t old;
   for (int i = 0; i < 3; i++)
@@ -167,6 +170,13 @@ static void counts(const char *transports)
       fail_msg("notification %d over %s: %s", i, transports, hixl_last_error());
     from = nt[i].peer;
   }
+  /* The target's own probe at accept: answered by our control thread. */
+  for (int i = 0; i < 1000 && stat(NULL, from, "rtt_ns") == 0; i++)
+    usleep(10000);
+  rtt = stat(NULL, from, "rtt_ns");
+  assert_true(rtt > 0 && rtt < 10000000000ull);
+  printf("# %s: control round trip %.1f us (initiator), %.1f us (target)\n", transports,
+         stat(NULL, p, "rtt_ns") / 1e3, rtt / 1e3);
   assert_int_equal(stat(tgt, NULL, "notifications_received"), 4);
   assert_int_equal(stat(NULL, from, "notifications_received"), 4);
   assert_int_equal(stat(tgt, NULL, "notifications_queued"), 0);
