@@ -3,17 +3,24 @@
 # this machine: each section is there; what it says about RDMA agrees with
 # /sys/class/infiniband; a context that can only advertise a loopback
 # address is a warning with the fix, not a failure; the exit status is 0
-# when nothing needed is wrong.  (The rxe guest checks the RDMA half:
-# tests/rxe/suite.sh, case doctor.)  Usage: hixl_info_doctor.sh HIXL_INFO
+# when nothing needed is wrong; the device backends (the one in use, and
+# CUDA's and Ascend's libraries, found or not) and libfabric's providers
+# (each one in fi_info -l where that is installed; the one hixl would take;
+# FI_PROVIDER and HIXL_FABRIC_PROVIDER obeyed).  (The rxe guest checks the
+# RDMA half: tests/rxe/suite.sh, case doctor.)  Usage: hixl_info_doctor.sh
+# HIXL_INFO
 set -u
 info=$1
+# The defaults are what is checked; the cases below set these themselves.
+unset HIXL_FABRIC_PROVIDER FI_PROVIDER
 fail() { echo "FAIL: $*"; echo "--- output:"; cat "$out"; exit 1; }
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 
 "$info" >"$out" 2>&1 || fail "exit status $? on this machine"
 for want in "a context advertises" "transports offered:" "verbs (RDMA)" "RLIMIT_MEMLOCK" \
-            "process_vm_readv between sibling processes" "/dev/shm:" "problem(s)"; do
+            "process_vm_readv between sibling processes" "/dev/shm:" "problem(s)" \
+            "device backends" "fabric (libfabric)"; do
   grep -qF "$want" "$out" || fail "no line with \"$want\""
 done
 if [ -d /sys/class/infiniband ] && [ -n "$(ls /sys/class/infiniband)" ]; then
@@ -22,6 +29,58 @@ if [ -d /sys/class/infiniband ] && [ -n "$(ls /sys/class/infiniband)" ]; then
   done
 else
   grep -qF "no RDMA device: verbs is not offered" "$out" || fail "no RDMA device not said"
+fi
+
+# Device backends: the one the library chose, and a line for each runtime.
+backend=$(sed -n 's/^\[.*\] device memory: backend \([a-z]*\),.*/\1/p' "$out")
+[ -n "$backend" ] || fail "no device memory line"
+grep -q "^\[.*\] backend in use: $backend (" "$out" || fail "the backend in use is not $backend"
+grep -qE '^\[(ok  |note|warn)\] CUDA: [^ ]*libcuda\.so\.1[ ,]' "$out" || fail "no CUDA driver line"
+grep -qE '^\[(ok  |note)\] CUDA runtime: ' "$out" || fail "no CUDA runtime line"
+grep -qE '^\[(ok  |note|warn)\] Ascend: [^ ]*libascendcl\.so' "$out" || fail "no Ascend line"
+if [ -z "${LD_LIBRARY_PATH:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
+  grep -qF "[note] CUDA: libcuda.so.1 not found (" "$out" || fail "a missing libcuda.so.1 not said"
+fi
+
+# libfabric: when this build and this machine have it, its providers, and
+# the one fabric.c's preference list (or HIXL_FABRIC_PROVIDER) takes.
+if grep -q '^\[ok  \] libfabric [0-9]*\.[0-9]* ' "$out"; then
+  provs=$(sed -n 's/^\[ok  \] provider \([^:]*\): domains .*/\1/p' "$out")
+  [ -n "$provs" ] || grep -q "no libfabric provider offers" "$out" || fail "no provider lines"
+  if command -v fi_info >/dev/null; then
+    listed=$(fi_info -l 2>/dev/null)
+    for p in $provs; do
+      for part in ${p//;/ }; do
+        grep -q "^$part:" <<<"$listed" || fail "provider $p: $part is not in fi_info -l"
+      done
+    done
+  fi
+  pick=""
+  for p in efa cxi "verbs;ofi_rxm" "tcp;ofi_rxm" tcp shm; do
+    if grep -qxF "$p" <<<"$provs"; then pick=$p; break; fi
+  done
+  if [ -n "$pick" ]; then
+    grep -qF "[ok  ] fabric would use $pick (the first offered" "$out" || fail "fabric would not use $pick"
+  fi
+  if grep -qxF shm <<<"$provs"; then
+    FI_PROVIDER=shm "$info" >"$out" 2>&1 || fail "FI_PROVIDER=shm: exit status $?"
+    [ "$(grep -c '^\[ok  \] provider ' "$out")" -eq 1 ] || fail "FI_PROVIDER=shm: not one provider"
+    grep -qF "[ok  ] fabric would use shm (" "$out" || fail "FI_PROVIDER=shm: fabric would not use shm"
+    HIXL_FABRIC_PROVIDER=shm "$info" >"$out" 2>&1 || fail "HIXL_FABRIC_PROVIDER=shm: exit status $?"
+    grep -qF "[ok  ] fabric would use shm, as HIXL_FABRIC_PROVIDER says" "$out" ||
+      fail "HIXL_FABRIC_PROVIDER=shm not obeyed"
+  fi
+  HIXL_FABRIC_PROVIDER=nosuch "$info" >"$out" 2>&1
+  [ $? -eq 1 ] || fail "HIXL_FABRIC_PROVIDER=nosuch did not exit 1"
+  grep -qF "[FAIL] HIXL_FABRIC_PROVIDER=nosuch is not among them" "$out" ||
+    fail "HIXL_FABRIC_PROVIDER=nosuch not a FAIL"
+  FI_PROVIDER=nosuch "$info" >"$out" 2>&1 || fail "FI_PROVIDER=nosuch: exit status $?"
+  grep -q '^\[\(warn\|note\)\] no libfabric provider offers .*FI_PROVIDER=nosuch' "$out" ||
+    fail "FI_PROVIDER=nosuch: no providers not said"
+  grep -qF "fix: FI_PROVIDER limits" "$out" || fail "FI_PROVIDER=nosuch: no fix"
+else
+  grep -qE '^\[(note|warn)\] (libfabric\.so\.1 not found|this build has no fabric)' "$out" ||
+    fail "neither libfabric's version nor why not"
 fi
 
 HIXL_LISTEN=127.0.0.1:0 "$info" >"$out" 2>&1 || fail "a loopback address failed the run"
