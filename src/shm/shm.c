@@ -679,9 +679,17 @@ static HIXL_COLD bool cma_refused(hixl_peer_t *peer, bool write, int e)
   shm_peer_t *sp = peer->tp;
   if (!atomic_exchange(&sp->cma_refused, true))
     hixl_info("shm: %s into peer %s (pid %d): %s; its registered memory is reached through "
-              "its control thread from now on",
+              "its control thread from now on (slower for large transfers). %s",
               write ? "process_vm_writev" : "process_vm_readv", peer->name, (int)peer->remote_pid,
-              strerror(e));
+              strerror(e),
+              e == ENOSYS
+                  ? "This kernel has no cross-memory attach (CONFIG_CROSS_MEMORY_ATTACH)"
+                  : "Usual causes: Yama (kernel.yama.ptrace_scope 1 refuses non-descendants: "
+                    "set HIXL_SHM_PTRACER=1 in the target, which calls "
+                    "prctl(PR_SET_PTRACER) as Open MPI does, or ptrace_scope 0), or a "
+                    "container's seccomp profile (allow process_vm_readv/writev, or "
+                    "--cap-add SYS_PTRACE); hixl_mem_alloc memory is mapped and not "
+                    "affected");
   return true;
 }
 
