@@ -213,6 +213,18 @@ enum {
   HIXL_TP_CAP_LAZY = 4,
 };
 
+/* A transport's own figures in hixl_ctx_stats (its stats slot adds to
+ * them; the core names them, so every transport's figures of one kind add
+ * up under one name and new ones are appended, never reordered). */
+enum {
+  HIXL_XST_RCACHE_HITS,          /* registration cache: lookups that found an entry */
+  HIXL_XST_RCACHE_MISSES,        /* lookups that registered (or fell back to bounce) */
+  HIXL_XST_RCACHE_EVICTIONS,     /* entries dropped to stay under the cache's limit */
+  HIXL_XST_RCACHE_INVALIDATIONS, /* entries dropped: their memory was unmapped */
+  HIXL_XST_PINNED_BYTES,         /* memory registered with (pinned by) the device now */
+  HIXL_XST_N
+};
+
 /* A control message a transport owns (hixl_transport_ops_t.msgs): a
  * TP_REQ of this kind (tp_req.kind), from peers on that transport only,
  * and its TP_REPLY if it has one. */
@@ -358,6 +370,10 @@ typedef struct hixl_transport_ops {
    * through it (device memory the NIC or provider cannot reach).  Such
    * peers are also told when a region is deregistered (REGION_GONE). */
   bool (*mr_key)(const hixl_mr_t *mr, uint64_t key[2]);
+  /* Optional: add this transport's figures to xs[HIXL_XST_*].  Called for
+   * a context where the transport is set up (tp_ready), from any thread,
+   * ctx->lock not held; it takes only its own leaf locks. */
+  void (*stats)(hixl_ctx_t *ctx, uint64_t xs[HIXL_XST_N]);
 } hixl_transport_ops_t;
 
 /* Notifications of transports that receive them in our own process

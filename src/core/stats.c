@@ -119,6 +119,16 @@ static const stat_def_t ctx_defs[] = {
     {"wait_sleeps", "times a blocking call slept in the kernel", C},
     {"wait_sleep_ns", "time blocking calls spent asleep", C},
     {"notifications_queued", "notifications arrived and not yet taken, from every peer", G},
+    /* The transports' figures, HIXL_XST_* order. */
+    {"rcache_hits", "registration cache: unregistered buffers found already registered", C},
+    {"rcache_misses", "registration cache: unregistered buffers registered on first use", C},
+    {"rcache_evictions", "registration cache: entries dropped to stay under its size limit", C},
+    {"rcache_invalidations",
+     "registration cache: entries dropped because their memory was unmapped or remapped", C},
+    {"pinned_bytes",
+     "memory registered with (pinned by) an RDMA device now: regions, the registration "
+     "cache, bounce and receive buffers",
+     G},
 };
 static const stat_def_t peer_defs[] = {
     HIXL_OPSTATS(HIXL_X)
@@ -209,6 +219,13 @@ static void ctx_values(hixl_ctx_t *ctx, uint64_t *v, bool locked)
   v[k++] = t[HIXL_WST_SLEEPS];
   v[k++] = t[HIXL_WST_SLEEP_NS];
   v[k++] = queued_all(ctx);
+  uint64_t xs[HIXL_XST_N] = {0};
+  uint32_t ready = atomic_load(&ctx->tp_ready);
+  for (size_t i = 0; i < hixl__n_transports; i++)
+    if (hixl__transports[i]->stats && (ready & (1u << hixl__transports[i]->id)))
+      hixl__transports[i]->stats(ctx, xs);
+  for (int i = 0; i < HIXL_XST_N; i++)
+    v[k++] = xs[i];
 }
 
 static void peer_values(hixl_peer_t *p, uint64_t *v)

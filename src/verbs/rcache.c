@@ -65,7 +65,7 @@ struct vrb_rcache {
   int uffd, stop_fd;
   pthread_t monitor;
   bool monitor_started;
-  _Atomic uint64_t hits, misses, invalidated;
+  _Atomic uint64_t hits, misses, invalidated, evicted;
   unsigned test_delay_us; /* HIXL_VERBS_RCACHE_TEST_DELAY_US: see monitor_main */
 };
 
@@ -312,6 +312,7 @@ vrb_rent_t *hixl__vrb_rcache_get(vrb_rcache_t *rc, const void *p, size_t len, ui
   while (rc->bytes + (e - s) > rc->max_bytes && rc->lru_tail) {
     vrb_rent_t *old = rc->lru_tail;
     drop(rc, find(rc, old->start));
+    atomic_fetch_add_explicit(&rc->evicted, 1, memory_order_relaxed);
   }
   vrb_rent_t *ent = NULL;
   if (rc->n == rc->cap) {
@@ -357,9 +358,17 @@ out:
   return ent;
 }
 
-void hixl__vrb_rcache_stats(const vrb_rcache_t *rc, uint64_t out[3])
+void hixl__vrb_rcache_stats(vrb_rcache_t *rc, uint64_t out[5])
 {
-  out[0] = rc ? atomic_load(&rc->hits) : 0;
-  out[1] = rc ? atomic_load(&rc->misses) : 0;
-  out[2] = rc ? atomic_load(&rc->invalidated) : 0;
+  if (rc == NULL) {
+    memset(out, 0, 5 * sizeof(out[0]));
+    return;
+  }
+  out[0] = atomic_load_explicit(&rc->hits, memory_order_relaxed);
+  out[1] = atomic_load_explicit(&rc->misses, memory_order_relaxed);
+  out[2] = atomic_load_explicit(&rc->evicted, memory_order_relaxed);
+  out[3] = atomic_load_explicit(&rc->invalidated, memory_order_relaxed);
+  pthread_mutex_lock(&rc->lock);
+  out[4] = rc->bytes;
+  pthread_mutex_unlock(&rc->lock);
 }

@@ -411,6 +411,32 @@ static void vrb_mr_dereg(hixl_mr_t *mr)
 }
 
 /* A peer's key for mr: its ibv rkey, when mr is registered with the NIC. */
+/* hixl_ctx_stats: the registration cache's figures, and what this context
+ * has pinned: its regions (the local-key index), the cache's entries, the
+ * bounce pool and the SRQ's receive buffers. */
+static void vrb_stats(hixl_ctx_t *ctx, uint64_t xs[HIXL_XST_N])
+{
+  vrb_ctx_t *vc = VC(ctx);
+  if (vc == NULL)
+    return;
+  uint64_t rc[5];
+  hixl__vrb_rcache_stats(vc->rcache, rc);
+  xs[HIXL_XST_RCACHE_HITS] += rc[0];
+  xs[HIXL_XST_RCACHE_MISSES] += rc[1];
+  xs[HIXL_XST_RCACHE_EVICTIONS] += rc[2];
+  xs[HIXL_XST_RCACHE_INVALIDATIONS] += rc[3];
+  uint64_t pinned = rc[4];
+  pthread_rwlock_rdlock(&vc->lreg_lock);
+  for (size_t i = 0; i < vc->n_lregs; i++)
+    pinned += vc->lregs[i].end - vc->lregs[i].start;
+  pthread_rwlock_unlock(&vc->lreg_lock);
+  if (vc->bounce_mr)
+    pinned += (uint64_t)VRB_BOUNCE_COUNT * VRB_BOUNCE_SIZE;
+  if (vc->rbufs_mr)
+    pinned += (uint64_t)VRB_SRQ_DEPTH * VRB_RECV_SIZE;
+  xs[HIXL_XST_PINNED_BYTES] += pinned;
+}
+
 static bool vrb_mr_key(const hixl_mr_t *mr, uint64_t key[2])
 {
   const struct ibv_mr *m = mr->tp[HIXL_TP_VERBS];
@@ -1115,4 +1141,5 @@ const hixl_transport_ops_t hixl__verbs_ops = {
     .ack_event = vrb_ack_event,
     .notif_poll = vrb_notif_poll,
     .mr_key = vrb_mr_key,
+    .stats = vrb_stats,
 };

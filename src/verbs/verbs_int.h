@@ -271,7 +271,10 @@ vrb_rent_t *hixl__vrb_rcache_get(vrb_rcache_t *rc, const void *p, size_t len, ui
 /* Another reference on an entry the caller holds. */
 void hixl__vrb_rcache_ref(vrb_rent_t *e);
 void hixl__vrb_rcache_put(vrb_rent_t *e);
-/* Counters for tests and hixl-info: hits, misses, invalidations. */
-void hixl__vrb_rcache_stats(const vrb_rcache_t *rc, uint64_t out[3]);
+/* Its figures for hixl_ctx_stats: hits, misses, evictions (the oldest idle
+ * entries dropped to stay under HIXL_VERBS_RCACHE_MAX), invalidations
+ * (entries dropped because their memory was unmapped or remapped), and the
+ * bytes it keeps registered now.  All zero for rc NULL. */
+void hixl__vrb_rcache_stats(vrb_rcache_t *rc, uint64_t out[5]);
 
 #endif

@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include <arpa/inet.h>
+#include <inttypes.h>
 #include <malloc.h>
 #include <netinet/in.h>
 #include <stdio.h>
@@ -816,18 +817,41 @@ static void put_check(hixl_ctx_t *ctx, target_t *t, hixl_peer_t *peer, hixl_rmr_
     fail_msg("%s: the target holds other bytes than the local buffer now has", what);
 }
 
+/* One of a context's figures (hixl_ctx_stats); fails when it is absent. */
+static uint64_t ctx_stat(hixl_ctx_t *ctx, const char *name)
+{
+  hixl_stat_t s[128];
+  size_t n = sizeof(s) / sizeof(s[0]);
+  EXPECT_OK(hixl_ctx_stats(ctx, NULL, s, &n));
+  for (size_t i = 0; i < n && i < sizeof(s) / sizeof(s[0]); i++)
+    if (strcmp(s[i].name, name) == 0)
+      return s[i].value;
+  fail_msg("hixl_ctx_stats has no figure %s", name);
+  return 0;
+}
+
 /* A local buffer unmapped and mapped again at the same address (what free
  * and malloc do to large blocks): the next operation must use the new pages.
- * A registration cache that missed the unmap would move the old ones. */
+ * A registration cache that missed the unmap would move the old ones.
+ * Over verbs the cache's figures say what happened: hits for the same
+ * buffer again, misses and invalidations after each remap, evictions past
+ * HIXL_VERBS_RCACHE_MAX; elsewhere there is no cache and they stay 0. */
 static void test_remap(void **state)
 {
   (void)state;
   enum { LEN = 4 << 20 };
+  bool verbs = strcmp(g_transport, "verbs") == 0;
+  /* Room for one buffer and a half: a second one evicts the first.  Set
+   * before the connect, which is when verbs is set up (lazily). */
+  setenv("HIXL_VERBS_RCACHE_MAX", "6m", 1);
   hixl_ctx_t *ctx = test_ctx(0, NULL);
   target_t t;
   target_start(&t, ctx, NULL, 0);
   hixl_peer_t *peer = connect_to(ctx, &t);
+  unsetenv("HIXL_VERBS_RCACHE_MAX");
   hixl_rmr_t *rmr = lookup(peer, "alloc");
+  uint64_t hits0 = ctx_stat(ctx, "rcache_hits"), miss0 = ctx_stat(ctx, "rcache_misses");
+  uint64_t inval0 = ctx_stat(ctx, "rcache_invalidations");
   const int prot = PROT_READ | PROT_WRITE, anon = MAP_PRIVATE | MAP_ANONYMOUS;
   for (int round = 0; round < 3; round++) {
     uint8_t *buf = mmap(NULL, LEN, prot, anon, -1, 0);
@@ -860,6 +884,40 @@ static void test_remap(void **state)
       fail_msg("get into a remapped buffer: the new pages do not hold the data");
     free(want);
     munmap(buf, LEN);
+  }
+  uint64_t hits = ctx_stat(ctx, "rcache_hits") - hits0,
+           miss = ctx_stat(ctx, "rcache_misses") - miss0;
+  uint64_t inval = ctx_stat(ctx, "rcache_invalidations") - inval0;
+  /* Two buffers of LEN alternately, under a limit that holds one: each put
+   * evicts the other's entry, and the data is still right. */
+  uint8_t *a = mmap(NULL, LEN, prot, anon, -1, 0), *b = mmap(NULL, LEN, prot, anon, -1, 0);
+  assert_true(a != MAP_FAILED && b != MAP_FAILED);
+  fill_pattern(a, LEN, 900);
+  fill_pattern(b, LEN, 901);
+  uint64_t evict0 = ctx_stat(ctx, "rcache_evictions");
+  for (int i = 0; i < 4; i++)
+    put_check(ctx, &t, peer, rmr, i % 2 ? b : a, LEN, "two buffers over a small cache");
+  uint64_t evict = ctx_stat(ctx, "rcache_evictions") - evict0;
+  uint64_t pinned = ctx_stat(ctx, "pinned_bytes");
+  munmap(a, LEN);
+  munmap(b, LEN);
+  if (verbs) {
+    /* Per round: the first put misses, the same buffer again hits; each
+     * remap (munmap + mmap, MAP_FIXED, DONTNEED, munmap) invalidates. */
+    if (hits < 3 || miss < 3 || inval < 3)
+      fail_msg("verbs registration cache over 3 rounds: hits %" PRIu64 ", misses %" PRIu64
+               ", invalidations %" PRIu64 " (want at least 3 each)",
+               hits, miss, inval);
+    if (evict < 3)
+      fail_msg("4 puts alternating two 4 MiB buffers under a 6 MiB cache: %" PRIu64
+               " evictions (want at least 3)",
+               evict);
+    if (pinned < (uint64_t)LEN)
+      fail_msg("pinned_bytes %" PRIu64 " with a 4 MiB buffer cached", pinned);
+  } else if (hits || miss || inval || evict || pinned) {
+    fail_msg("%s has no registration cache, yet hits %" PRIu64 " misses %" PRIu64
+             " invalidations %" PRIu64 " evictions %" PRIu64 " pinned %" PRIu64,
+             g_transport, hits, miss, inval, evict, pinned);
   }
   hixl_rmr_release(rmr);
   hixl_disconnect(peer);

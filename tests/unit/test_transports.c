@@ -36,6 +36,7 @@ static const slot_t required[] = {
 static const slot_t optional[] = {
     SLOT(peer_lost),  SLOT(batch),          SLOT(arm),    SLOT(arm_words), SLOT(ack_event),
     SLOT(notif_poll), SLOT(notif_consumed), SLOT(mr_key), SLOT(probe),     SLOT(peer_alive),
+    SLOT(stats),
 };
 
 static void *slot_at(const hixl_transport_ops_t *o, size_t off)
