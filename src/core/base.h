@@ -50,6 +50,11 @@ int hixl__memfd(const char *name, size_t len);
 /* "RLIMIT_NOFILE is 1024 (hard 524288): raise it (ulimit -n; systemd:
  * LimitNOFILE=)" in buf: what to say when the kernel drops passed fds. */
 const char *hixl__nofile_hint(char *buf, size_t n);
+/* Why pinning want more bytes may fail, and the fix, in buf: RLIMIT_MEMLOCK
+ * against what the process has pinned (VmPin) and locked (VmLck), or that
+ * the limit does not apply (unlimited, or CAP_IPC_LOCK in the calling
+ * thread's effective set: the kernel's can_do_mlock). */
+const char *hixl__memlock_hint(char *buf, size_t n, size_t want);
 /* strerror(err), and for EMFILE/ENFILE the hint above after it, in buf. */
 const char *hixl__strerror_fd(int err, char *buf, size_t n);
 /* Whether the process is out of descriptors now (duplicating any_fd, an

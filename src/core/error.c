@@ -6,7 +6,9 @@
 
 #include "core.h"
 
-static _Thread_local char last_error[512];
+/* Room for a message and its hint (a memlock or work-completion hint is
+ * some 450 characters on its own). */
+static _Thread_local char last_error[1024];
 
 const char *hixl_strerror(hixl_status_t st)
 {

@@ -11,6 +11,8 @@
 #include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <linux/capability.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -277,5 +279,61 @@ const char *hixl__nofile_hint(char *buf, size_t n)
            "the process is at its descriptor limit, RLIMIT_NOFILE %llu (hard %llu): raise it "
            "(ulimit -n; systemd: LimitNOFILE=); what each peer holds: docs/scale.md",
            (unsigned long long)rl.rlim_cur, (unsigned long long)rl.rlim_max);
+  return buf;
+}
+
+/* CAP_IPC_LOCK in this thread's effective set (capabilities are per
+ * thread; /proc/self/status would show the main thread's). */
+static bool cap_ipc_lock(void)
+{
+  struct __user_cap_header_struct h = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+  struct __user_cap_data_struct d[2];
+  memset(d, 0, sizeof(d));
+  if (syscall(SYS_capget, &h, d) != 0)
+    return false;
+  return (d[CAP_TO_INDEX(CAP_IPC_LOCK)].effective & CAP_TO_MASK(CAP_IPC_LOCK)) != 0;
+}
+
+/* A "VmXxx:   123 kB" line of /proc/self/status, in KiB (0 when absent). */
+static unsigned long long status_kib(const char *key)
+{
+  char line[128];
+  unsigned long long v = 0;
+  size_t kl = strlen(key);
+  FILE *f = fopen("/proc/self/status", "re");
+  while (f && fgets(line, sizeof(line), f))
+    if (strncmp(line, key, kl) == 0 && line[kl] == ':') {
+      v = strtoull(line + kl + 1, NULL, 10);
+      break;
+    }
+  if (f)
+    fclose(f);
+  return v;
+}
+
+const char *hixl__memlock_hint(char *buf, size_t n, size_t want)
+{
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0)
+    rl.rlim_cur = rl.rlim_max = RLIM_INFINITY;
+  if (rl.rlim_cur == RLIM_INFINITY || cap_ipc_lock()) {
+    snprintf(buf, n,
+             "RLIMIT_MEMLOCK does not limit this process (%s), so the kernel or the device "
+             "refused for another reason: out of memory, or the device's own limits on "
+             "registered memory (ibv_devinfo -v: max_mr, max_mr_size)",
+             rl.rlim_cur == RLIM_INFINITY ? "unlimited" : "it has CAP_IPC_LOCK");
+    return buf;
+  }
+  char hard[32] = "unlimited";
+  if (rl.rlim_max != RLIM_INFINITY)
+    snprintf(hard, sizeof(hard), "%llu KiB", (unsigned long long)rl.rlim_max / 1024);
+  snprintf(buf, n,
+           "RLIMIT_MEMLOCK is %llu KiB (hard %s) and this process has %llu KiB pinned (VmPin) "
+           "and %llu KiB locked (VmLck) already; this needs %llu KiB more: raise it (ulimit -l "
+           "unlimited in the shell, '* - memlock unlimited' in /etc/security/limits.conf, "
+           "LimitMEMLOCK=infinity for a systemd service, --ulimit memlock=-1 for docker) or "
+           "give the process CAP_IPC_LOCK",
+           (unsigned long long)rl.rlim_cur / 1024, hard, status_kib("VmPin"), status_kib("VmLck"),
+           (unsigned long long)(want + 1023) / 1024);
   return buf;
 }

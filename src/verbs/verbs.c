@@ -45,6 +45,19 @@ hixl_status_t hixl__vrb_err(hixl_status_t st, const char *what, int rc)
   return hixl__err(st, "verbs: %s: %s", what, strerror(e ? e : EIO));
 }
 
+hixl_status_t hixl__vrb_reg_err(const vrb_ctx_t *vc, const char *what, const void *addr, size_t len)
+{
+  int e = errno ? errno : EIO;
+  /* ENOMEM is what the kernel's pinning returns over RLIMIT_MEMLOCK (and
+   * some providers EPERM or EAGAIN): say the limit and the fix. */
+  char hint[640] = "";
+  if (e == ENOMEM || e == EPERM || e == EAGAIN)
+    hixl__memlock_hint(hint, sizeof(hint), len);
+  return hixl__err(HIXL_ERR_NOMEM, "verbs: %s: ibv_reg_mr of %zu KiB at %p on %s failed: %s%s%s",
+                   what, (len + 1023) / 1024, addr, vc->name, strerror(e), hint[0] ? ". " : "",
+                   hint);
+}
+
 /* ------------------------------------------------------------ device */
 
 static bool port_active(struct ibv_context *dev, uint8_t port, struct ibv_port_attr *pa)
@@ -246,8 +259,9 @@ static hixl_status_t vrb_ctx_init(hixl_ctx_t *ctx)
                                    IBV_ACCESS_LOCAL_WRITE)
                       : NULL;
   if (vc->bounce_mr == NULL) {
-    st =
-        hixl__vrb_err(HIXL_ERR_NOMEM, "registering the bounce buffers (2 MiB; RLIMIT_MEMLOCK?)", 0);
+    st = vc->bounce ? hixl__vrb_reg_err(vc, "registering the bounce buffers", vc->bounce,
+                                        (size_t)VRB_BOUNCE_COUNT * VRB_BOUNCE_SIZE)
+                    : hixl__err(HIXL_ERR_NOMEM, "verbs: no memory for the bounce buffers");
     goto fail;
   }
   for (int i = 0; i < VRB_BOUNCE_COUNT; i++)
@@ -364,7 +378,7 @@ static hixl_status_t vrb_mr_reg(hixl_mr_t *mr)
     if (m == NULL)
       return HIXL_OK; /* staged locally; verbs peers are told UNSUPPORTED */
   } else if ((m = ibv_reg_mr(vc->pd, mr->addr, mr->len, acc)) == NULL) {
-    return hixl__vrb_err(HIXL_ERR_NOMEM, "ibv_reg_mr", 0);
+    return hixl__vrb_reg_err(vc, "registering a region", mr->addr, mr->len);
   }
   /* Into the sorted local-key index the send path searches. */
   pthread_rwlock_wrlock(&vc->lreg_lock);

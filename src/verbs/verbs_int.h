@@ -219,6 +219,10 @@ static inline vrb_ctx_t *hixl__vc(hixl_ctx_t *ctx) { return ctx->tp[HIXL_TP_VERB
 
 /* verbs.c */
 hixl_status_t hixl__vrb_err(hixl_status_t st, const char *what, int rc);
+/* A registration that failed (errno set): NOMEM, with what, the size, the
+ * NIC, strerror and, for ENOMEM / EPERM / EAGAIN, the RLIMIT_MEMLOCK hint. */
+hixl_status_t hixl__vrb_reg_err(const vrb_ctx_t *vc, const char *what, const void *addr,
+                                size_t len);
 /* lkey of a hixl region holding [p, p+len), or 0. */
 uint32_t hixl__vrb_region_lkey(vrb_ctx_t *vc, const void *p, size_t len);
 

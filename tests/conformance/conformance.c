@@ -27,6 +27,8 @@
 #include <errno.h>
 #include <sys/wait.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <linux/capability.h>
 
 #include "cases.h"
 #include "harness.h"
@@ -843,7 +845,7 @@ static void test_remap(void **state)
   bool verbs = strcmp(g_transport, "verbs") == 0;
   /* Room for one buffer and a half: a second one evicts the first.  Set
    * before the connect, which is when verbs is set up (lazily). */
-  setenv("HIXL_VERBS_RCACHE_MAX", "6m", 1);
+  setenv("HIXL_VERBS_RCACHE_MAX", "6291456", 1); /* bytes */
   hixl_ctx_t *ctx = test_ctx(0, NULL);
   target_t t;
   target_start(&t, ctx, NULL, 0);
@@ -919,6 +921,97 @@ static void test_remap(void **state)
              " invalidations %" PRIu64 " evictions %" PRIu64 " pinned %" PRIu64,
              g_transport, hits, miss, inval, evict, pinned);
   }
+  hixl_rmr_release(rmr);
+  hixl_disconnect(peer);
+  target_stop(&t);
+  hixl_ctx_destroy(ctx);
+}
+
+/* CAP_IPC_LOCK in this thread's effective set, on or off (it stays in the
+ * permitted set, so it can come back); capabilities are per thread, and the
+ * kernel checks the registering thread's.  False when capget/capset fail. */
+static bool ipc_lock_cap(bool on)
+{
+  struct __user_cap_header_struct h = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+  struct __user_cap_data_struct d[2];
+  memset(d, 0, sizeof(d));
+  if (syscall(SYS_capget, &h, d) != 0)
+    return false;
+  int i = CAP_TO_INDEX(CAP_IPC_LOCK);
+  unsigned m = CAP_TO_MASK(CAP_IPC_LOCK);
+  if (on && !(d[i].permitted & m))
+    return true; /* never had it: nothing to give back */
+  d[i].effective = on ? d[i].effective | m : d[i].effective & ~m;
+  return syscall(SYS_capset, &h, d) == 0;
+}
+
+/* Registration past RLIMIT_MEMLOCK (the usual cause of ibv_reg_mr's
+ * ENOMEM): over verbs it fails with NOMEM and a message that says the
+ * limit, what is pinned, and the fix; nothing changes (the context still
+ * moves data) and the same registration works once the limit is raised.
+ * Transports that pin nothing register it whatever the limit. */
+static void test_memlock(void **state)
+{
+  (void)state;
+  enum { LIMIT = 8 << 20, BIG = 64 << 20 };
+  bool verbs = strcmp(g_transport, "verbs") == 0;
+  hixl_ctx_t *ctx = test_ctx(0, NULL);
+  target_t t;
+  target_start(&t, ctx, NULL, 0);
+  /* Verbs is set up at first need, the connect: its own buffers are pinned
+   * before the limit is lowered (their own failure is reported the same way). */
+  hixl_peer_t *peer = connect_to(ctx, &t);
+  hixl_rmr_t *rmr = lookup(peer, "alloc");
+  uint8_t *big = mmap(NULL, BIG, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  assert_true(big != MAP_FAILED);
+  fill_pattern(big, BIG, 41);
+  struct rlimit old, low;
+  assert_int_equal(getrlimit(RLIMIT_MEMLOCK, &old), 0);
+  low = old;
+  low.rlim_cur = old.rlim_max < (rlim_t)LIMIT ? old.rlim_max : (rlim_t)LIMIT;
+  assert_int_equal(setrlimit(RLIMIT_MEMLOCK, &low), 0);
+  bool dropped = ipc_lock_cap(false);
+  hixl_mr_t *mr = NULL;
+  hixl_status_t st = hixl_mr_reg(ctx, big, BIG, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &mr);
+  char msg[1024];
+  snprintf(msg, sizeof(msg), "%s", hixl_last_error());
+  bool back = ipc_lock_cap(true);
+  assert_int_equal(setrlimit(RLIMIT_MEMLOCK, &old), 0);
+  assert_true(dropped && back);
+  if (verbs) {
+    if (st != HIXL_ERR_NOMEM || mr != NULL)
+      fail_msg("64 MiB past an 8 MiB RLIMIT_MEMLOCK: %s, mr %p (want HIXL_ERR_NOMEM, no mr)",
+               hixl_strerror(st), (void *)mr);
+    char lim[64];
+    snprintf(lim, sizeof(lim), "RLIMIT_MEMLOCK is %llu KiB",
+             (unsigned long long)low.rlim_cur / 1024);
+    const char *want[] = {"ibv_reg_mr of 65536 KiB",
+                          "Cannot allocate memory",
+                          lim,
+                          "VmPin",
+                          "ulimit -l unlimited",
+                          "/etc/security/limits.conf",
+                          "LimitMEMLOCK=infinity",
+                          "--ulimit memlock=-1",
+                          "CAP_IPC_LOCK"};
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+      if (strstr(msg, want[i]) == NULL)
+        fail_msg("the registration error does not say \"%s\": %s", want[i], msg);
+    const char *nic = getenv("HIXL_NET_DEV");
+    if (nic && strstr(msg, nic) == NULL)
+      fail_msg("the registration error does not name the NIC %s: %s", nic, msg);
+    /* Nothing changed: data still moves, and with the limit back the same
+     * registration works (the limit was the cause). */
+    put_check(ctx, &t, peer, rmr, big, 1 << 20, "after a refused registration");
+    st = hixl_mr_reg(ctx, big, BIG, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &mr);
+    if (st != HIXL_OK)
+      fail_msg("64 MiB with the limit restored: %s: %s", hixl_strerror(st), hixl_last_error());
+  } else if (st != HIXL_OK) {
+    fail_msg("%s pins nothing, yet registering past RLIMIT_MEMLOCK: %s: %s", g_transport,
+             hixl_strerror(st), msg);
+  }
+  EXPECT_OK(hixl_mr_dereg(mr));
+  munmap(big, BIG);
   hixl_rmr_release(rmr);
   hixl_disconnect(peer);
   target_stop(&t);
@@ -1213,6 +1306,7 @@ int main(int argc, char **argv)
       cmocka_unit_test(test_qp_budget),     cmocka_unit_test(test_remap),
       cmocka_unit_test(test_flood),         cmocka_unit_test(test_choice),
       cmocka_unit_test(test_sleep),         cmocka_unit_test(test_wake_peers),
+      cmocka_unit_test(test_memlock),
   };
   cases_options(CASES(tests), argc, argv);
   if (argc != 3) {

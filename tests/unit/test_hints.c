@@ -18,11 +18,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
+#include <linux/capability.h>
 #include <unistd.h>
 #include <cmocka.h>
 
 #include <hixl.h>
+
+#include "base.h"
 
 static hixl_ctx_t *make(const char *transports, const char *token)
 {
@@ -127,9 +132,76 @@ static void transport(void **state)
   hixl_ctx_destroy(c);
 }
 
+/* CAP_IPC_LOCK in this thread's effective set (left in the permitted one);
+ * returns whether it was there before. */
+static bool ipc_lock(bool on)
+{
+  struct __user_cap_header_struct h = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+  struct __user_cap_data_struct d[2];
+  memset(d, 0, sizeof(d));
+  assert_int_equal(syscall(SYS_capget, &h, d), 0);
+  int i = CAP_TO_INDEX(CAP_IPC_LOCK);
+  unsigned m = CAP_TO_MASK(CAP_IPC_LOCK);
+  bool was = d[i].effective & m;
+  if (on && !(d[i].permitted & m))
+    return was;
+  d[i].effective = on ? d[i].effective | m : d[i].effective & ~m;
+  assert_int_equal(syscall(SYS_capset, &h, d), 0);
+  return was;
+}
+
+/* The registration hint (verbs' ibv_reg_mr ENOMEM; the real failure is
+ * tested in the rxe guest, conformance verbs memlock): the limit, what is
+ * pinned, what is needed and every usual fix; or, where the limit does not
+ * apply, that it does not and what else to look at. */
+static void memlock(void **state)
+{
+  (void)state;
+  struct rlimit old, low;
+  assert_int_equal(getrlimit(RLIMIT_MEMLOCK, &old), 0);
+  low = old;
+  low.rlim_cur = old.rlim_max < (8u << 20) ? old.rlim_max : (8u << 20);
+  assert_int_equal(setrlimit(RLIMIT_MEMLOCK, &low), 0);
+  bool had = ipc_lock(false);
+  char buf[640], lim[64];
+  hixl__memlock_hint(buf, sizeof(buf), 64u << 20);
+  snprintf(lim, sizeof(lim), "RLIMIT_MEMLOCK is %llu KiB", (unsigned long long)low.rlim_cur / 1024);
+  const char *w[] = {lim,
+                     "VmPin",
+                     "VmLck",
+                     "needs 65536 KiB more",
+                     "ulimit -l unlimited",
+                     "/etc/security/limits.conf",
+                     "LimitMEMLOCK=infinity",
+                     "--ulimit memlock=-1",
+                     "CAP_IPC_LOCK"};
+  for (size_t i = 0; i < sizeof(w) / sizeof(w[0]); i++)
+    if (strstr(buf, w[i]) == NULL)
+      fail_msg("the memlock hint does not say \"%s\": %s", w[i], buf);
+  if (had) { /* root: with CAP_IPC_LOCK back, the limit does not apply */
+    ipc_lock(true);
+    hixl__memlock_hint(buf, sizeof(buf), 64u << 20);
+    if (strstr(buf, "does not limit this process (it has CAP_IPC_LOCK)") == NULL ||
+        strstr(buf, "max_mr") == NULL)
+      fail_msg("with CAP_IPC_LOCK: %s", buf);
+  }
+  assert_int_equal(setrlimit(RLIMIT_MEMLOCK, &old), 0);
+  if (old.rlim_max == RLIM_INFINITY) {
+    struct rlimit inf = {RLIM_INFINITY, RLIM_INFINITY};
+    assert_int_equal(setrlimit(RLIMIT_MEMLOCK, &inf), 0);
+    ipc_lock(false);
+    hixl__memlock_hint(buf, sizeof(buf), 64u << 20);
+    ipc_lock(true);
+    assert_int_equal(setrlimit(RLIMIT_MEMLOCK, &old), 0);
+    if (strstr(buf, "does not limit this process (unlimited)") == NULL)
+      fail_msg("unlimited: %s", buf);
+  }
+}
+
 int main(void)
 {
   const struct CMUnitTest tests[] = {cmocka_unit_test(refused), cmocka_unit_test(timeout),
-                                     cmocka_unit_test(auth), cmocka_unit_test(transport)};
+                                     cmocka_unit_test(auth), cmocka_unit_test(transport),
+                                     cmocka_unit_test(memlock)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
