@@ -464,7 +464,7 @@ struct hixl_peer {
   char name[96]; /* for messages: "host:port" or "inbound #n" */
   /* Why it was lost, for the PEER_LOST of later calls: written once by the
    * first to claim why_claimed, readable once why_ready is set (release). */
-  char lost_why[96];
+  char lost_why[512]; /* room for a verbs work-completion message and its hint */
   atomic_bool why_claimed, why_ready;
 
   /* Operations issued / completed, for hixl_fence.  Completions of one peer

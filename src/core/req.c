@@ -157,9 +157,15 @@ hixl_status_t hixl_req_test(hixl_req_t *req)
     hixl_progress(req->ctx);
     st = atomic_load_explicit(&req->status, memory_order_acquire);
   }
-  if (st < 0)
-    return hixl__err(st, "operation to peer %s failed: %s", req->peer ? req->peer->name : "?",
-                     hixl_strerror(st));
+  if (st < 0) {
+    /* The peer's own reason, once it is down: the transport's message (a
+     * verbs work completion's status, NIC and GID) was set on the thread
+     * that polled the completion, not this one. */
+    hixl_peer_t *p = req->peer;
+    const char *why = p && atomic_load(&p->state) != HIXL_PEER_UP ? hixl__peer_why(p) : NULL;
+    return hixl__err(st, "operation to peer %s failed: %s%s%s%s", p ? p->name : "?",
+                     hixl_strerror(st), why ? " (peer down: " : "", why ? why : "", why ? ")" : "");
+  }
   return st;
 }
 

@@ -649,18 +649,70 @@ hixl_status_t hixl__vrb_atomic(hixl_peer_t *peer, hixl_rmr_t *rmr, uint64_t off,
 
 /* ------------------------------------------------------------ completions */
 
-static hixl_status_t wc_status(const struct ibv_wc *wc, hixl_peer_t *peer)
+/* What a work-completion status usually means, and what to check. */
+static const char *wc_hint(enum ibv_wc_status s)
+{
+  switch (s) {
+  case IBV_WC_RETRY_EXC_ERR:
+    return "the peer's NIC did not acknowledge within the retries: the peer host or NIC is gone, "
+           "or the path drops packets (link down, a GID index or RoCE version the other side "
+           "cannot route: HIXL_GID_INDEX; MTU; PFC/ECN drops); check ibv_devinfo port state "
+           "on both hosts and ib_write_bw between them";
+  case IBV_WC_RNR_RETRY_EXC_ERR:
+    return "the peer had no receive posted for the retries (receiver not ready): it stopped "
+           "taking messages or is overloaded";
+  case IBV_WC_REM_ACCESS_ERR:
+    return "the peer's NIC refused the access: the region was deregistered or re-registered "
+           "(a stale rkey) or its rights changed; look the region up again";
+  case IBV_WC_REM_INV_REQ_ERR:
+    return "the peer's NIC rejected the request: a length or operation its QP does not allow "
+           "(atomics need 8-byte alignment and remote atomic access)";
+  case IBV_WC_REM_OP_ERR:
+    return "the peer's NIC could not complete the operation (its QP went into error)";
+  case IBV_WC_LOC_PROT_ERR:
+    return "a local buffer was not registered for this access or was unmapped while the "
+           "operation was in flight";
+  case IBV_WC_LOC_LEN_ERR:
+  case IBV_WC_LOC_QP_OP_ERR:
+    return "the local QP rejected the request (a length or opcode beyond its limits)";
+  case IBV_WC_WR_FLUSH_ERR:
+    return "flushed: the QP had already gone into error after an earlier failure, which is "
+           "the cause";
+  default: return "see the NIC's kernel log (dmesg) and its vendor error code";
+  }
+}
+
+/* A failed completion: the status for the request, and a message that the
+ * peer keeps as the reason it was lost (every later call says it) naming
+ * the operation, the status and vendor code, where it went (NIC, port, GID
+ * index, the peer's GID, from the QP itself) and the usual cause. */
+static HIXL_COLD hixl_status_t wc_status(const struct ibv_wc *wc, const vrb_wqe_t *e)
 {
   if (wc->status == IBV_WC_SUCCESS)
     return HIXL_OK;
+  hixl_peer_t *peer = e->q->vp->peer;
+  vrb_ctx_t *vc = hixl__vc(peer->ctx);
   hixl_status_t st = wc->status == IBV_WC_RETRY_EXC_ERR || wc->status == IBV_WC_RNR_RETRY_EXC_ERR ||
                              wc->status == IBV_WC_WR_FLUSH_ERR
                          ? HIXL_ERR_PEER_LOST
                      : wc->status == IBV_WC_REM_ACCESS_ERR ? HIXL_ERR_ACCESS
                                                            : HIXL_ERR_TRANSPORT;
-  hixl__err(st, "verbs: work request to %s failed: %s", peer->name, ibv_wc_status_str(wc->status));
-  char why[96];
-  snprintf(why, sizeof(why), "work request failed: %s", ibv_wc_status_str(wc->status));
+  static const char *const kinds[] = {"put (RDMA WRITE)", "get (RDMA READ)", "atomic",
+                                      "notification (SEND)"};
+  char dgid[INET6_ADDRSTRLEN] = "?";
+  struct ibv_qp_attr a;
+  struct ibv_qp_init_attr ia;
+  if (e->q->qp && ibv_query_qp(e->q->qp, &a, IBV_QP_AV, &ia) == 0)
+    inet_ntop(AF_INET6, a.ah_attr.grh.dgid.raw, dgid, sizeof(dgid));
+  char tail[sizeof(peer->lost_why) - 48], why[sizeof(peer->lost_why)];
+  const char *what = e->kind < 4 ? kinds[e->kind] : "work request";
+  snprintf(tail, sizeof(tail),
+           "%s (status %d, vendor error %#x) on %s port %u GID index %d, to GID %s QP %u: %s",
+           ibv_wc_status_str(wc->status), (int)wc->status, wc->vendor_err, vc ? vc->name : "?",
+           vc ? vc->port : 0, vc ? vc->gid_index : -1, dgid, e->q->qp ? e->q->qp->qp_num : 0,
+           wc_hint(wc->status));
+  snprintf(why, sizeof(why), "verbs: a %s failed: %s", what, tail);
+  hixl__err(st, "verbs: a %s to peer %s failed: %s", what, peer->name, tail);
   hixl__peer_lost_async(peer, why); /* the QP is in error now */
   return st;
 }
@@ -733,7 +785,7 @@ int hixl__vrb_progress(hixl_ctx_t *ctx)
     while ((n = ibv_poll_cq(vc->scqs[c].cq, 32, wcs)) > 0) {
       for (int i = 0; i < n; i++) {
         vrb_wqe_t *e = (vrb_wqe_t *)(uintptr_t)wcs[i].wr_id;
-        complete(vc, e, wc_status(&wcs[i], e->q->vp->peer));
+        complete(vc, e, wc_status(&wcs[i], e));
       }
       total += n;
     }

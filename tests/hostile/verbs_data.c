@@ -847,6 +847,7 @@ enum { OP_GET, OP_PUT, OP_FAA };
 static int forged_peers0;          /* T's peers up before A's first connection */
 static uint32_t forged_psn[2][32]; /* T's first PSNs (receive, send) for each of A's QPs */
 static int forged_n, forged_qp_err;
+static char forged_msg[1024]; /* hixl_last_error() after the refusal */
 
 static hixl_status_t forged(const char *name, int op, uint64_t off, size_t len, bool set_rkey,
                             uint32_t rkey, uint64_t base, uint64_t rlen, uint8_t *io)
@@ -885,6 +886,7 @@ static hixl_status_t forged(const char *name, int op, uint64_t off, size_t len, 
                                     : hixl_atomic_faa(p, r, off, 1, &old, 0, &q);
   if (st >= 0)
     st = hixl_req_wait(q, 20000);
+  snprintf(forged_msg, sizeof(forged_msg), "%s", st != HIXL_OK ? hixl_last_error() : "");
   /* Refused: T's QP for A went to the error state too (an RC responder's
    * class C error); T still holds it (it frees a lost peer's transport
    * state under its lock, after a grace period). */
@@ -917,6 +919,16 @@ static void expect_refused(const char *what, hixl_status_t st)
   /* A remote access error (IBV_WC_REM_ACCESS_ERR) is ACCESS; anything else
    * (a timeout, a lost peer) would not show the NIC's check. */
   assert_int_equal(st, HIXL_ERR_ACCESS);
+  /* The message says what the NIC said, where, and the usual cause: the
+   * work completion's status and vendor code, our NIC, port and GID index,
+   * the peer's GID, and the stale-key hint (docs/errors.md). */
+  const char *nic = getenv("HIXL_NET_DEV");
+  const char *want[] = {
+      "remote access error", "(status 10, vendor error", " port ",          "GID index", "to GID ",
+      "stale rkey",          "peer down: verbs: a ",     nic ? nic : " on "};
+  for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+    if (strstr(forged_msg, want[i]) == NULL)
+      fail_msg("forged: %s: the error does not say \"%s\": %s", what, want[i], forged_msg);
   check_intact(what);
 }
 
