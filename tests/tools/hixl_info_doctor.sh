@@ -8,7 +8,7 @@
 # (each one in fi_info -l where that is installed; the one hixl would take;
 # FI_PROVIDER and HIXL_FABRIC_PROVIDER obeyed).  (The rxe guest checks the
 # RDMA half: tests/rxe/suite.sh, case doctor.)  Usage: hixl_info_doctor.sh
-# HIXL_INFO
+# HIXL_INFO [NO_CMA]
 set -u
 info=$1
 # The defaults are what is checked; the cases below set these themselves.
@@ -81,6 +81,37 @@ if grep -q '^\[ok  \] libfabric [0-9]*\.[0-9]* ' "$out"; then
 else
   grep -qE '^\[(note|warn)\] (libfabric\.so\.1 not found|this build has no fabric)' "$out" ||
     fail "neither libfabric's version nor why not"
+fi
+
+# RLIMIT_MEMLOCK: 1 MiB with CAP_IPC_LOCK (root here) is fine; without it
+# (dropped from the bounding set, so the exec'd doctor lacks it) it is a
+# note where there is no RDMA device (the guest's doctor case checks the
+# FAIL where there is one).
+if [ "$(id -u)" -eq 0 ] && command -v setpriv >/dev/null && command -v prlimit >/dev/null; then
+  prlimit --memlock=1048576:1048576 "$info" >"$out" 2>&1 || fail "memlock 1 MiB as root: exit $?"
+  grep -qF "[ok  ] RLIMIT_MEMLOCK is 1024 KiB, but this process has CAP_IPC_LOCK" "$out" ||
+    fail "memlock 1 MiB with CAP_IPC_LOCK not said"
+  prlimit --memlock=1048576:1048576 setpriv --bounding-set=-ipc_lock --inh-caps=-ipc_lock \
+    "$info" >"$out" 2>&1
+  st=$?
+  if grep -qF "no RDMA device: verbs is not offered" "$out"; then
+    [ $st -eq 0 ] || fail "memlock 1 MiB without RDMA: exit $st"
+    grep -qF "[note] RLIMIT_MEMLOCK is 1024 KiB (only RDMA registration pins memory" "$out" ||
+      fail "memlock 1 MiB without CAP_IPC_LOCK: no note"
+  else
+    [ $st -eq 1 ] || fail "memlock 1 MiB with RDMA: exit $st, not 1"
+    grep -qF "[FAIL] RLIMIT_MEMLOCK is 1024 KiB" "$out" || fail "memlock 1 MiB with RDMA: no FAIL"
+  fi
+fi
+# CMA refused (NO_CMA: tests/cma/no-cma, a seccomp filter making
+# process_vm_readv fail with EPERM, as Yama or a container would): a warning
+# that names the fixes, not a failure.
+if [ -n "${2:-}" ]; then
+  "$2" "$info" >"$out" 2>&1 || fail "under no-cma: exit status $?"
+  grep -qF "[warn] process_vm_readv between sibling processes is refused (EPERM" "$out" ||
+    fail "refused CMA not warned"
+  grep -qF "HIXL_SHM_PTRACER=1" "$out" || fail "refused CMA: no HIXL_SHM_PTRACER fix"
+  grep -qF "seccomp profile" "$out" || fail "refused CMA: no seccomp fix"
 fi
 
 HIXL_LISTEN=127.0.0.1:0 "$info" >"$out" 2>&1 || fail "a loopback address failed the run"
