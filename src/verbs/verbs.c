@@ -248,7 +248,10 @@ static hixl_status_t vrb_ctx_init(hixl_ctx_t *ctx)
                                                    IBV_ACCESS_LOCAL_WRITE)
                                       : NULL;
   if (vc->rbufs_mr == NULL) {
-    st = hixl__vrb_err(HIXL_ERR_NO_DEVICE, "setting up PD, CQs and SRQ", 0);
+    st = !vc->srq    ? hixl__vrb_err(HIXL_ERR_NO_DEVICE, "setting up PD, CQs and SRQ", 0)
+         : vc->rbufs ? hixl__vrb_reg_err(vc, "registering the receive buffers", vc->rbufs,
+                                         VRB_SRQ_DEPTH * VRB_RECV_SIZE)
+                     : hixl__err(HIXL_ERR_NOMEM, "verbs: no memory for the receive buffers");
     goto fail;
   }
   /* The bounce pool: one per context, whatever the number of peers (it was

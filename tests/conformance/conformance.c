@@ -1015,6 +1015,24 @@ static void memlock_child(void)
   }
   if (mr)
     EXPECT_OK(hixl_mr_dereg(mr));
+  if (verbs) {
+    /* Below what verbs' own set-up pins (its receive buffers first): a
+     * second context cannot set verbs up, and its connect says why. */
+    hixl_ctx_t *c2 = test_ctx(0, NULL);
+    low.rlim_cur = 16 << 10;
+    assert_int_equal(setrlimit(RLIMIT_MEMLOCK, &low), 0);
+    hixl_peer_t *p2 = NULL;
+    st = hixl_connect(c2, t.addr, 10000, &p2);
+    snprintf(msg, sizeof(msg), "%s", hixl_last_error());
+    assert_int_equal(setrlimit(RLIMIT_MEMLOCK, &old), 0);
+    if (st == HIXL_OK)
+      fail_msg("verbs set up under a 16 KiB RLIMIT_MEMLOCK without CAP_IPC_LOCK");
+    if (strstr(msg, "registering the receive buffers") == NULL ||
+        strstr(msg, "RLIMIT_MEMLOCK is 16 KiB") == NULL || strstr(msg, "ulimit -l") == NULL)
+      fail_msg("verbs set-up past RLIMIT_MEMLOCK: %s: %s", hixl_strerror(st), msg);
+    print_message("memlock: set-up: %s\n", msg);
+    hixl_ctx_destroy(c2);
+  }
   munmap(big, BIG);
   hixl_rmr_release(rmr);
   hixl_disconnect(peer);
