@@ -544,7 +544,7 @@ struct hixl_ctx {
   _Atomic uint32_t tp_ready;
   _Atomic uint32_t tp_lazy; /* probed, to set up on first need (cleared under tp_init_lock) */
   pthread_mutex_t tp_init_lock;
-  char tp_init_err[HIXL_TP_MAX][160]; /* why a lazy set-up failed (tp_init_lock) */
+  char tp_init_err[HIXL_TP_MAX][768]; /* why a lazy set-up failed, with its hint (tp_init_lock) */
   /* Operations a transport queued in software because its hardware queue
    * was full: while any wait, the control thread ticks every millisecond
    * (on_event), so they go out even if the caller never calls hixl again. */
