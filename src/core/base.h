@@ -30,6 +30,11 @@
 
 /* ------------------------------------------------------------- errors */
 
+/* The longest hixl_last_error() message, with its NUL: room for a
+ * message and its hint.  A caller that wraps the last error copies it into
+ * a buffer this size first (hixl__err must not read what it writes). */
+#define HIXL_ERR_MAX 1024
+
 /* Record a detailed message for this thread and return st (st < 0). */
 hixl_status_t hixl__err(hixl_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 2, 3), cold));

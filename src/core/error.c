@@ -6,9 +6,7 @@
 
 #include "core.h"
 
-/* Room for a message and its hint (a memlock or work-completion hint is
- * some 450 characters on its own). */
-static _Thread_local char last_error[1024];
+static _Thread_local char last_error[HIXL_ERR_MAX];
 
 const char *hixl_strerror(hixl_status_t st)
 {

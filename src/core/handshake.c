@@ -564,7 +564,7 @@ static hixl_status_t connect_once(hixl_ctx_t *ctx, const char *addr, int64_t dea
   /* A lazy transport's first peer: set it up now (the target has). */
   *set_up = !(atomic_load(&ctx->tp_ready) & (1u << ops->id));
   if ((st = hixl__tp_need(ctx, ops)) != HIXL_OK) {
-    char why[200];
+    char why[HIXL_ERR_MAX];
     snprintf(why, sizeof(why), "%s", hixl_last_error());
     st = hixl__err(st, "connecting to %s: %s", addr, why);
     goto fail;
