@@ -685,11 +685,11 @@ static const char *wc_hint(enum ibv_wc_status s)
 /* A failed completion: the status for the request, and a message that the
  * peer keeps as the reason it was lost (every later call says it) naming
  * the operation, the status and vendor code, where it went (NIC, port, GID
- * index, the peer's GID, from the QP itself) and the usual cause. */
-static HIXL_COLD hixl_status_t wc_status(const struct ibv_wc *wc, const vrb_wqe_t *e)
+ * index, the peer's GID, from the QP itself) and the usual cause.  Only the
+ * first failure of an up peer gets all that: the flush that follows (up to
+ * every posted request of every QP, under poll_lock) gets one line each. */
+static HIXL_COLD hixl_status_t wc_fail(const struct ibv_wc *wc, const vrb_wqe_t *e)
 {
-  if (wc->status == IBV_WC_SUCCESS)
-    return HIXL_OK;
   hixl_peer_t *peer = e->q->vp->peer;
   vrb_ctx_t *vc = hixl__vc(peer->ctx);
   hixl_status_t st = wc->status == IBV_WC_RETRY_EXC_ERR || wc->status == IBV_WC_RNR_RETRY_EXC_ERR ||
@@ -697,13 +697,20 @@ static HIXL_COLD hixl_status_t wc_status(const struct ibv_wc *wc, const vrb_wqe_
                          ? HIXL_ERR_PEER_LOST
                      : wc->status == IBV_WC_REM_ACCESS_ERR ? HIXL_ERR_ACCESS
                                                            : HIXL_ERR_TRANSPORT;
+  if (atomic_load_explicit(&peer->state, memory_order_relaxed) != HIXL_PEER_UP)
+    return hixl__err(st, "verbs: work request to %s failed: %s", peer->name,
+                     ibv_wc_status_str(wc->status));
   static const char *const kinds[] = {"put (RDMA WRITE)", "get (RDMA READ)", "atomic",
                                       "notification (SEND)"};
   char dgid[INET6_ADDRSTRLEN] = "?";
   struct ibv_qp_attr a;
   struct ibv_qp_init_attr ia;
-  if (e->q->qp && ibv_query_qp(e->q->qp, &a, IBV_QP_AV, &ia) == 0)
-    inet_ntop(AF_INET6, a.ah_attr.grh.dgid.raw, dgid, sizeof(dgid));
+  if (e->q->qp && ibv_query_qp(e->q->qp, &a, IBV_QP_AV, &ia) == 0) {
+    if (a.ah_attr.is_global)
+      inet_ntop(AF_INET6, a.ah_attr.grh.dgid.raw, dgid, sizeof(dgid));
+    else /* InfiniBand without a GRH: the LID is the address */
+      snprintf(dgid, sizeof(dgid), "none (LID %u)", a.ah_attr.dlid);
+  }
   char tail[sizeof(peer->lost_why) - 48], why[sizeof(peer->lost_why)];
   const char *what = e->kind < 4 ? kinds[e->kind] : "work request";
   snprintf(tail, sizeof(tail),
@@ -785,7 +792,8 @@ int hixl__vrb_progress(hixl_ctx_t *ctx)
     while ((n = ibv_poll_cq(vc->scqs[c].cq, 32, wcs)) > 0) {
       for (int i = 0; i < n; i++) {
         vrb_wqe_t *e = (vrb_wqe_t *)(uintptr_t)wcs[i].wr_id;
-        complete(vc, e, wc_status(&wcs[i], e));
+        complete(vc, e,
+                 hixl_likely(wcs[i].status == IBV_WC_SUCCESS) ? HIXL_OK : wc_fail(&wcs[i], e));
       }
       total += n;
     }
