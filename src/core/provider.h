@@ -372,7 +372,8 @@ typedef struct hixl_transport_ops {
   bool (*mr_key)(const hixl_mr_t *mr, uint64_t key[2]);
   /* Optional: add this transport's figures to xs[HIXL_XST_*].  Called for
    * a context where the transport is set up (tp_ready), from any thread,
-   * ctx->lock not held; it takes only its own leaf locks. */
+   * ctx->lock held or not (a peer's STATS is served under it): it must not
+   * wait on a lock, only read its counters. */
   void (*stats)(hixl_ctx_t *ctx, uint64_t xs[HIXL_XST_N]);
 } hixl_transport_ops_t;
 

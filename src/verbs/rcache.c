@@ -61,7 +61,11 @@ struct vrb_rcache {
   vrb_rent_t **v; /* sorted by start */
   size_t n, cap;
   vrb_rent_t *lru_head, *lru_tail;
-  size_t bytes, max_bytes;
+  /* Registered bytes: changed under lock, read without it by hixl_ctx_stats
+   * (which may run on the control thread under ctx->lock: never wait on a
+   * lock held across ibv_reg_mr). */
+  _Atomic size_t bytes;
+  size_t max_bytes;
   int uffd, stop_fd;
   pthread_t monitor;
   bool monitor_started;
@@ -368,7 +372,5 @@ void hixl__vrb_rcache_stats(vrb_rcache_t *rc, uint64_t out[5])
   out[1] = atomic_load_explicit(&rc->misses, memory_order_relaxed);
   out[2] = atomic_load_explicit(&rc->evicted, memory_order_relaxed);
   out[3] = atomic_load_explicit(&rc->invalidated, memory_order_relaxed);
-  pthread_mutex_lock(&rc->lock);
-  out[4] = rc->bytes;
-  pthread_mutex_unlock(&rc->lock);
+  out[4] = atomic_load_explicit(&rc->bytes, memory_order_relaxed);
 }

@@ -244,19 +244,27 @@ static hixl_status_t vrb_ctx_init(hixl_ctx_t *ctx)
   struct ibv_srq_init_attr sa = {.attr = {.max_wr = VRB_SRQ_DEPTH, .max_sge = 1}};
   vc->srq = vc->rcq ? ibv_create_srq(vc->pd, &sa) : NULL;
   vc->rbufs = calloc(VRB_SRQ_DEPTH, VRB_RECV_SIZE);
+  errno = 0; /* a provider that fails without setting it: no stale ENOMEM */
   vc->rbufs_mr = vc->srq && vc->rbufs ? ibv_reg_mr(vc->pd, vc->rbufs, VRB_SRQ_DEPTH * VRB_RECV_SIZE,
                                                    IBV_ACCESS_LOCAL_WRITE)
                                       : NULL;
   if (vc->rbufs_mr == NULL) {
-    st = !vc->srq    ? hixl__vrb_err(HIXL_ERR_NO_DEVICE, "setting up PD, CQs and SRQ", 0)
-         : vc->rbufs ? hixl__vrb_reg_err(vc, "registering the receive buffers", vc->rbufs,
-                                         VRB_SRQ_DEPTH * VRB_RECV_SIZE)
-                     : hixl__err(HIXL_ERR_NOMEM, "verbs: no memory for the receive buffers");
+    /* NO_DEVICE as ever (verbs is then not offered; the message says why,
+     * with the memlock hint when the registration was refused). */
+    if (!vc->srq)
+      hixl__vrb_err(HIXL_ERR_NO_DEVICE, "setting up PD, CQs and SRQ", 0);
+    else if (vc->rbufs)
+      hixl__vrb_reg_err(vc, "registering the receive buffers", vc->rbufs,
+                        VRB_SRQ_DEPTH * VRB_RECV_SIZE);
+    else
+      hixl__err(HIXL_ERR_NO_DEVICE, "verbs: no memory for the receive buffers");
+    st = HIXL_ERR_NO_DEVICE;
     goto fail;
   }
   /* The bounce pool: one per context, whatever the number of peers (it was
    * one per peer: 2 MiB pinned each, docs/scale.md). */
   vc->bounce = aligned_alloc(4096, (size_t)VRB_BOUNCE_COUNT * VRB_BOUNCE_SIZE);
+  errno = 0;
   vc->bounce_mr = vc->bounce
                       ? ibv_reg_mr(vc->pd, vc->bounce, (size_t)VRB_BOUNCE_COUNT * VRB_BOUNCE_SIZE,
                                    IBV_ACCESS_LOCAL_WRITE)
@@ -380,7 +388,7 @@ static hixl_status_t vrb_mr_reg(hixl_mr_t *mr)
     m = reg_device(vc, mr, acc);
     if (m == NULL)
       return HIXL_OK; /* staged locally; verbs peers are told UNSUPPORTED */
-  } else if ((m = ibv_reg_mr(vc->pd, mr->addr, mr->len, acc)) == NULL) {
+  } else if ((errno = 0, m = ibv_reg_mr(vc->pd, mr->addr, mr->len, acc)) == NULL) {
     return hixl__vrb_reg_err(vc, "registering a region", mr->addr, mr->len);
   }
   /* Into the sorted local-key index the send path searches. */
@@ -405,6 +413,8 @@ static hixl_status_t vrb_mr_reg(hixl_mr_t *mr)
   vc->lregs[i] = (vrb_lreg_t){s, s + mr->len, m->lkey};
   vc->n_lregs++;
   pthread_rwlock_unlock(&vc->lreg_lock);
+  if (mr->device < 0) /* device memory pins no host pages */
+    atomic_fetch_add_explicit(&vc->lreg_bytes, mr->len, memory_order_relaxed);
   mr->tp[HIXL_TP_VERBS] = m;
   return HIXL_OK;
 }
@@ -423,14 +433,18 @@ static void vrb_mr_dereg(hixl_mr_t *mr)
       break;
     }
   pthread_rwlock_unlock(&vc->lreg_lock);
+  if (mr->device < 0)
+    atomic_fetch_sub_explicit(&vc->lreg_bytes, mr->len, memory_order_relaxed);
   ibv_dereg_mr(m);
   mr->tp[HIXL_TP_VERBS] = NULL;
 }
 
 /* A peer's key for mr: its ibv rkey, when mr is registered with the NIC. */
 /* hixl_ctx_stats: the registration cache's figures, and what this context
- * has pinned: its regions (the local-key index), the cache's entries, the
- * bounce pool and the SRQ's receive buffers. */
+ * has pinned: its host regions, the cache's entries, the bounce pool and
+ * the SRQ's receive buffers.  No lock: it may run on the control thread
+ * under ctx->lock (a peer's STATS), and the cache's lock is held across
+ * ibv_reg_mr. */
 static void vrb_stats(hixl_ctx_t *ctx, uint64_t xs[HIXL_XST_N])
 {
   vrb_ctx_t *vc = VC(ctx);
@@ -442,11 +456,7 @@ static void vrb_stats(hixl_ctx_t *ctx, uint64_t xs[HIXL_XST_N])
   xs[HIXL_XST_RCACHE_MISSES] += rc[1];
   xs[HIXL_XST_RCACHE_EVICTIONS] += rc[2];
   xs[HIXL_XST_RCACHE_INVALIDATIONS] += rc[3];
-  uint64_t pinned = rc[4];
-  pthread_rwlock_rdlock(&vc->lreg_lock);
-  for (size_t i = 0; i < vc->n_lregs; i++)
-    pinned += vc->lregs[i].end - vc->lregs[i].start;
-  pthread_rwlock_unlock(&vc->lreg_lock);
+  uint64_t pinned = rc[4] + atomic_load_explicit(&vc->lreg_bytes, memory_order_relaxed);
   if (vc->bounce_mr)
     pinned += (uint64_t)VRB_BOUNCE_COUNT * VRB_BOUNCE_SIZE;
   if (vc->rbufs_mr)

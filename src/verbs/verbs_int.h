@@ -104,6 +104,7 @@ typedef struct vrb_ctx {
   pthread_mutex_t cq_lock; /* scqs: adding, resizing, counting QPs */
   /* Local keys of hixl regions, sorted by start (readers: every op). */
   pthread_rwlock_t lreg_lock;
+  _Atomic uint64_t lreg_bytes; /* host bytes of the regions in lregs (pinned_bytes) */
   vrb_lreg_t *lregs;
   size_t n_lregs, cap_lregs;
   vrb_rcache_t *rcache;
