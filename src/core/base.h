@@ -56,9 +56,10 @@ int hixl__memfd(const char *name, size_t len);
  * LimitNOFILE=)" in buf: what to say when the kernel drops passed fds. */
 const char *hixl__nofile_hint(char *buf, size_t n);
 /* Why pinning want more bytes may fail, and the fix, in buf: RLIMIT_MEMLOCK
- * against what the process has pinned (VmPin) and locked (VmLck), or that
- * the limit does not apply (unlimited, or CAP_IPC_LOCK in the calling
- * thread's effective set: the kernel's can_do_mlock). */
+ * against what the process has pinned (VmPin, what ib_umem_get compares
+ * with it) and locked (VmLck), or that the limit does not apply (unlimited,
+ * or CAP_IPC_LOCK in the calling thread's effective set in the initial
+ * user namespace: the kernel checks capable(CAP_IPC_LOCK)). */
 const char *hixl__memlock_hint(char *buf, size_t n, size_t want);
 /* strerror(err), and for EMFILE/ENFILE the hint above after it, in buf. */
 const char *hixl__strerror_fd(int err, char *buf, size_t n);

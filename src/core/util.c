@@ -311,12 +311,28 @@ static unsigned long long status_kib(const char *key)
   return v;
 }
 
+/* Whether this process is in the initial user namespace (an identity
+ * uid_map).  The kernel's pinning check is capable(CAP_IPC_LOCK) there: the
+ * capability inside another user namespace (a rootless container's root)
+ * does not lift the limit. */
+static bool init_userns(void)
+{
+  FILE *f = fopen("/proc/self/uid_map", "re");
+  if (f == NULL)
+    return true; /* no user namespaces in this kernel */
+  unsigned long a = 1, b = 1, c = 0;
+  bool id = fscanf(f, "%lu %lu %lu", &a, &b, &c) == 3 && a == 0 && b == 0 && c == 4294967295ul;
+  fclose(f);
+  return id;
+}
+
 const char *hixl__memlock_hint(char *buf, size_t n, size_t want)
 {
   struct rlimit rl;
   if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0)
     rl.rlim_cur = rl.rlim_max = RLIM_INFINITY;
-  if (rl.rlim_cur == RLIM_INFINITY || cap_ipc_lock()) {
+  bool cap = cap_ipc_lock(), ns_cap = cap && !init_userns();
+  if (rl.rlim_cur == RLIM_INFINITY || (cap && !ns_cap)) {
     snprintf(buf, n,
              "RLIMIT_MEMLOCK does not limit this process (%s), so the kernel or the device "
              "refused for another reason: out of memory, or the device's own limits on "
@@ -332,8 +348,11 @@ const char *hixl__memlock_hint(char *buf, size_t n, size_t want)
            "and %llu KiB locked (VmLck) already; this needs %llu KiB more: raise it (ulimit -l "
            "unlimited in the shell, '* - memlock unlimited' in /etc/security/limits.conf, "
            "LimitMEMLOCK=infinity for a systemd service, --ulimit memlock=-1 for docker) or "
-           "give the process CAP_IPC_LOCK",
+           "give the process CAP_IPC_LOCK%s",
            (unsigned long long)rl.rlim_cur / 1024, hard, status_kib("VmPin"), status_kib("VmLck"),
-           (unsigned long long)(want + 1023) / 1024);
+           (unsigned long long)(want + 1023) / 1024,
+           ns_cap ? " (it has CAP_IPC_LOCK only inside a user namespace, a rootless "
+                    "container's, which does not count for pinning)"
+                  : "");
   return buf;
 }
