@@ -126,8 +126,8 @@ static const stat_def_t ctx_defs[] = {
     {"rcache_invalidations",
      "registration cache: entries dropped because their memory was unmapped or remapped", C},
     {"pinned_bytes",
-     "memory registered with (pinned by) an RDMA device now: regions, the registration "
-     "cache, bounce and receive buffers",
+     "host memory registered with (pinned by) an RDMA device now: host regions, the "
+     "registration cache, bounce and receive buffers",
      G},
 };
 static const stat_def_t peer_defs[] = {
