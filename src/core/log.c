@@ -24,7 +24,7 @@ void hixl__log_init(void)
 void hixl__log_emit(int level, const char *file, int line, const char *fmt, ...)
 {
   static const char *const tags[] = {"ERROR", "WARN", "INFO", "DEBUG"};
-  char buf[768];
+  char buf[1280]; /* a whole error message (HIXL_ERR_MAX, 1024) and the line's prefix */
   const char *base = strrchr(file, '/');
   int n = snprintf(buf, sizeof(buf), "[hixl %d %s %s:%d] ", (int)getpid(), tags[level],
                    base ? base + 1 : file, line);

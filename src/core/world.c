@@ -636,7 +636,7 @@ static hixl_status_t rendezvous_store(hixl_world_t *w, const char *host, const c
   hixl_store_t *s;
   hixl_status_t st = hixl__store_connect(host, port, dialect, deadline, &s);
   if (st != HIXL_OK) {
-    char why[512];
+    char why[HIXL_ERR_MAX];
     snprintf(why, sizeof(why), "%s", hixl_last_error());
     return hixl__err(st, "hixl_world_create: %s", why);
   }
@@ -778,7 +778,7 @@ out:
     pthread_mutex_unlock(&store_gen_lock);
   }
   if (st != HIXL_OK && strncmp(hixl_last_error(), "hixl_world_create", 17) != 0) {
-    char why[512];
+    char why[HIXL_ERR_MAX];
     snprintf(why, sizeof(why), "%s", hixl_last_error());
     st = hixl__err(st, "hixl_world_create: %s", why);
   }
@@ -889,7 +889,7 @@ hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char 
     hixl_peer_t *p = NULL;
     st = hixl__connect_tagged(ctx, addrs[j], ms_left(deadline), tag_of(w->id, rank), &p);
     if (st != HIXL_OK && w->joined) {
-      char why[400];
+      char why[HIXL_ERR_MAX];
       snprintf(why, sizeof(why), "%s", hixl_last_error());
       st = hixl__err(st, "hixl_world_create: coming back as rank %d, rank %d (%s): %s", rank, j,
                      addrs[j], why);
@@ -1126,7 +1126,7 @@ hixl_status_t hixl_world_exchange(hixl_world_t *w, hixl_mr_t *mr, hixl_rmr_t **r
   coll_begin(w);
   broadcast(w, HIXL_MSG_WORLD_XCHG, blob, (uint32_t)len);
   if ((st = wait_all(w, true, "exchange")) != HIXL_OK) {
-    char why[400];
+    char why[HIXL_ERR_MAX];
     snprintf(why, sizeof(why), "%s", hixl_last_error());
     barrier_in(w); /* in step with the ranks that got through */
     return coll_end(w, hixl__err(st, "%s", why));
@@ -1147,7 +1147,7 @@ hixl_status_t hixl_world_exchange(hixl_world_t *w, hixl_mr_t *mr, hixl_rmr_t **r
     st = hixl_rmr_unpack(p, theirs, tlen, &rmrs[j]);
   }
   if (st != HIXL_OK) {
-    char why[400];
+    char why[HIXL_ERR_MAX];
     snprintf(why, sizeof(why), "%s", hixl_last_error());
     for (int k = 0; k < j - 1; k++)
       hixl_rmr_release(rmrs[k]);
