@@ -65,7 +65,7 @@ layer() { # folder, allowed-pattern (ERE over the quoted path), what
 }
 layer device '^(\.\./core/base\.h|device\.h|backend\.h)$' 'src/device may include ../core/base.h and its own headers only'
 for tp in self shm verbs fabric; do
-  layer "$tp" "^(\.\./core/(provider|config)\.h|${tp}_int\.h)$" \
+  layer "$tp" "^(\.\./core/(provider|config)\.h|${tp}_[a-z_]+\.h)$" \
     "a transport may include ../core/provider.h, ../core/config.h and its own headers only"
 done
 layer core '^([a-z_]+\.h|\.\./device/device\.h)$' 'the core may include its own headers and ../device/device.h only'

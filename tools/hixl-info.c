@@ -53,6 +53,8 @@
 /* Headers only (types, FI_VERSION): libfabric.so.1 is loaded with dlopen,
  * as the library does (src/fabric/fabric_int.h says why). */
 #include <rdma/fabric.h>
+
+#include "../src/fabric/fabric_sigs.h" /* handlers kept across the load */
 #endif
 
 #define MAXS 256
@@ -578,25 +580,6 @@ static void check_devices(void)
 /* ------------------------------------------------------------ libfabric */
 
 #ifdef HIXL_HAVE_FABRIC
-/* As src/fabric/fabric.c: some providers' libraries take signals when they
- * are loaded (infinipath's SIGINT handler calls exit), so every handler is
- * put back after the load and the first fi_getinfo. */
-static const int kept_sigs[] = {SIGINT,  SIGTERM, SIGQUIT, SIGHUP, SIGUSR1, SIGUSR2,
-                                SIGSEGV, SIGBUS,  SIGILL,  SIGFPE, SIGABRT, SIGPIPE};
-#define N_KEPT (sizeof(kept_sigs) / sizeof(kept_sigs[0]))
-
-static void sigs_save(struct sigaction *old)
-{
-  for (size_t i = 0; i < N_KEPT; i++)
-    sigaction(kept_sigs[i], NULL, &old[i]);
-}
-
-static void sigs_restore(const struct sigaction *old)
-{
-  for (size_t i = 0; i < N_KEPT; i++)
-    sigaction(kept_sigs[i], &old[i], NULL);
-}
-
 typedef int (*fi_getinfo_fn)(uint32_t, const char *, const char *, uint64_t, const struct fi_info *,
                              struct fi_info **);
 typedef void (*fi_freeinfo_fn)(struct fi_info *);
@@ -633,10 +616,10 @@ static void check_fabric(bool rdma)
       "-Dfabric=disabled)%s",
       rdma ? "" : ": with no RDMA device either, peers on other hosts cannot be reached");
 #else
-  struct sigaction old[N_KEPT];
-  sigs_save(old);
+  struct sigaction old[HIXL_N_KEPT_SIGS];
+  hixl__sigs_save(old);
   void *h = dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL);
-  sigs_restore(old);
+  hixl__sigs_restore(old);
   if (h == NULL) {
     say(rdma ? "note" : "warn", "apt install libfabric1 (Debian; its tcp provider serves any host)",
         "libfabric.so.1 not found (%s): the fabric transport cannot be set up%s", dlerror(),
@@ -668,9 +651,9 @@ static void check_fabric(bool rdma)
   hints->domain_attr->mr_mode =
       FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
   hints->tx_attr->msg_order = FI_ORDER_SAW | FI_ORDER_SAS | FI_ORDER_RAW;
-  sigs_save(old);
+  hixl__sigs_save(old);
   int rc = getinfo(FI_VERSION(1, 14), NULL, NULL, 0, hints, &list);
-  sigs_restore(old);
+  hixl__sigs_restore(old);
   freeinfo(hints);
   const char *fi_prov = getenv("FI_PROVIDER");
   if (rc != 0 || list == NULL) {

@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include "fabric_int.h"
+#include "fabric_sigs.h"
 
 #define FC(ctx) hixl__fc(ctx)
 
@@ -79,25 +80,6 @@ static struct fi_info *hints_for(const char *prov, bool atomics, bool dc, bool s
     h->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
   h->fabric_attr->prov_name = strdup(prov);
   return h;
-}
-
-/* A library must not take the application's signals, and some of
- * libfabric's providers do when they are loaded (fabric_int.h): save every
- * handler before, put them back after. */
-static const int kept_sigs[] = {SIGINT,  SIGTERM, SIGQUIT, SIGHUP, SIGUSR1, SIGUSR2,
-                                SIGSEGV, SIGBUS,  SIGILL,  SIGFPE, SIGABRT, SIGPIPE};
-#define N_KEPT (sizeof(kept_sigs) / sizeof(kept_sigs[0]))
-
-static void sigs_save(struct sigaction *old)
-{
-  for (size_t i = 0; i < N_KEPT; i++)
-    sigaction(kept_sigs[i], NULL, &old[i]);
-}
-
-static void sigs_restore(const struct sigaction *old)
-{
-  for (size_t i = 0; i < N_KEPT; i++)
-    sigaction(kept_sigs[i], &old[i], NULL);
 }
 
 /* rxm sizes its buffer pools from the environment only, read once, when
@@ -186,10 +168,10 @@ static char fab_lib_error[256];
 
 static void fab_lib_load_once(void)
 {
-  struct sigaction old[N_KEPT];
-  sigs_save(old);
+  struct sigaction old[HIXL_N_KEPT_SIGS];
+  hixl__sigs_save(old);
   void *h = dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL);
-  sigs_restore(old);
+  hixl__sigs_restore(old);
   if (h == NULL) {
     snprintf(fab_lib_error, sizeof(fab_lib_error), "cannot load libfabric.so.1: %s", dlerror());
     return;
@@ -226,10 +208,10 @@ static hixl_status_t fab_lib_load(void)
 /* fi_getinfo loads providers on its first call: keep the signals there too. */
 static int getinfo_keep_signals(struct fi_info *hints, struct fi_info **info)
 {
-  struct sigaction old[N_KEPT];
-  sigs_save(old);
+  struct sigaction old[HIXL_N_KEPT_SIGS];
+  hixl__sigs_save(old);
   int rc = fi_getinfo(FAB_VERSION, NULL, NULL, 0, hints, info);
-  sigs_restore(old);
+  hixl__sigs_restore(old);
   return rc;
 }
 
