@@ -47,6 +47,7 @@ hixl_peer_t *hixl__peer_new(hixl_ctx_t *ctx, int fd, bool inbound)
   p->inbound = inbound;
   atomic_init(&p->state, HIXL_PEER_CONNECTING);
   pthread_mutex_init(&p->send_lock, NULL);
+  pthread_mutex_init(&p->why_lock, NULL);
   p->last_rx_ns = hixl__now_ns();
   p->born_ns = p->last_rx_ns;
   atomic_init(&p->last_tx_ns, p->last_rx_ns);
@@ -115,6 +116,7 @@ void hixl__peer_free(hixl_peer_t *p)
     close(p->fd);
   free(p->rx);
   pthread_mutex_destroy(&p->send_lock);
+  pthread_mutex_destroy(&p->why_lock);
   p->magic = HIXL_MAGIC_DEAD;
   free(p);
 }
@@ -133,6 +135,14 @@ static void note_why(hixl_peer_t *p, const char *why)
 const char *hixl__peer_why(hixl_peer_t *p)
 {
   return atomic_load_explicit(&p->why_ready, memory_order_acquire) ? p->lost_why : NULL;
+}
+
+void hixl__peer_op_why(hixl_peer_t *p, hixl_status_t st, const char *why)
+{
+  pthread_mutex_lock(&p->why_lock);
+  p->op_why_st = st;
+  snprintf(p->op_why, sizeof(p->op_why), "%s", why);
+  pthread_mutex_unlock(&p->why_lock);
 }
 
 hixl_status_t hixl__peer_state_err(const char *fn, hixl_peer_t *p, const char *tail)

@@ -222,6 +222,7 @@ enum {
   HIXL_XST_RCACHE_EVICTIONS,     /* entries dropped to stay under the cache's limit */
   HIXL_XST_RCACHE_INVALIDATIONS, /* entries dropped: their memory was unmapped */
   HIXL_XST_PINNED_BYTES,         /* memory registered with (pinned by) the device now */
+  HIXL_XST_QPS,                  /* queue pairs held now (the verbs budget's count) */
   HIXL_XST_N
 };
 
@@ -467,6 +468,13 @@ struct hixl_peer {
    * first to claim why_claimed, readable once why_ready is set (release). */
   char lost_why[512]; /* room for a verbs work-completion message and its hint */
   atomic_bool why_claimed, why_ready;
+  /* Why the transport last failed operations of this peer while it stayed
+   * up (verbs: its QPs refused or not made), with that status: set where
+   * the failure is found (often not the caller's thread), appended to the
+   * failed request's message by hixl_req_test.  Under why_lock. */
+  pthread_mutex_t why_lock;
+  hixl_status_t op_why_st;
+  char op_why[384];
 
   /* Operations issued / completed, for hixl_fence.  Completions of one peer
    * arrive in issue order (control channel FIFO), so completed >= n means the
@@ -702,6 +710,9 @@ void hixl__peer_fail_locked(hixl_peer_t *peer, int state, const char *why);
 void hixl__peer_lost_async(hixl_peer_t *peer, const char *why);
 /* Why peer was lost or closed (its first reason), or NULL if not known. */
 const char *hixl__peer_why(hixl_peer_t *peer);
+/* A transport failed peer's operations with st for this reason while the
+ * peer stays up: hixl_req_test adds it to those requests' message. */
+void hixl__peer_op_why(hixl_peer_t *peer, hixl_status_t st, const char *why);
 /* PEER_LOST for a call fn on a peer that is not up: "fn: peer X is lost
  * (why)tail", or "disconnected". */
 hixl_status_t hixl__peer_state_err(const char *fn, hixl_peer_t *peer, const char *tail);

@@ -6,6 +6,7 @@
  * taking and returning a request costs one CAS and no malloc.
  */
 #define _GNU_SOURCE
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -163,6 +164,16 @@ hixl_status_t hixl_req_test(hixl_req_t *req)
      * that polled the completion, not this one. */
     hixl_peer_t *p = req->peer;
     const char *why = p && atomic_load(&p->state) != HIXL_PEER_UP ? hixl__peer_why(p) : NULL;
+    if (why == NULL && p) { /* up: the transport's reason for this status, if it gave one */
+      char op[sizeof(p->op_why)] = "";
+      pthread_mutex_lock(&p->why_lock);
+      if (p->op_why_st == st)
+        snprintf(op, sizeof(op), "%s", p->op_why);
+      pthread_mutex_unlock(&p->why_lock);
+      if (op[0])
+        return hixl__err(st, "operation to peer %s failed: %s (%s)", p->name, hixl_strerror(st),
+                         op);
+    }
     return hixl__err(st, "operation to peer %s failed: %s%s%s%s", p ? p->name : "?",
                      hixl_strerror(st), why ? " (peer down: " : "", why ? why : "", why ? ")" : "");
   }

@@ -129,6 +129,10 @@ static const stat_def_t ctx_defs[] = {
      "host memory registered with (pinned by) an RDMA device now: host regions, the "
      "registration cache, bounce and receive buffers",
      G},
+    {"qps",
+     "RDMA queue pairs this context holds now, the count its QP budget bounds (a pair whose QPs "
+     "are made on first use has none before)",
+     G},
 };
 static const stat_def_t peer_defs[] = {
     HIXL_OPSTATS(HIXL_X)
