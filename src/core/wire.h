@@ -28,8 +28,10 @@
  * words count futex-word sleepers in their high half, woken through the
  * word in the ring they sleep on rather than the doorbell pipe.  10: STATS /
  * STATS_REPLY (hixl_peer_remote_stats); HEARTBEAT's u64[0], the stamp a
- * probe carries and its answer echoes (the round trip in the stats). */
-#define HIXL_WIRE_VERSION 10
+ * probe carries and its answer echoes (the round trip in the stats).  11:
+ * verbs binds may be lazy (TP_BIND u64[4]) and its QP_REQ / QP_ACCEPT /
+ * QP_READY (TP_REQ) make the QPs on first use (src/verbs/lazy.c). */
+#define HIXL_WIRE_VERSION 11
 #define HIXL_WIRE_HDR 24
 #define HIXL_WIRE_MAX 4096 /* payload bytes; every message is far smaller */
 #define HIXL_WIRE_STR 256  /* string field capacity, NUL included */

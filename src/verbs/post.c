@@ -144,11 +144,11 @@ static void fail_op(vrb_peer_t *vp, vrb_op_t *o, hixl_status_t st)
 /* Fail everything waiting in q's software queue (the QP is in error or the
  * peer gone: it would never be posted); the nodes become spares, which
  * vp_free frees (vp->lock held). */
-static void fail_queued(vrb_peer_t *vp, vrb_qp_t *q)
+static void fail_queued(vrb_peer_t *vp, vrb_qp_t *q, hixl_status_t st)
 {
   while (q->pend_head) {
     vrb_op_t *o = pend_pop(q);
-    fail_op(vp, o, HIXL_ERR_PEER_LOST);
+    fail_op(vp, o, st);
     o->next = vp->op_free;
     vp->op_free = o;
   }
@@ -370,7 +370,10 @@ static void submit(vrb_qp_t *q, vrb_op_t *ops, size_t n)
     }
   }
   uint32_t queued = q->n_pend;
+  bool want = queued && !q->ready && vp->lazy;
   pthread_mutex_unlock(&vp->lock);
+  if (want) /* no QPs yet (or any more): the control thread makes them */
+    hixl__vrb_want(vp);
   if (queued > VRB_QUEUE_MAX) {
     queue_wait_t w = {vp, q};
     hixl__wait(ctx, INT64_MAX, 0, queue_room, &w); /* until room, or the peer is gone */
@@ -395,6 +398,14 @@ static void drain(vrb_qp_t *q)
     if (t < m)
       break;
   }
+}
+
+void hixl__vrb_fail_queued(vrb_peer_t *vp, hixl_status_t st)
+{
+  pthread_mutex_lock(&vp->lock);
+  for (int i = 0; i < vp->nq; i++)
+    fail_queued(vp, vp->qps[i], st);
+  pthread_mutex_unlock(&vp->lock);
 }
 
 void hixl__vrb_qp_ready(vrb_qp_t *q)
@@ -745,7 +756,7 @@ static void complete(vrb_ctx_t *vc, vrb_wqe_t *e, hixl_status_t st)
     if (ok)
       drain(vp->qps[i]);
     else
-      fail_queued(vp, vp->qps[i]);
+      fail_queued(vp, vp->qps[i], HIXL_ERR_PEER_LOST);
   }
   pthread_mutex_unlock(&vp->lock);
 }
@@ -775,7 +786,7 @@ static void bounce_kick(vrb_ctx_t *vc)
     if (atomic_load(&vp->peer->state) == HIXL_PEER_UP)
       drain(q);
     else
-      fail_queued(vp, q);
+      fail_queued(vp, q, HIXL_ERR_PEER_LOST);
     pthread_mutex_unlock(&vp->lock);
   }
 }
@@ -819,7 +830,7 @@ bool hixl__vrb_drain_peer(vrb_peer_t *vp)
   /* Nothing queued is posted any more. */
   pthread_mutex_lock(&vp->lock);
   for (int i = 0; i < vp->nq; i++)
-    fail_queued(vp, vp->qps[i]);
+    fail_queued(vp, vp->qps[i], HIXL_ERR_PEER_LOST);
   pthread_mutex_unlock(&vp->lock);
   /* The QPs are in ERROR: the flush completes what was posted (the last
    * request of every post is signaled, so its flush retires the rest). */

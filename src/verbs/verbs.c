@@ -13,8 +13,9 @@
  * still turns incoming immediates into notifications).
  *
  * Per peer: HIXL_VERBS_QPS RC QPs (default 1, the initiator's choice),
- * connected in the handshake (VERBS_QP over the control connection: QPNs,
- * PSN, GID, LID, MTU; the path MTU is the smaller of both), a registered
+ * made on first use (lazy.c) or, with HIXL_VERBS_LAZY=0, connected in the
+ * handshake (VERBS_QP over the control connection: QPNs, PSN, GID, LID,
+ * MTU; the path MTU is the smaller of both), a registered
  * bounce pool for small local buffers outside any region, and one atomic
  * result word per send slot.
  *
@@ -163,6 +164,7 @@ static void vrb_ctx_fini(hixl_ctx_t *ctx)
   vrb_ctx_t *vc = VC(ctx);
   if (vc == NULL)
     return;
+  hixl__vrb_lazy_fini(vc);
   hixl__vrb_rcache_free(vc->rcache);
 #ifdef HIXL_HAVE_RDMACM
   hixl__vrb_cm_fini(vc);
@@ -197,6 +199,9 @@ static void vrb_ctx_fini(hixl_ctx_t *ctx)
   free(vc->lregs);
   free(vc->rmap);
   pthread_mutex_destroy(&vc->recv_lock);
+  pthread_mutex_destroy(&vc->work_lock);
+  pthread_cond_destroy(&vc->work_cond);
+  pthread_cond_destroy(&vc->turn_cond);
   pthread_mutex_destroy(&vc->poll_lock);
   pthread_mutex_destroy(&vc->cq_lock);
   pthread_mutex_destroy(&vc->bounce_lock);
@@ -216,6 +221,13 @@ static hixl_status_t vrb_ctx_init(hixl_ctx_t *ctx)
   pthread_mutex_init(&vc->bounce_lock, NULL);
   pthread_rwlock_init(&vc->lreg_lock, NULL);
   pthread_mutex_init(&vc->recv_lock, NULL);
+  pthread_mutex_init(&vc->work_lock, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* hixl__now_ns's clock */
+  pthread_cond_init(&vc->work_cond, &ca);
+  pthread_cond_init(&vc->turn_cond, NULL);
+  pthread_condattr_destroy(&ca);
   vc->ev_fd = -1;
   ctx->tp[HIXL_TP_VERBS] = vc;
   hixl_status_t st = open_device(ctx, vc);
@@ -277,6 +289,20 @@ static hixl_status_t vrb_ctx_init(hixl_ctx_t *ctx)
   }
   for (int i = 0; i < VRB_BOUNCE_COUNT; i++)
     vc->bounce_free[vc->n_bounce_free++] = VRB_BOUNCE_COUNT - 1 - i;
+  /* The inline size the device grants, from a QP made and destroyed now:
+   * ops are described (inline or through a key) when they are called, and
+   * with lazy QPs they may be called before any QP of ours exists. */
+  struct ibv_qp_init_attr pa = {
+      .send_cq = vc->rcq,
+      .recv_cq = vc->rcq,
+      .srq = vc->srq,
+      .qp_type = IBV_QPT_RC,
+      .cap = {.max_send_wr = VRB_SQ_DEPTH, .max_send_sge = 1, .max_inline_data = VRB_INLINE}};
+  struct ibv_qp *probe = ibv_create_qp(vc->pd, &pa);
+  if (probe) {
+    hixl__vrb_note_inline(vc, pa.cap.max_inline_data);
+    ibv_destroy_qp(probe);
+  }
   /* The QP budget: the device's own limit unless HIXL_VERBS_MAX_QPS asks
    * for less (a peer costs HIXL_VERBS_QPS of them, on both sides). */
   const char *mq = getenv("HIXL_VERBS_MAX_QPS");
@@ -318,6 +344,15 @@ static hixl_status_t vrb_ctx_init(hixl_ctx_t *ctx)
     chunk = VRB_READ_CHUNK;
   }
   vc->read_chunk = (uint32_t)chunk;
+  /* HIXL_VERBS_LAZY: 1 (default) makes an outbound peer's QPs on first
+   * use, 0 in the handshake as before (docs/scale.md, "Lazy QPs"). */
+  long lz = 1;
+  e = getenv("HIXL_VERBS_LAZY");
+  if (e && hixl__parse_int(e, 0, 1, &lz) != 0) {
+    hixl_warn("ignoring HIXL_VERBS_LAZY=%s (want 0 or 1)", e);
+    lz = 1;
+  }
+  vc->lazy = lz != 0;
   hixl_info("verbs: %s gid index %d mtu %d, registration cache %s", vc->name, vc->gid_index,
             128 << vc->mtu, vc->rcache ? "on" : "off");
   return HIXL_OK;
@@ -462,6 +497,7 @@ static void vrb_stats(hixl_ctx_t *ctx, uint64_t xs[HIXL_XST_N])
   if (vc->rbufs_mr)
     pinned += (uint64_t)VRB_SRQ_DEPTH * VRB_RECV_SIZE;
   xs[HIXL_XST_PINNED_BYTES] += pinned;
+  xs[HIXL_XST_QPS] += (uint64_t)atomic_load_explicit(&vc->n_qps, memory_order_relaxed);
 }
 
 static bool vrb_mr_key(const hixl_mr_t *mr, uint64_t key[2])
@@ -506,11 +542,9 @@ static bool vrb_usable(hixl_ctx_t *ctx, const hixl_msg_t *hello)
   return VC(ctx) != NULL;
 }
 
-static void vp_free(vrb_peer_t *vp)
+/* Destroy vp's QPs (rdmacm's ids too); nothing is posted on them. */
+static void qps_destroy(vrb_peer_t *vp)
 {
-  if (vp == NULL)
-    return;
-  vrb_ctx_t *vc = VC(vp->peer->ctx);
   for (int i = 0; i < vp->nq; i++) {
     vrb_qp_t *q = vp->qps[i];
 #ifdef HIXL_HAVE_RDMACM
@@ -518,26 +552,46 @@ static void vp_free(vrb_peer_t *vp)
       if (q->qp)
         rdma_destroy_qp(q->cm_id);
       rdma_destroy_id(q->cm_id);
+      q->cm_id = NULL;
       q->qp = NULL;
     }
 #endif
     if (q->qp)
       ibv_destroy_qp(q->qp);
-    free(q);
+    q->qp = NULL;
+    q->ready = false;
   }
-#ifdef HIXL_HAVE_RDMACM
-  if (vp->cm_ch)
-    rdma_destroy_event_channel(vp->cm_ch);
-#endif
+}
+
+/* Give back what hixl__vrb_qps_make / vp_new counted: CQ room, budget. */
+static void qps_uncount(vrb_peer_t *vp)
+{
+  vrb_ctx_t *vc = VC(vp->peer->ctx);
   if (vp->cq_reserved) {
     pthread_mutex_lock(&vc->cq_lock);
     vc->scqs[vp->scq].n_qps -= vp->cq_reserved;
     pthread_mutex_unlock(&vc->cq_lock);
+    vp->cq_reserved = 0;
   }
+  atomic_fetch_sub(&vc->n_qps, vp->qps_counted);
+  vp->qps_counted = 0;
+}
+
+static void vp_free(vrb_peer_t *vp)
+{
+  if (vp == NULL)
+    return;
+  qps_destroy(vp);
+  for (int i = 0; i < vp->nq; i++)
+    free(vp->qps[i]);
+#ifdef HIXL_HAVE_RDMACM
+  if (vp->cm_ch)
+    rdma_destroy_event_channel(vp->cm_ch);
+#endif
+  qps_uncount(vp);
   if (vp->amo_mr)
     ibv_dereg_mr(vp->amo_mr);
   free(vp->amo);
-  atomic_fetch_sub(&vc->n_qps, vp->qps_counted);
   while (vp->op_free) {
     vrb_op_t *o = vp->op_free;
     vp->op_free = o->next;
@@ -613,67 +667,108 @@ uint8_t hixl__vrb_ack_timeout(void)
   return (uint8_t)(to && atoi(to) > 0 && atoi(to) < 32 ? atoi(to) : 17);
 }
 
-/* A peer with nq QP slots; make_qps: create them (in-band), else rdmacm
- * creates them as it connects. */
-static hixl_status_t vp_new(hixl_peer_t *peer, int nq, bool make_qps, vrb_peer_t **vp_p)
+static void rmap_del(vrb_ctx_t *vc, hixl_peer_t *peer);
+
+/* Count vp's QPs in the budget, find send-CQ room, register its atomic
+ * results (once).  Nothing is made for a peer past the budget. */
+static hixl_status_t qps_count(vrb_peer_t *vp)
 {
-  vrb_ctx_t *vc = VC(peer->ctx);
+  vrb_ctx_t *vc = VC(vp->peer->ctx);
+  int nq = vp->nq;
+  int in_use = atomic_fetch_add(&vc->n_qps, nq);
+  vp->qps_counted = nq;
+  if (in_use + nq > vc->max_qps) {
+    qps_uncount(vp);
+    return hixl__err(HIXL_ERR_AGAIN,
+                     "verbs: no QP for %s: %d of this context's %d are in use and it needs %d "
+                     "(HIXL_VERBS_MAX_QPS; HIXL_VERBS_QPS per peer; the device's limit is its "
+                     "max_qp)",
+                     vp->peer->name, in_use, vc->max_qps, nq);
+  }
+  if (vp->amo_mr == NULL) {
+    size_t amo_bytes = sizeof(uint64_t) * VRB_SQ_DEPTH * (size_t)nq;
+    if (vp->amo == NULL)
+      vp->amo = aligned_alloc(64, amo_bytes);
+    if (vp->amo)
+      vp->amo_mr = ibv_reg_mr(vc->pd, vp->amo, amo_bytes, IBV_ACCESS_LOCAL_WRITE);
+    if (vp->amo_mr == NULL) {
+      qps_uncount(vp);
+      return hixl__vrb_err(HIXL_ERR_NOMEM, "registering a peer's atomic results", 0);
+    }
+    for (int i = 0; i < nq; i++)
+      vp->qps[i]->amo = vp->amo + (size_t)i * VRB_SQ_DEPTH;
+  }
+  vp->scq = cq_room(vc, nq);
+  if (vp->scq < 0) {
+    qps_uncount(vp);
+    return HIXL_ERR_NOMEM;
+  }
+  vp->cq_reserved = nq;
+  return HIXL_OK;
+}
+
+hixl_status_t hixl__vrb_qps_make(vrb_peer_t *vp)
+{
+  vrb_ctx_t *vc = VC(vp->peer->ctx);
+  hixl_status_t st = qps_count(vp);
+  if (st != HIXL_OK)
+    return st;
+  for (int i = 0; i < vp->nq && st == HIXL_OK; i++) {
+    struct ibv_qp_init_attr qa = hixl__vrb_qp_attr(vc, vp);
+    vp->qps[i]->qp = ibv_create_qp(vc->pd, &qa);
+    if (vp->qps[i]->qp == NULL)
+      st = hixl__vrb_err(HIXL_ERR_NOMEM, "creating a QP", 0);
+    else
+      hixl__vrb_note_inline(vc, qa.cap.max_inline_data);
+  }
+  vp->psn = (uint32_t)hixl__random64() & 0xffffff;
+  if (st == HIXL_OK && !hixl__vrb_rmap_add(vc, vp->qps[0]->qp->qp_num, vp->peer))
+    st = hixl__err(HIXL_ERR_NOMEM, "verbs: no memory for the QP map");
+  if (st != HIXL_OK)
+    hixl__vrb_qps_unmake(vp);
+  return st;
+}
+
+void hixl__vrb_qps_unmake(vrb_peer_t *vp)
+{
+  /* Out of the receive map first: no receive completion names it after. */
+  rmap_del(VC(vp->peer->ctx), vp->peer);
+  qps_destroy(vp);
+  qps_uncount(vp);
+}
+
+/* How a peer's QPs come: made now and connected in the bind (in-band),
+ * by rdmacm as it connects, or on first use (lazy.c). */
+enum { VP_INBAND, VP_RDMACM, VP_LAZY };
+
+/* A peer with nq QP slots, set up as mode says. */
+static hixl_status_t vp_new(hixl_peer_t *peer, int nq, int mode, vrb_peer_t **vp_p)
+{
   vrb_peer_t *vp = calloc(1, sizeof(*vp));
   *vp_p = NULL;
   if (vp == NULL)
     return hixl__err(HIXL_ERR_NOMEM, "verbs: no memory for a peer");
   pthread_mutex_init(&vp->lock, NULL);
   vp->peer = peer;
-  /* The budget first: nothing is made for a peer past it. */
-  int in_use = atomic_fetch_add(&vc->n_qps, nq);
-  vp->qps_counted = nq;
-  if (in_use + nq > vc->max_qps) {
-    hixl__err(HIXL_ERR_AGAIN,
-              "verbs: no QP for %s: %d of this context's %d are in use and it needs %d "
-              "(HIXL_VERBS_MAX_QPS; HIXL_VERBS_QPS per peer; the device's limit is its "
-              "max_qp)",
-              peer->name, in_use, vc->max_qps, nq);
-    vp_free(vp);
-    return HIXL_ERR_AGAIN;
-  }
-  size_t amo_bytes = sizeof(uint64_t) * VRB_SQ_DEPTH * (size_t)nq;
-  vp->amo = aligned_alloc(64, amo_bytes);
-  if (vp->amo)
-    vp->amo_mr = ibv_reg_mr(vc->pd, vp->amo, amo_bytes, IBV_ACCESS_LOCAL_WRITE);
-  if (vp->amo_mr == NULL) {
-    hixl_status_t st = hixl__vrb_err(HIXL_ERR_NOMEM, "registering a peer's atomic results", 0);
-    vp_free(vp);
-    return st;
-  }
-  vp->scq = cq_room(vc, nq);
-  if (vp->scq < 0) {
-    vp_free(vp);
-    return HIXL_ERR_NOMEM;
-  }
-  vp->cq_reserved = nq;
+  vp->lazy = mode == VP_LAZY;
   for (int i = 0; i < nq; i++) {
     vrb_qp_t *q = calloc(1, sizeof(*q));
-    if (q == NULL)
-      break;
+    if (q == NULL) {
+      vp_free(vp);
+      return hixl__err(HIXL_ERR_NOMEM, "verbs: no memory for a peer's QPs");
+    }
     vp->qps[vp->nq++] = q;
     q->vp = vp;
     q->index = (uint32_t)i;
-    q->amo = vp->amo + (size_t)i * VRB_SQ_DEPTH;
     for (int k = 0; k < VRB_SQ_DEPTH; k++)
       q->wqe[k].q = q;
-    if (!make_qps)
-      continue;
-    struct ibv_qp_init_attr qa = hixl__vrb_qp_attr(vc, vp);
-    q->qp = ibv_create_qp(vc->pd, &qa);
-    if (q->qp == NULL)
-      break;
-    hixl__vrb_note_inline(vc, qa.cap.max_inline_data);
   }
-  int made = 0;
-  for (int i = 0; i < vp->nq; i++)
-    made += vp->qps[i]->qp != NULL || !make_qps;
-  if (made < nq) {
-    hixl_status_t st = hixl__vrb_err(HIXL_ERR_NOMEM, "creating a QP", 0);
+  hixl_status_t st = HIXL_OK;
+  if (mode == VP_INBAND)
+    st = hixl__vrb_qps_make(vp);
+  else if (mode == VP_RDMACM)
+    st = qps_count(vp);
+  if (st != HIXL_OK) {
     vp_free(vp);
     return st;
   }
@@ -681,16 +776,8 @@ static hixl_status_t vp_new(hixl_peer_t *peer, int nq, bool make_qps, vrb_peer_t
   return HIXL_OK;
 }
 
-/* Our side of the bind (TP_BIND / TP_BIND_REPLY, vrb_qp_msg_t): the QPN of
- * QP 0, PSN, MTU, LID, the QP count; blob: the GID, then the QPNs of QPs
- * 1.. (4 bytes each). */
-static void local_info(vrb_ctx_t *vc, vrb_peer_t *vp, hixl_msg_t *m, uint32_t psn)
+void hixl__vrb_local_blob(const vrb_ctx_t *vc, const vrb_peer_t *vp, hixl_msg_t *m)
 {
-  VRB_QP(m)->qpn = vp->qps[0]->qp->qp_num;
-  VRB_QP(m)->psn = psn;
-  VRB_QP(m)->mtu = (uint32_t)vc->mtu;
-  VRB_QP(m)->lid = vc->lid;
-  VRB_QP(m)->nqps = (uint64_t)vp->nq;
   memcpy(m->blob, vc->gid.raw, 16);
   for (int i = 1; i < vp->nq; i++) {
     uint32_t qpn = htole32(vp->qps[i]->qp->qp_num);
@@ -699,20 +786,35 @@ static void local_info(vrb_ctx_t *vc, vrb_peer_t *vp, hixl_msg_t *m, uint32_t ps
   m->blob_len = (uint16_t)(16 + 4 * (vp->nq - 1));
 }
 
+/* Our side of the bind (TP_BIND / TP_BIND_REPLY, vrb_qp_msg_t): the QPN of
+ * QP 0, PSN, MTU, LID, the QP count; blob: the GID, then the QPNs of QPs
+ * 1.. (4 bytes each). */
+static void local_info(vrb_ctx_t *vc, vrb_peer_t *vp, hixl_msg_t *m)
+{
+  VRB_QP(m)->qpn = vp->qps[0]->qp->qp_num;
+  VRB_QP(m)->psn = vp->psn;
+  VRB_QP(m)->mtu = (uint32_t)vc->mtu;
+  VRB_QP(m)->lid = vc->lid;
+  VRB_QP(m)->nqps = (uint64_t)vp->nq;
+  hixl__vrb_local_blob(vc, vp, m);
+}
+
 /* The QP count a VERBS_QP message announces, or 0 when malformed. */
 static int remote_nq(const hixl_msg_t *r)
 {
-  uint64_t nq = VRB_QP(r)->nqps ? VRB_QP(r)->nqps : 1;    /* 0: an older peer, one QP */
-  uint64_t blob = VRB_QP(r)->cm ? 16 : 16 + 4 * (nq - 1); /* rdmacm: no QPNs */
+  uint64_t nq = VRB_QP(r)->nqps ? VRB_QP(r)->nqps : 1; /* 0: an older peer, one QP */
+  bool no_qps = VRB_QP(r)->cm || VRB_QP(r)->lazy;      /* rdmacm, lazy: no QPNs yet */
+  uint64_t blob = no_qps ? 16 : 16 + 4 * (nq - 1);
   if (nq > VRB_MAX_QPS || r->blob_len != blob)
     return 0;
-  if (!VRB_QP(r)->cm && (VRB_QP(r)->mtu < IBV_MTU_256 || VRB_QP(r)->mtu > IBV_MTU_4096))
+  if (!no_qps && (VRB_QP(r)->mtu < IBV_MTU_256 || VRB_QP(r)->mtu > IBV_MTU_4096))
     return 0;
   return (int)nq;
 }
 
 /* INIT -> RTR -> RTS against the peer's QP number qpn. */
-static hixl_status_t qp_connect(vrb_ctx_t *vc, struct ibv_qp *qp, const hixl_msg_t *r, uint32_t qpn,
+static hixl_status_t qp_connect(vrb_ctx_t *vc, struct ibv_qp *qp, uint32_t qpn, uint32_t rpsn,
+                                enum ibv_mtu rmtu, uint16_t rlid, const uint8_t rgid[16],
                                 uint32_t my_psn)
 {
   struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
@@ -726,15 +828,15 @@ static hixl_status_t qp_connect(vrb_ctx_t *vc, struct ibv_qp *qp, const hixl_msg
   memset(&a, 0, sizeof(a));
   a.qp_state = IBV_QPS_RTR;
   /* Path MTU: the smaller of both active MTUs. */
-  a.path_mtu = vc->mtu < (enum ibv_mtu)VRB_QP(r)->mtu ? vc->mtu : (enum ibv_mtu)VRB_QP(r)->mtu;
+  a.path_mtu = vc->mtu < rmtu ? vc->mtu : rmtu;
   a.dest_qp_num = qpn;
-  a.rq_psn = VRB_QP(r)->psn;
+  a.rq_psn = rpsn;
   a.max_dest_rd_atomic = 16;
   a.min_rnr_timer = 12;
   a.ah_attr.port_num = vc->port;
-  a.ah_attr.dlid = (uint16_t)VRB_QP(r)->lid;
+  a.ah_attr.dlid = rlid;
   a.ah_attr.is_global = 1;
-  memcpy(a.ah_attr.grh.dgid.raw, r->blob, 16);
+  memcpy(a.ah_attr.grh.dgid.raw, rgid, 16);
   a.ah_attr.grh.sgid_index = (uint8_t)vc->gid_index;
   a.ah_attr.grh.hop_limit = 64;
   rc = ibv_modify_qp(qp, &a,
@@ -757,22 +859,29 @@ static hixl_status_t qp_connect(vrb_ctx_t *vc, struct ibv_qp *qp, const hixl_msg
   return HIXL_OK;
 }
 
-/* Connect all of vp's QPs to the peer's, pairwise. */
-static hixl_status_t qps_connect(vrb_ctx_t *vc, vrb_peer_t *vp, const hixl_msg_t *r,
-                                 uint32_t my_psn)
+hixl_status_t hixl__vrb_qps_rts(vrb_ctx_t *vc, vrb_peer_t *vp, const uint32_t *qpn, uint32_t rpsn,
+                                enum ibv_mtu rmtu, uint16_t rlid, const uint8_t rgid[16])
+{
+  hixl_status_t st = HIXL_OK;
+  for (int i = 0; i < vp->nq && st == HIXL_OK; i++)
+    st = qp_connect(vc, vp->qps[i]->qp, qpn[i], rpsn, rmtu, rlid, rgid, vp->psn);
+  return st;
+}
+
+/* Connect all of vp's QPs to the peer's, pairwise (a bind message r). */
+static hixl_status_t qps_connect(vrb_ctx_t *vc, vrb_peer_t *vp, const hixl_msg_t *r)
 {
   if (remote_nq(r) != vp->nq)
     return hixl__err(HIXL_ERR_TRANSPORT, "verbs: malformed QP information from the peer");
-  hixl_status_t st = HIXL_OK;
-  for (int i = 0; i < vp->nq && st == HIXL_OK; i++) {
-    uint32_t qpn = VRB_QP(r)->qpn;
-    if (i > 0) {
-      memcpy(&qpn, r->blob + 16 + 4 * (i - 1), 4);
-      qpn = le32toh(qpn);
-    }
-    st = qp_connect(vc, vp->qps[i]->qp, r, qpn, my_psn);
-    vp->qps[i]->ready = st == HIXL_OK;
+  uint32_t qpn[VRB_MAX_QPS] = {VRB_QP(r)->qpn};
+  for (int i = 1; i < vp->nq; i++) {
+    memcpy(&qpn[i], r->blob + 16 + 4 * (i - 1), 4);
+    qpn[i] = le32toh(qpn[i]);
   }
+  hixl_status_t st = hixl__vrb_qps_rts(vc, vp, qpn, VRB_QP(r)->psn, (enum ibv_mtu)VRB_QP(r)->mtu,
+                                       (uint16_t)VRB_QP(r)->lid, r->blob);
+  for (int i = 0; i < vp->nq; i++)
+    vp->qps[i]->ready = st == HIXL_OK;
   return st;
 }
 
@@ -808,8 +917,11 @@ static void rmap_del(vrb_ctx_t *vc, hixl_peer_t *peer)
 
 static hixl_status_t attach_peer(hixl_peer_t *peer, vrb_peer_t *vp)
 {
-  /* rdmacm targets: QP 0 does not exist yet; cm.c adds it when it does. */
-  if (vp->qps[0]->qp && !hixl__vrb_rmap_add(VC(peer->ctx), vp->qps[0]->qp->qp_num, peer))
+  /* In-band QPs are in the map from hixl__vrb_qps_make on, lazy ones get
+   * there when they are made; rdmacm's initiator has its QPs now, and its
+   * target adds QP 0 when rdmacm makes it (cm.c). */
+  if (vp->qps[0]->cm_id && vp->qps[0]->qp &&
+      !hixl__vrb_rmap_add(VC(peer->ctx), vp->qps[0]->qp->qp_num, peer))
     return hixl__err(HIXL_ERR_NOMEM, "verbs: no memory for the QP map");
   peer->tp = vp;
   return HIXL_OK;
@@ -849,19 +961,21 @@ static hixl_status_t vrb_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64
     return hixl__err(HIXL_ERR_UNSUPPORTED, "verbs: HIXL_VERBS_CM=rdmacm, but this libhixl "
                                            "was built without librdmacm");
 #endif
+  /* The initiator decides for the pair: rdmacm, QPs now, or on first use. */
+  bool lazy = !cm && vc->lazy;
   vrb_peer_t *vp;
-  hixl_status_t st = vp_new(peer, qps_wanted(), !cm, &vp);
+  hixl_status_t st = vp_new(peer, qps_wanted(), cm ? VP_RDMACM : lazy ? VP_LAZY : VP_INBAND, &vp);
   if (st != HIXL_OK)
     return st;
-  uint32_t psn = (uint32_t)hixl__random64() & 0xffffff;
   hixl_msg_t m = {.type = HIXL_MSG_TP_BIND}, r;
-  if (cm) {
+  if (cm || lazy) { /* no QPs yet: the count and our GID */
     VRB_QP(&m)->nqps = (uint64_t)vp->nq;
-    VRB_QP(&m)->cm = 1;
+    VRB_QP(&m)->cm = cm;
+    VRB_QP(&m)->lazy = lazy;
     memcpy(m.blob, vc->gid.raw, 16);
     m.blob_len = 16;
   } else {
-    local_info(vc, vp, &m, psn);
+    local_info(vc, vp, &m);
   }
   VRB_QP(&m)->id = peer->ctx->id;
   st = hixl__send(peer, &m, NULL, 0);
@@ -876,14 +990,16 @@ static hixl_status_t vrb_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64
                    "verbs: %s refused our QPs (%s)%s%.200s", peer->name, hixl_strerror(r.status),
                    ours && r.str[0][0] ? ": target: " : "", ours ? r.str[0] : "");
   }
+  if (st == HIXL_OK && lazy != (VRB_QP(&r)->lazy != 0))
+    st = hixl__err(HIXL_ERR_TRANSPORT, "verbs: %s answered a lazy bind with QPs", peer->name);
 #ifdef HIXL_HAVE_RDMACM
   if (st == HIXL_OK && cm)
     st = VRB_QP(&r)->cm == 0 || VRB_QP(&r)->cm > 65535 || r.blob_len != 16 || VRB_QP(&r)->id == 0
              ? hixl__err(HIXL_ERR_TRANSPORT, "verbs: malformed rdmacm reply from %s", peer->name)
              : hixl__vrb_cm_connect(peer, vp, &r, deadline);
 #endif
-  if (st == HIXL_OK && !cm)
-    st = qps_connect(vc, vp, &r, psn);
+  if (st == HIXL_OK && !cm && !lazy)
+    st = qps_connect(vc, vp, &r);
   if (st == HIXL_OK)
     st = attach_peer(peer, vp);
   if (st != HIXL_OK)
@@ -899,19 +1015,18 @@ static void vrb_accept(hixl_peer_t *peer, const hixl_msg_t *m, int *fds, int nfd
   memset(out, 0, sizeof(*out));
   out->type = HIXL_MSG_TP_BIND_REPLY;
   int nq = remote_nq(m);
-  bool cm = VRB_QP(m)->cm != 0;
+  bool cm = VRB_QP(m)->cm != 0, lazy = VRB_QP(m)->lazy != 0;
   hixl_status_t st = HIXL_OK;
-  if (nq == 0)
+  if (nq == 0 || (cm && lazy) || VRB_QP(m)->lazy > 1)
     st = hixl__err(HIXL_ERR_TRANSPORT, "verbs: malformed VERBS_QP");
   else if (cm && vc->cm_listen == NULL)
     st = hixl__err(HIXL_ERR_UNSUPPORTED, "verbs: the peer asked for rdmacm, which is not "
                                          "available here");
   vrb_peer_t *vp = NULL;
   if (st == HIXL_OK)
-    st = vp_new(peer, nq, !cm, &vp);
-  uint32_t psn = (uint32_t)hixl__random64() & 0xffffff;
-  if (st == HIXL_OK && !cm)
-    st = qps_connect(vc, vp, m, psn);
+    st = vp_new(peer, nq, cm ? VP_RDMACM : lazy ? VP_LAZY : VP_INBAND, &vp);
+  if (st == HIXL_OK && !cm && !lazy)
+    st = qps_connect(vc, vp, m);
   if (st == HIXL_OK)
     st = attach_peer(peer, vp);
   out->status = st;
@@ -921,17 +1036,19 @@ static void vrb_accept(hixl_peer_t *peer, const hixl_msg_t *m, int *fds, int nfd
     snprintf(out->str[0], sizeof(out->str[0]), "%s", hixl_last_error()); /* the initiator's why */
     return;
   }
-  if (cm) { /* the QPs come with the initiator's rdmacm requests */
-    while (vp->cm_cookie == 0)
-      vp->cm_cookie = hixl__random64();
+  if (cm || lazy) { /* the QPs come later: with rdmacm's requests, or on first use */
+    if (cm)
+      while (vp->cm_cookie == 0)
+        vp->cm_cookie = hixl__random64();
     VRB_QP(out)->id = vp->cm_cookie;
     VRB_QP(out)->nqps = (uint64_t)nq;
-    VRB_QP(out)->cm = vc->cm_port;
+    VRB_QP(out)->cm = cm ? vc->cm_port : 0;
+    VRB_QP(out)->lazy = lazy;
     memcpy(out->blob, vc->gid.raw, 16);
     out->blob_len = 16;
     return;
   }
-  local_info(vc, vp, out, psn);
+  local_info(vc, vp, out);
 }
 
 /* QPs to ERROR: everything posted flushes (completes as PEER_LOST). */
@@ -949,6 +1066,7 @@ static void vrb_peer_close(hixl_peer_t *peer)
 {
   vrb_peer_t *vp = peer->tp;
   if (vp) {
+    hixl__vrb_lazy_forget(vp); /* the control thread's set-up work leaves it */
     /* Flush what is in flight before the descriptors those completions
      * point at go away. */
     vrb_peer_lost(peer);
@@ -1169,4 +1287,5 @@ const hixl_transport_ops_t hixl__verbs_ops = {
     .notif_poll = vrb_notif_poll,
     .mr_key = vrb_mr_key,
     .stats = vrb_stats,
+    .msgs = hixl__vrb_msgs,
 };

@@ -9,7 +9,10 @@
  *             work requests, the software queue for what does not fit, the
  *             bounce pool, completions;
  *   rcache.c  the registration cache for large unregistered local buffers,
- *             kept honest by a userfaultfd monitor.
+ *             kept honest by a userfaultfd monitor;
+ *   lazy.c    QPs made on first use (HIXL_VERBS_LAZY, default 1): the
+ *             QP_REQ / QP_ACCEPT / QP_READY exchange over the control
+ *             connection, run by a set-up thread of its own.
  */
 #ifndef HIXL_VERBS_INT_H
 #define HIXL_VERBS_INT_H
@@ -35,8 +38,18 @@ extern const hixl_transport_ops_t hixl__verbs_ops;
  * GID, then the QPNs of QPs 1..n-1 (4 bytes each, little-endian; none with
  * rdmacm); with rdmacm the reply's blob is the listener's address (16
  * bytes, IPv4-mapped for IPv4). */
-typedef HIXL_MSG_VIEW(qpn, psn, mtu, lid, id, nqps, cm, q4) vrb_qp_msg_t;
+typedef HIXL_MSG_VIEW(qpn, psn, mtu, lid, id, nqps, cm, lazy) vrb_qp_msg_t;
 #define VRB_QP(m) HIXL_MSG_AS(vrb_qp_msg_t, m)
+
+/* Verbs' own control messages (TP_REQ, kind in u32[2]; lazy.c), made when a
+ * pair of contexts first needs QPs: QP_REQ (the side that needs them: its
+ * QPs, as a bind), QP_ACCEPT (the other side: its QPs, or status != 0 and
+ * str[0] why not), QP_READY (the requester's QPs are connected: the
+ * acceptor may post).  gen names the request the three belong to; blob as
+ * in a bind (the GID, then the QPNs of QPs 1..n-1). */
+enum { VRB_KIND_QP_REQ = 1, VRB_KIND_QP_ACCEPT = 2, VRB_KIND_QP_READY = 3 };
+typedef HIXL_MSG_VIEW(qpn, psn, kind, mtu, lid, nqps, gen, status) vrb_lazy_msg_t;
+#define VRB_LZ(m) HIXL_MSG_AS(vrb_lazy_msg_t, m)
 
 #define VRB_SQ_DEPTH 256    /* send work requests in flight per QP */
 #define VRB_SIGNAL_EVERY 64 /* at least one signaled request in this many */
@@ -74,6 +87,8 @@ typedef struct vrb_scq {
   int cap;   /* completions it holds */
   int n_qps; /* QPs sending on it */
 } vrb_scq_t;
+
+typedef struct vrb_peer vrb_peer_t;
 
 typedef struct vrb_ctx {
   struct ibv_context *dev;
@@ -141,6 +156,17 @@ typedef struct vrb_ctx {
   /* The QP budget (HIXL_VERBS_MAX_QPS): QPs of this context, at most. */
   int max_qps;
   _Atomic int n_qps;
+  /* Lazy QPs (lazy.c): peers with set-up work for the set-up thread, a
+   * FIFO under work_lock (taken under ctx->lock by serve, never the other
+   * way round), which work_cond signals; the thread is started with the
+   * first set-up.  lazy: new outbound peers get their QPs on first use. */
+  pthread_mutex_t work_lock;
+  pthread_cond_t work_cond, turn_cond;
+  pthread_t worker;
+  bool worker_on, worker_stop;
+  bool in_turns; /* a pass over a taken list is running (turn_cond: it ended) */
+  vrb_peer_t *work_head, *work_tail;
+  bool lazy;
   /* Receive completions that found a peer's notification ring full: kept
    * (their buffers not reposted, which throttles senders through RNR) and
    * retried at the next tick, in order. */
@@ -148,7 +174,6 @@ typedef struct vrb_ctx {
   int n_overflow;
 } vrb_ctx_t;
 
-typedef struct vrb_peer vrb_peer_t;
 typedef struct vrb_qp vrb_qp_t;
 
 /* A work request as the send path describes it before posting: copied into
@@ -214,7 +239,26 @@ struct vrb_peer {
   struct ibv_mr *amo_mr;
   vrb_op_t *op_free;       /* spare software-queue nodes */
   _Atomic int outstanding; /* posted and queued, not yet retired */
+  /* Lazy QPs (lazy.c).  qs: VQ_*, moved by the set-up thread, except
+   * NONE -> WANT by whoever first queues an op.  on_work, work_next, n_in
+   * and in under vc->work_lock; the rest is the set-up thread's. */
+  bool lazy;
+  _Atomic int qs;
+  bool on_work; /* in vc's work list */
+  vrb_peer_t *work_next;
+  uint32_t psn;      /* our QPs' first PSN */
+  uint64_t gen;      /* the request the QPs being made belong to */
+  uint64_t next_gen; /* our next QP_REQ's */
+  int64_t since_ns;  /* when the state last moved (the set-up deadline) */
+  int n_in;          /* peer messages waiting for the control thread */
+  struct vrb_in {
+    uint32_t kind, qpn[VRB_MAX_QPS], psn, mtu;
+    uint64_t lid, gen, status;
+    uint8_t gid[16];
+    char why[160];
+  } in[4];
 };
+enum { VQ_NONE, VQ_WANT, VQ_REQ_SENT, VQ_ACCEPTED, VQ_READY };
 
 static inline vrb_ctx_t *hixl__vc(hixl_ctx_t *ctx) { return ctx->tp[HIXL_TP_VERBS]; }
 
@@ -254,8 +298,30 @@ uint8_t hixl__vrb_ack_timeout(void);
 /* Notifications arriving on qpn are the peer's (its QP 0); 0 on failure. */
 bool hixl__vrb_rmap_add(vrb_ctx_t *vc, uint32_t qpn, hixl_peer_t *peer);
 
-/* A QP just connected (rdmacm): post what waited for it. */
+/* A QP just connected (rdmacm, lazy): post what waited for it. */
 void hixl__vrb_qp_ready(vrb_qp_t *q);
+/* Fail what waits in vp's software queues with st (vp->lock NOT held). */
+void hixl__vrb_fail_queued(vrb_peer_t *vp, hixl_status_t st);
+
+/* A peer's QPs: made (counted in the budget, CQ room, atomic results, QPs
+ * in RESET, QP 0 in the receive map), and taken down again (none posted). */
+hixl_status_t hixl__vrb_qps_make(vrb_peer_t *vp);
+void hixl__vrb_qps_unmake(vrb_peer_t *vp);
+/* INIT -> RTR -> RTS of vp's QPs against the peer's qpn[] (psn: ours). */
+hixl_status_t hixl__vrb_qps_rts(vrb_ctx_t *vc, vrb_peer_t *vp, const uint32_t *qpn, uint32_t rpsn,
+                                enum ibv_mtu rmtu, uint16_t rlid, const uint8_t rgid[16]);
+
+/* The blob of a bind or QP message: our GID, then the QPNs of QPs 1.. */
+void hixl__vrb_local_blob(const vrb_ctx_t *vc, const vrb_peer_t *vp, hixl_msg_t *m);
+
+/* lazy.c */
+extern const hixl_tp_msg_t hixl__vrb_msgs[];
+/* An op was queued on a QP that is not ready: start the set-up if none is. */
+void hixl__vrb_want(vrb_peer_t *vp);
+/* vp goes away: out of the work list (ctx->lock held). */
+void hixl__vrb_lazy_forget(vrb_peer_t *vp);
+/* ctx_fini: stop the set-up thread (no peer left). */
+void hixl__vrb_lazy_fini(vrb_ctx_t *vc);
 
 /* cm.c (built with librdmacm) */
 hixl_status_t hixl__vrb_cm_init(hixl_ctx_t *ctx, vrb_ctx_t *vc);

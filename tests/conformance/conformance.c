@@ -755,8 +755,9 @@ static void test_bounce_shared(void **state)
   unsetenv("HIXL_VERBS_RCACHE");
 }
 
-/* The QP budget (HIXL_VERBS_MAX_QPS, verbs only: run by tests/rxe).  A
- * target with room for 3 QPs refuses a 4th peer with AGAIN and says why;
+/* The QP budget (HIXL_VERBS_MAX_QPS, verbs only: run by tests/rxe) with
+ * QPs made in the handshake (HIXL_VERBS_LAZY=0; qp_lazy has lazy QPs).
+ * A target with room for 3 QPs refuses a 4th peer with AGAIN and says why;
  * the QP of a peer that goes comes back to the budget (after the release
  * grace); an initiator over its own budget fails before asking. */
 static void test_qp_budget(void **state)
@@ -764,6 +765,7 @@ static void test_qp_budget(void **state)
   (void)state;
   if (strcmp(g_transport, "verbs") != 0)
     fail_msg("qp_budget is a verbs case (HIXL_VERBS_MAX_QPS)");
+  setenv("HIXL_VERBS_LAZY", "0", 1);
   setenv("HIXL_VERBS_MAX_QPS", "3", 1); /* the target's (its process takes it now) */
   hixl_ctx_t *ctx = test_ctx(0, NULL);
   target_t t;
@@ -804,6 +806,101 @@ static void test_qp_budget(void **state)
   target_stop(&t);
   hixl_ctx_destroy(ctx);
   unsetenv("HIXL_VERBS_MAX_QPS");
+  unsetenv("HIXL_VERBS_LAZY");
+}
+
+static uint64_t ctx_stat(hixl_ctx_t *ctx, const char *name);
+
+/* Lazy QPs (HIXL_VERBS_LAZY=1; verbs only: run by tests/rxe).  A target with room
+ * for 3 QPs takes 6 peers, none of which holds a QP until it moves data:
+ * the first 3 put, get, add and notify; the 4th's put fails with the
+ * target's AGAIN and its reason, and costs nothing on either side; once a
+ * peer with QPs goes, the 4th's QPs are made on its next put.  Our own
+ * figure "qps" follows every step. */
+static void test_qp_lazy(void **state)
+{
+  (void)state;
+  enum { NP = 6, LEN = 256 << 10 };
+  if (strcmp(g_transport, "verbs") != 0)
+    fail_msg("qp_lazy is a verbs case (HIXL_VERBS_LAZY)");
+  setenv("HIXL_VERBS_LAZY", "1", 1);
+  setenv("HIXL_VERBS_MAX_QPS", "3", 1); /* the target's (its process takes it now) */
+  hixl_ctx_t *ctx = test_ctx(0, NULL);
+  target_t t;
+  target_start(&t, ctx, NULL, 1000);
+  unsetenv("HIXL_VERBS_MAX_QPS");
+  hixl_peer_t *peers[NP];
+  hixl_rmr_t *rmrs[NP];
+  for (int i = 0; i < NP; i++) {
+    peers[i] = connect_to(ctx, &t);
+    rmrs[i] = lookup(peers[i], "reg");
+  }
+  assert_int_equal(ctx_stat(ctx, "qps"), 0); /* connected, no QP yet */
+  uint8_t *src = xmalloc(LEN), *dst = xmalloc(LEN);
+  for (int i = 0; i < 3; i++) {
+    fill_pattern(src, LEN, 700 + (uint64_t)i);
+    EXPECT_OK(hixl_put(peers[i], src, LEN, rmrs[i], (uint64_t)i * LEN, 0, NULL));
+    EXPECT_OK(hixl_fence(ctx, peers[i], 30000));
+    assert_int_equal(target_hash(&t, "reg", (uint64_t)i * LEN, LEN), hash_bytes(src, LEN));
+    memset(dst, 0, LEN);
+    EXPECT_OK(hixl_get(peers[i], dst, LEN, rmrs[i], (uint64_t)i * LEN, 0, NULL));
+    EXPECT_OK(hixl_fence(ctx, peers[i], 30000));
+    assert_memory_equal(src, dst, LEN);
+    assert_int_equal(ctx_stat(ctx, "qps"), (uint64_t)i + 1);
+  }
+  /* The 4th: refused by the target's budget, with its reason, at the op. */
+  hixl_req_t *req = NULL;
+  EXPECT_OK(hixl_put(peers[3], src, LEN, rmrs[3], 3 * LEN, 0, &req));
+  EXPECT_ST(HIXL_ERR_AGAIN, hixl_req_wait(req, 30000));
+  hixl_req_free(req);
+  if (strstr(hixl_last_error(), "refused our QPs") == NULL ||
+      strstr(hixl_last_error(), "HIXL_VERBS_MAX_QPS") == NULL ||
+      strstr(hixl_last_error(), "3 are in") == NULL)
+    fail_msg("the refusal does not say why: %s", hixl_last_error());
+  assert_int_equal(ctx_stat(ctx, "qps"), 3); /* ours for it were given back */
+  /* A peer with QPs goes: after the target's grace the 4th gets them. */
+  hixl_rmr_release(rmrs[0]);
+  hixl_disconnect(peers[0]);
+  assert_int_equal(ctx_stat(ctx, "qps"), 2);
+  fill_pattern(src, LEN, 703);
+  int64_t until = (int64_t)time(NULL) + 60;
+  hixl_status_t st;
+  do {
+    req = NULL;
+    EXPECT_OK(hixl_put(peers[3], src, LEN, rmrs[3], 3 * LEN, 0, &req));
+    st = hixl_req_wait(req, 30000);
+    hixl_req_free(req);
+    if (st == HIXL_ERR_AGAIN)
+      usleep(200000);
+  } while (st == HIXL_ERR_AGAIN && (int64_t)time(NULL) < until);
+  EXPECT_OK(st);
+  assert_int_equal(target_hash(&t, "reg", 3 * LEN, LEN), hash_bytes(src, LEN));
+  assert_int_equal(ctx_stat(ctx, "qps"), 3);
+  /* Atomics and notifications on a lazily made pair, in order behind data. */
+  hixl_rmr_t *a1 = lookup(peers[1], "alloc"), *a2 = lookup(peers[2], "alloc"); /* aligned */
+  uint64_t old = 1, now = 0;
+  EXPECT_OK(hixl_atomic_faa(peers[1], a1, 0, 5, &old, 0, NULL));
+  EXPECT_OK(hixl_fence(ctx, peers[1], 30000));
+  EXPECT_OK(hixl_atomic_faa(peers[2], a2, 0, 0, &now, 0, NULL));
+  EXPECT_OK(hixl_fence(ctx, peers[2], 30000));
+  assert_int_equal(now, old + 5);
+  hixl_rmr_release(a1);
+  hixl_rmr_release(a2);
+  for (int i = 4; i < NP; i++) { /* never used: no QP */
+    hixl_rmr_release(rmrs[i]);
+    hixl_disconnect(peers[i]);
+  }
+  assert_int_equal(ctx_stat(ctx, "qps"), 3);
+  for (int i = 1; i < 4; i++) {
+    hixl_rmr_release(rmrs[i]);
+    hixl_disconnect(peers[i]);
+  }
+  assert_int_equal(ctx_stat(ctx, "qps"), 0);
+  free(src);
+  free(dst);
+  target_stop(&t);
+  hixl_ctx_destroy(ctx);
+  unsetenv("HIXL_VERBS_LAZY");
 }
 
 /* ------------------------------------------- local memory that changes */
@@ -1349,10 +1446,10 @@ int main(int argc, char **argv)
       cmocka_unit_test(test_cas_lock),      cmocka_unit_test(test_fence),
       cmocka_unit_test(test_connect_churn), cmocka_unit_test(test_world),
       cmocka_unit_test(test_world_elastic), cmocka_unit_test(test_bounce_shared),
-      cmocka_unit_test(test_qp_budget),     cmocka_unit_test(test_remap),
-      cmocka_unit_test(test_flood),         cmocka_unit_test(test_choice),
-      cmocka_unit_test(test_sleep),         cmocka_unit_test(test_wake_peers),
-      cmocka_unit_test(test_memlock),
+      cmocka_unit_test(test_qp_budget),     cmocka_unit_test(test_qp_lazy),
+      cmocka_unit_test(test_remap),         cmocka_unit_test(test_flood),
+      cmocka_unit_test(test_choice),        cmocka_unit_test(test_sleep),
+      cmocka_unit_test(test_wake_peers),    cmocka_unit_test(test_memlock),
   };
   cases_options(CASES(tests), argc, argv);
   if (argc != 3) {

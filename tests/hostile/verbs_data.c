@@ -71,6 +71,18 @@
  *            protection domain, not bound to a peer or QP; rxe's are
  *            index << 8 | 8 random bits), and the rkeys T's regions got.
  *
+ *   lazy     (authenticated: a context AL of A's kind with HIXL_VERBS_LAZY=1,
+ *            so its pair with T has no QP until first use) verbs' own QP
+ *            messages, forged through the library's control connection:
+ *            a QP_READY and a QP_ACCEPT T never asked for (wrong state,
+ *            random generation) are dropped, AL stays connected and its
+ *            first put then makes the QPs and lands; a QP_REQ for QPs the
+ *            pair has is dropped and data still moves; a QP_REQ whose QP
+ *            count, blob length or MTU is not the pair's, one without a
+ *            generation, and any QP message on a pair whose QPs were made
+ *            in its handshake (A, HIXL_VERBS_LAZY=0) cut the sender off: T
+ *            drops it within the liveness bound and keeps serving L.
+ *
  * Every case ends checking that the legitimate peer was served meanwhile
  * (round trips, every byte), that T still serves it, and that no protected
  * byte of T or T2 changed.
@@ -1017,6 +1029,121 @@ static void test_forged_keys(void **state)
   legit_finish("forged");
 }
 
+/* ------------------------------------------------ lazy QPs' messages */
+
+/* A verbs TP_REQ of kind from peer p, forged: the generation, QP count and
+ * MTU given, our GID and nq - 1 made-up QPNs in the blob (blob_len as
+ * given, or the right one for nq when 0). */
+static hixl_status_t lazy_send(hixl_peer_t *p, uint32_t kind, uint64_t gen, uint64_t nq,
+                               uint64_t mtu, uint32_t blob_len)
+{
+  hixl_msg_t m;
+  memset(&m, 0, sizeof(m));
+  m.type = HIXL_MSG_TP_REQ;
+  VRB_LZ(&m)->kind = kind;
+  VRB_LZ(&m)->gen = gen;
+  VRB_LZ(&m)->nqps = nq;
+  VRB_LZ(&m)->mtu = mtu;
+  VRB_LZ(&m)->qpn = 0x11 + (uint32_t)random() % 1000;
+  VRB_LZ(&m)->psn = (uint32_t)random() & 0xffffff;
+  memcpy(m.blob, hixl__vc(p->ctx)->gid.raw, 16);
+  m.blob_len = blob_len ? blob_len : (uint32_t)(16 + 4 * (nq > 0 ? nq - 1 : 0));
+  return hixl__send(p, &m, NULL, 0);
+}
+
+/* p's pair is cut off by T: p goes down (T closed it) within the bound. */
+static void expect_cut(hixl_peer_t *p, int up_before, const char *what)
+{
+  for (int i = 0; i < 600 && peers_up(target) >= up_before; i++)
+    usleep(25000);
+  if (peers_up(target) >= up_before)
+    fail_msg("lazy: %s: T still serves the sender", what);
+  print_message("lazy: %s: T cut the sender off\n", what);
+  (void)p;
+}
+
+/* A put of 256 bytes at CONTROL_OFF + 256 * k through p that must land. */
+static void lazy_put(hixl_peer_t *p, hixl_rmr_t *r, int k, const char *what)
+{
+  uint8_t io[256];
+  memset(io, 0x50 + k, sizeof(io));
+  assert_int_equal(hixl_put(p, io, sizeof(io), r, CONTROL_OFF + 256u * (unsigned)k, 0, NULL),
+                   HIXL_OK);
+  if (hixl_fence(p->ctx, p, 30000) != HIXL_OK)
+    fail_msg("lazy: %s: %s", what, hixl_last_error());
+  assert_memory_equal(reg_buf[KV] + CONTROL_OFF + 256u * (unsigned)k, io, sizeof(io));
+}
+
+static void test_lazy_msgs(void **state)
+{
+  (void)state;
+  legit_start();
+  /* Read when AL's verbs is set up, at its first connect. */
+  setenv("HIXL_VERBS_LAZY", "1", 1);
+  hixl_ctx_t *al = mk_ctx(peer_dev);
+  assert_non_null(al);
+  int up0 = peers_up(target);
+  hixl_peer_t *p;
+  hixl_rmr_t *r;
+  assert_int_equal(hixl_connect(al, hixl_ctx_address(target), 10000, &p), HIXL_OK);
+  setenv("HIXL_VERBS_LAZY", "0", 1);
+  assert_int_equal(hixl_rmr_lookup(p, "kv", 10000, &r), HIXL_OK);
+  vrb_peer_t *tv = target_side_of(target, al->id);
+  assert_non_null(tv);
+  assert_true(tv->lazy);
+  assert_null(tv->qps[0]->qp); /* no QP before first use */
+  /* Unasked for: dropped, nothing made, still connected. */
+  assert_int_equal(lazy_send(p, VRB_KIND_QP_READY, 0x1234567, 0, 0, 16), HIXL_OK);
+  assert_int_equal(lazy_send(p, VRB_KIND_QP_ACCEPT, 0x7654321, 1, IBV_MTU_1024, 0), HIXL_OK);
+  usleep(300000);
+  assert_int_equal(peers_up(target), up0 + 1);
+  assert_null(tv->qps[0]->qp);
+  lazy_put(p, r, 0, "first put after unasked-for messages");
+  print_message("lazy: an unasked-for QP_READY and QP_ACCEPT dropped; the first put then made "
+                "the QPs and landed\n");
+  /* QPs it has: a new request is dropped, data still moves. */
+  assert_int_equal(lazy_send(p, VRB_KIND_QP_REQ, 0x999, 1, IBV_MTU_1024, 0), HIXL_OK);
+  usleep(300000);
+  assert_int_equal(peers_up(target), up0 + 1);
+  lazy_put(p, r, 1, "a put after a QP_REQ for QPs it has");
+  print_message("lazy: a QP_REQ for QPs the pair has dropped; data still moves\n");
+  hixl_rmr_release(r);
+  hixl_disconnect(p);
+  for (int i = 0; i < 400 && peers_up(target) > up0; i++)
+    usleep(25000);
+  /* Malformed: each cuts the sender off (a fresh lazy pair each time). */
+  struct {
+    const char *what;
+    uint32_t kind;
+    uint64_t gen, nq, mtu;
+    uint32_t blob;
+  } bad[] = {
+      {"QP_REQ with 2 QPs on a 1-QP pair", VRB_KIND_QP_REQ, 5, 2, IBV_MTU_1024, 0},
+      {"QP_REQ with 20 QPs", VRB_KIND_QP_REQ, 5, 20, IBV_MTU_1024, 0},
+      {"QP_REQ with a short blob", VRB_KIND_QP_REQ, 5, 1, IBV_MTU_1024, 8},
+      {"QP_REQ with MTU 9", VRB_KIND_QP_REQ, 5, 1, 9, 0},
+      {"QP_REQ without a generation", VRB_KIND_QP_REQ, 0, 1, IBV_MTU_1024, 0},
+      {"QP_ACCEPT with 3 QPs", VRB_KIND_QP_ACCEPT, 5, 3, IBV_MTU_1024, 0},
+  };
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    up0 = peers_up(target);
+    assert_int_equal(hixl_connect(al, hixl_ctx_address(target), 10000, &p), HIXL_OK);
+    assert_int_equal(lazy_send(p, bad[i].kind, bad[i].gen, bad[i].nq, bad[i].mtu, bad[i].blob),
+                     HIXL_OK);
+    expect_cut(p, up0 + 1, bad[i].what);
+    hixl_disconnect(p);
+  }
+  /* A QP message on a pair whose QPs the handshake made. */
+  up0 = peers_up(target);
+  assert_int_equal(hixl_connect(att, hixl_ctx_address(target), 10000, &p), HIXL_OK);
+  assert_int_equal(lazy_send(p, VRB_KIND_QP_REQ, 5, 1, IBV_MTU_1024, 0), HIXL_OK);
+  expect_cut(p, up0 + 1, "QP_REQ on a pair made in its handshake");
+  hixl_disconnect(p);
+  hixl_ctx_destroy(al);
+  check_intact("lazy");
+  legit_finish("lazy");
+}
+
 int main(int argc, char **argv)
 {
   /* The cases (tests/common/cases.h): --list prints them; none or "all"
@@ -1026,12 +1153,17 @@ int main(int argc, char **argv)
       {"pd", test_foreign_pd, NULL, NULL, NULL},
       {"unbound", test_unbound_qp, NULL, NULL, NULL},
       {"forged", test_forged_keys, NULL, NULL, NULL},
+      {"lazy", test_lazy_msgs, NULL, NULL, NULL},
   };
   cases_options(CASES(all), argc, argv);
   const char *which = argc > 1 && strcmp(argv[1], "all") != 0 ? argv[1] : NULL;
   if (which && cases_find(CASES(all), which) < 0)
     return 2;
   signal(SIGPIPE, SIG_IGN);
+  /* These attackers aim at the QPs a handshake made (they read the target's
+   * QP numbers and PSNs right after it): QPs made at connect, whatever the
+   * default.  Lazy pairs' own messages are hostile/verbs_lazy's. */
+  setenv("HIXL_VERBS_LAZY", "0", 1);
   srandom((unsigned)time(NULL) ^ (unsigned)getpid());
   /* The cases look at each context's verbs state (its NIC MRs, QPs, the
    * rdmacm listener) before any peer connects to some of them: set verbs

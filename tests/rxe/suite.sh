@@ -22,7 +22,7 @@ for c in "$@"; do
   esac
 done
 if [ $# -eq 0 ]; then
-  cases="put_get batch notif_order faa cas_lock fence connect_churn remap flood sleep bounce_shared qp_budget memlock"
+  cases="put_get batch notif_order faa cas_lock fence connect_churn remap flood sleep bounce_shared qp_budget qp_lazy memlock"
   hostile="control-slowloris control-cap control-emfile verbs_data"
   doctor=1
 fi
@@ -86,6 +86,12 @@ if [ $# -eq 0 ]; then
   for c in batch notif_order flood bounce_shared; do
     run "$c+4qps" env HIXL_VERBS_QPS=4 "$build/tests/conformance" verbs "$c"
   done
+  # QPs made in the handshake (HIXL_VERBS_LAZY=0; the default makes them
+  # on first use, docs/scale.md "Lazy QPs").
+  for c in put_get batch notif_order faa fence flood; do
+    run "$c+eager" env HIXL_VERBS_LAZY=0 "$build/tests/conformance" verbs "$c"
+  done
+  run "batch+eager+4qps" env HIXL_VERBS_LAZY=0 HIXL_VERBS_QPS=4 "$build/tests/conformance" verbs batch
   # QPs connected by librdmacm instead of in-band (one QP, then four).
   for c in put_get connect_churn; do
     run "$c+rdmacm" env HIXL_VERBS_CM=rdmacm "$build/tests/conformance" verbs "$c"
