@@ -235,7 +235,6 @@ static hixl_status_t connect_to(vrb_ctx_t *vc, vrb_peer_t *vp, const struct vrb_
  * to its, QP_ACCEPT back; or a refusal that says why. */
 static void accept_req(vrb_ctx_t *vc, vrb_peer_t *vp, const struct vrb_in *in, bool have)
 {
-  bool wanted = atomic_load(&vp->qs) == VQ_WANT || have;
   hixl_status_t st = have ? HIXL_OK : hixl__vrb_qps_make(vp);
   if (st == HIXL_OK)
     st = connect_to(vc, vp, in);
@@ -249,13 +248,10 @@ static void accept_req(vrb_ctx_t *vc, vrb_peer_t *vp, const struct vrb_in *in, b
       hixl_info("verbs: cannot make QPs for %s: %s", vp->peer->name, why);
     else
       hixl_warn("verbs: cannot make QPs for %s: %s", vp->peer->name, why);
+    /* Ops of ours may be queued (we wanted QPs too, or an op came while
+     * these were being made): they fail with the same reason. */
+    give_up(vp, st);
     lz_send(vc, vp, VRB_KIND_QP_ACCEPT, st, why);
-    if (wanted)
-      give_up(vp, st);
-    else {
-      hixl__vrb_qps_unmake(vp);
-      set_qs(vp, VQ_NONE);
-    }
     return;
   }
   lz_send(vc, vp, VRB_KIND_QP_ACCEPT, HIXL_OK, NULL);
