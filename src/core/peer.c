@@ -106,10 +106,12 @@ void hixl__outq_clear(hixl_peer_t *p)
 
 void hixl__peer_free(hixl_peer_t *p)
 {
-  hixl__outq_clear(p);
-  hixl__tls_free(p->tls);
+  /* The transport first: a thread of its own may still be sending to p
+   * (verbs' QP set-up thread) until peer_close returns. */
   if (p->ops)
     p->ops->peer_close(p);
+  hixl__outq_clear(p);
+  hixl__tls_free(p->tls);
   for (int i = 0; i < p->n_rx_fds; i++)
     close(p->rx_fds[i]);
   if (p->fd >= 0)

@@ -31,9 +31,9 @@
  * from the set-up thread, outside every lock of the core and outside
  * work_lock: a QP made slowly (a fresh CQ, a slow device) holds up
  * neither the control thread -- its heartbeats, other peers' messages --
- * nor ctx->lock.  peer_close waits for the thread's pass to end before it
- * frees a peer (vc->in_turns); the thread takes no core lock, so that
- * wait is short.
+ * nor ctx->lock.  peer_close waits for the thread's turn on that peer
+ * (vc->busy_vp) to end before it frees it; the thread takes no core lock
+ * and a turn is one peer's, so that wait is short.
  *
  * Every field of the three messages is the peer's word: QP counts, blob
  * lengths, MTUs and generations are checked; a message in a state that
@@ -51,9 +51,22 @@
 static void *worker_main(void *arg);
 
 /* vp needs the set-up thread (vc->work_lock held): queued, and the thread
- * started (the first time) or woken. */
-static void work_add_locked(vrb_ctx_t *vc, vrb_peer_t *vp)
+ * started (the first time) or woken; fresh: it has new work (else it waits
+ * for the other side, and is looked at again at the next pass).  false: there is no thread (it
+ * could not be started, or the context is going), vp is not queued. */
+static bool work_add_locked(vrb_ctx_t *vc, vrb_peer_t *vp, bool fresh)
 {
+  if (!vc->worker_on && !vc->worker_stop) {
+    /* Every signal blocked: a library thread takes none of the
+     * application's (as the control thread). */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    vc->worker_on = pthread_create(&vc->worker, NULL, worker_main, vp->peer->ctx) == 0;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+  }
+  if (!vc->worker_on || vc->worker_stop)
+    return false;
   if (!vp->on_work) {
     vp->on_work = true;
     vp->work_next = NULL;
@@ -63,18 +76,24 @@ static void work_add_locked(vrb_ctx_t *vc, vrb_peer_t *vp)
       vc->work_head = vp;
     vc->work_tail = vp;
   }
-  if (!vc->worker_on && !vc->worker_stop) {
-    /* Every signal blocked: a library thread takes none of the
-     * application's (as the control thread). */
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    vc->worker_on = pthread_create(&vc->worker, NULL, worker_main, vp->peer->ctx) == 0;
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (!vc->worker_on)
-      hixl_warn("verbs: cannot start the QP set-up thread: QPs are not made on first use");
-  }
+  if (fresh)
+    vp->pass = 0; /* new work: taken in the thread's current pass */
   pthread_cond_signal(&vc->work_cond);
+  return true;
+}
+
+/* Unlink vp from the work list (vc->work_lock held, vp on it). */
+static void work_unlink_locked(vrb_ctx_t *vc, vrb_peer_t *vp)
+{
+  vrb_peer_t **pp = &vc->work_head, *prev = NULL;
+  while (*pp != vp) {
+    prev = *pp;
+    pp = &(*pp)->work_next;
+  }
+  *pp = vp->work_next;
+  if (vc->work_tail == vp)
+    vc->work_tail = prev;
+  vp->on_work = false;
 }
 
 void hixl__vrb_want(vrb_peer_t *vp)
@@ -84,29 +103,27 @@ void hixl__vrb_want(vrb_peer_t *vp)
     return; /* a set-up is under way, or done */
   vrb_ctx_t *vc = hixl__vc(vp->peer->ctx);
   pthread_mutex_lock(&vc->work_lock);
-  work_add_locked(vc, vp);
+  bool queued = work_add_locked(vc, vp, true);
   pthread_mutex_unlock(&vc->work_lock);
+  if (!queued) { /* nobody would make the QPs: what waits fails now */
+    hixl_status_t st =
+        hixl__err(HIXL_ERR_NOMEM, "verbs: no thread to make the QPs for %s", vp->peer->name);
+    hixl__peer_op_why(vp->peer, st, hixl_last_error());
+    atomic_store(&vp->qs, VQ_NONE);
+    hixl__vrb_fail_queued(vp, st);
+  }
 }
 
 void hixl__vrb_lazy_forget(vrb_peer_t *vp)
 {
   vrb_ctx_t *vc = hixl__vc(vp->peer->ctx);
   pthread_mutex_lock(&vc->work_lock);
-  /* A pass of the set-up thread holds vp, or a list vp may be on: wait
-   * it out (the thread takes no lock of the core). */
-  while (vc->in_turns)
+  /* The set-up thread's turn on vp: wait it out (the thread takes no lock
+   * of the core, and a turn is one peer's). */
+  while (vc->busy_vp == vp)
     pthread_cond_wait(&vc->turn_cond, &vc->work_lock);
-  if (vp->on_work) {
-    vrb_peer_t **pp = &vc->work_head, *prev = NULL;
-    while (*pp != vp) {
-      prev = *pp;
-      pp = &(*pp)->work_next;
-    }
-    *pp = vp->work_next;
-    if (vc->work_tail == vp)
-      vc->work_tail = prev;
-    vp->on_work = false;
-  }
+  if (vp->on_work)
+    work_unlink_locked(vc, vp);
   vp->n_in = 0;
   pthread_mutex_unlock(&vc->work_lock);
 }
@@ -184,7 +201,8 @@ static void lz_serve(hixl_peer_t *peer, const hixl_msg_t *m, hixl_msg_t *out, in
   }
   if (v->status)
     snprintf(in->why, sizeof(in->why), "%.*s", (int)sizeof(m->str[0]), m->str[0]);
-  work_add_locked(vc, vp);
+  if (!work_add_locked(vc, vp, true))
+    vp->n_in--; /* no thread (the context is going): dropped */
   pthread_mutex_unlock(&vc->work_lock);
 }
 
@@ -208,13 +226,22 @@ static void give_up(vrb_peer_t *vp, hixl_status_t st)
 {
   hixl__peer_op_why(vp->peer, st, hixl_last_error()); /* for the failed requests' message */
   hixl__vrb_qps_unmake(vp);
-  /* NONE before the queue is failed: an op queued after this asks again. */
+  /* NONE before the queue is failed, so that no op is left queued with
+   * nobody to ask for QPs: one queued in between starts a new set-up (and
+   * is failed here all the same; the new set-up then has nothing to post). */
   set_qs(vp, VQ_NONE);
   hixl__vrb_fail_queued(vp, st);
 }
 
 static void all_ready(vrb_peer_t *vp)
 {
+  if (atomic_load(&vp->peer->state) != HIXL_PEER_UP) {
+    /* Lost while its QPs were made (vrb_peer_lost may have run before
+     * they were there to move to ERROR): post nothing on them. */
+    hixl__vrb_fail_queued(vp, HIXL_ERR_PEER_LOST);
+    return;
+  }
+  hixl__peer_op_why(vp->peer, HIXL_OK, ""); /* an earlier refusal's reason is stale */
   set_qs(vp, VQ_READY);
   for (int i = 0; i < vp->nq; i++)
     hixl__vrb_qp_ready(vp->qps[i]);
@@ -282,7 +309,15 @@ static void on_msg(vrb_ctx_t *vc, vrb_peer_t *vp, const struct vrb_in *in)
         return; /* ours: it accepts it */
       accept_req(vc, vp, in, true);
     } else if (qs == VQ_ACCEPTED && in->gen != vp->gen) {
-      /* It gave up on the request we accepted and asks again. */
+      /* It gave up on the request we accepted and asks again: a peer
+       * does so after its deadline, so once per half of it at most (a
+       * peer asking faster would only have us make and destroy QPs). */
+      int64_t now = hixl__now_ns();
+      if (now - vp->reaccept_ns < (int64_t)hixl__issue_wait_ms(peer->ctx) * 500000) {
+        hixl_debug("verbs: %s asks for QPs again too soon: dropped", peer->name);
+        return;
+      }
+      vp->reaccept_ns = now;
       hixl__vrb_qps_unmake(vp);
       set_qs(vp, VQ_NONE);
       accept_req(vc, vp, in, false);
@@ -316,16 +351,34 @@ static void on_msg(vrb_ctx_t *vc, vrb_peer_t *vp, const struct vrb_in *in)
   }
 }
 
-/* One peer's turn (vc->work_lock not held: vc->in_turns keeps vp) with
+/* One peer's turn (vc->work_lock not held: vc->busy_vp keeps vp) with
  * the messages that were waiting; true: keep it on the list. */
 static bool step(hixl_ctx_t *ctx, vrb_ctx_t *vc, vrb_peer_t *vp, const struct vrb_in *in, int n_in,
                  int64_t now)
 {
-  if (atomic_load(&vp->peer->state) != HIXL_PEER_UP)
-    return false; /* peer_close takes down what was made */
+  if (atomic_load(&vp->peer->state) != HIXL_PEER_UP) {
+    /* Never posted, so no flush fails them; peer_close takes down the
+     * QPs. */
+    hixl__vrb_fail_queued(vp, HIXL_ERR_PEER_LOST);
+    return false;
+  }
+  /* The deadline before the messages: an answer that comes after it is
+   * not taken (the other side may have given up as well).  The acceptor
+   * waits half as long again as the requester, so that a requester that
+   * timed out finds the acceptor still there to take its next request. */
+  int qs = atomic_load(&vp->qs);
+  int64_t ms = hixl__issue_wait_ms(ctx);
+  if (qs == VQ_ACCEPTED)
+    ms += ms / 2;
+  if ((qs == VQ_REQ_SENT || qs == VQ_ACCEPTED) && now - vp->since_ns >= ms * 1000000) {
+    give_up(vp, hixl__err(HIXL_ERR_TIMEOUT,
+                          "verbs: %s did not finish setting up our QPs within %lld ms (%s)",
+                          vp->peer->name, (long long)ms,
+                          qs == VQ_REQ_SENT ? "no answer to our request" : "no ready"));
+  }
   for (int i = 0; i < n_in; i++)
     on_msg(vc, vp, &in[i]);
-  int qs = atomic_load(&vp->qs);
+  qs = atomic_load(&vp->qs);
   if (qs == VQ_WANT) {
     hixl_status_t st = hixl__vrb_qps_make(vp);
     if (st != HIXL_OK) {
@@ -338,63 +391,51 @@ static bool step(hixl_ctx_t *ctx, vrb_ctx_t *vc, vrb_peer_t *vp, const struct vr
     lz_send(vc, vp, VRB_KIND_QP_REQ, HIXL_OK, NULL);
     return true;
   }
-  if (qs == VQ_REQ_SENT || qs == VQ_ACCEPTED) {
-    int ms = hixl__issue_wait_ms(ctx);
-    if (now - vp->since_ns < (int64_t)ms * 1000000)
-      return true; /* looked at again at the next tick */
-    give_up(vp, hixl__err(HIXL_ERR_TIMEOUT,
-                          "verbs: %s did not finish setting up our QPs within %d ms (%s)",
-                          vp->peer->name, ms,
-                          qs == VQ_REQ_SENT ? "no answer to our request" : "no ready"));
-  }
-  return false;
+  return qs == VQ_REQ_SENT || qs == VQ_ACCEPTED; /* looked at again within 50 ms */
 }
 
-/* The set-up thread: every peer on the list gets its turn; a peer whose
- * set-up waits for the other side stays on it, looked at again within
- * 50 ms (its deadline).  Asleep while the list is empty. */
+/* The set-up thread: one peer's turn at a time, oldest first.  A peer
+ * whose set-up waits for the other side goes back on the list, marked
+ * with this pass: when only such peers are left the thread sleeps 50 ms
+ * (their deadlines), or until a new peer or message comes. */
 static void *worker_main(void *arg)
 {
   hixl_ctx_t *ctx = arg;
   vrb_ctx_t *vc = hixl__vc(ctx);
+  uint64_t pass = 1;
   pthread_mutex_lock(&vc->work_lock);
   while (!vc->worker_stop) {
-    vrb_peer_t *list = vc->work_head;
-    vc->work_head = vc->work_tail = NULL;
-    int64_t now = hixl__now_ns();
-    bool waiting = false;
-    while (list) {
-      vrb_peer_t *vp = list;
-      list = vp->work_next;
-      vp->on_work = false;
-      /* Its turn runs without work_lock (so serve, under ctx->lock, never
-       * waits for an ibverbs call), on the messages taken now.  in_turns
-       * keeps peer_close from freeing it, or any peer of the rest of the
-       * list (this thread's alone now), until the pass ends. */
-      struct vrb_in in[sizeof(vp->in) / sizeof(vp->in[0])];
-      int n_in = vp->n_in;
-      memcpy(in, vp->in, sizeof(in[0]) * (size_t)n_in);
-      vp->n_in = 0;
-      vc->in_turns = true;
-      pthread_mutex_unlock(&vc->work_lock);
-      bool again = step(ctx, vc, vp, in, n_in, now);
-      pthread_mutex_lock(&vc->work_lock);
-      if (again) {
-        work_add_locked(vc, vp);
-        waiting = true;
+    vrb_peer_t *vp = vc->work_head;
+    while (vp && vp->pass == pass)
+      vp = vp->work_next;
+    if (vp == NULL) { /* nothing new this pass */
+      if (vc->work_head) {
+        int64_t until = hixl__now_ns() + 50 * 1000000LL;
+        struct timespec ts = {.tv_sec = until / 1000000000, .tv_nsec = until % 1000000000};
+        pthread_cond_timedwait(&vc->work_cond, &vc->work_lock, &ts);
+      } else {
+        pthread_cond_wait(&vc->work_cond, &vc->work_lock);
       }
+      pass++;
+      continue;
     }
-    vc->in_turns = false;
-    pthread_cond_broadcast(&vc->turn_cond); /* peer_close waits for a turn to end */
-    if (vc->work_head && !waiting)
-      continue; /* queued during the turns: at once */
-    if (waiting) {
-      int64_t until = hixl__now_ns() + 50 * 1000000LL;
-      struct timespec ts = {.tv_sec = until / 1000000000, .tv_nsec = until % 1000000000};
-      pthread_cond_timedwait(&vc->work_cond, &vc->work_lock, &ts);
-    } else {
-      pthread_cond_wait(&vc->work_cond, &vc->work_lock);
-    }
+    work_unlink_locked(vc, vp);
+    vp->pass = pass;
+    /* Its turn runs without work_lock (serve, under ctx->lock, never waits
+     * for an ibverbs call) on the messages taken now; busy_vp keeps
+     * peer_close from freeing vp meanwhile. */
+    struct vrb_in in[sizeof(vp->in) / sizeof(vp->in[0])];
+    int n_in = vp->n_in;
+    memcpy(in, vp->in, sizeof(in[0]) * (size_t)n_in);
+    vp->n_in = 0;
+    vc->busy_vp = vp;
+    pthread_mutex_unlock(&vc->work_lock);
+    bool again = step(ctx, vc, vp, in, n_in, hixl__now_ns());
+    pthread_mutex_lock(&vc->work_lock);
+    vc->busy_vp = NULL;
+    pthread_cond_broadcast(&vc->turn_cond);
+    if (again || vp->n_in > 0) /* waiting, or messages came during the turn */
+      work_add_locked(vc, vp, vp->n_in > 0);
   }
   pthread_mutex_unlock(&vc->work_lock);
   return NULL;

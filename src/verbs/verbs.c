@@ -542,24 +542,29 @@ static bool vrb_usable(hixl_ctx_t *ctx, const hixl_msg_t *hello)
   return VC(ctx) != NULL;
 }
 
-/* Destroy vp's QPs (rdmacm's ids too); nothing is posted on them. */
+/* Destroy vp's QPs (rdmacm's ids too); nothing is posted on them.  Each
+ * QP leaves vp (under vp->lock, where vrb_peer_lost looks) before it is
+ * destroyed. */
 static void qps_destroy(vrb_peer_t *vp)
 {
   for (int i = 0; i < vp->nq; i++) {
     vrb_qp_t *q = vp->qps[i];
+    pthread_mutex_lock(&vp->lock);
+    struct ibv_qp *qp = q->qp;
+    q->qp = NULL;
+    q->ready = false;
+    pthread_mutex_unlock(&vp->lock);
 #ifdef HIXL_HAVE_RDMACM
     if (q->cm_id) {
-      if (q->qp)
+      if (qp)
         rdma_destroy_qp(q->cm_id);
       rdma_destroy_id(q->cm_id);
       q->cm_id = NULL;
-      q->qp = NULL;
+      qp = NULL;
     }
 #endif
-    if (q->qp)
-      ibv_destroy_qp(q->qp);
-    q->qp = NULL;
-    q->ready = false;
+    if (qp)
+      ibv_destroy_qp(qp);
   }
 }
 
@@ -577,10 +582,15 @@ static void qps_uncount(vrb_peer_t *vp)
   vp->qps_counted = 0;
 }
 
+static void rmap_del(vrb_ctx_t *vc, hixl_peer_t *peer);
+
 static void vp_free(vrb_peer_t *vp)
 {
   if (vp == NULL)
     return;
+  /* Out of the receive map first (a failed connect never reaches
+   * peer_close, and QPNs are reused). */
+  rmap_del(VC(vp->peer->ctx), vp->peer);
   qps_destroy(vp);
   for (int i = 0; i < vp->nq; i++)
     free(vp->qps[i]);
@@ -667,8 +677,6 @@ uint8_t hixl__vrb_ack_timeout(void)
   return (uint8_t)(to && atoi(to) > 0 && atoi(to) < 32 ? atoi(to) : 17);
 }
 
-static void rmap_del(vrb_ctx_t *vc, hixl_peer_t *peer);
-
 /* Count vp's QPs in the budget, find send-CQ room, register its atomic
  * results (once).  Nothing is made for a peer past the budget. */
 static hixl_status_t qps_count(vrb_peer_t *vp)
@@ -715,11 +723,15 @@ hixl_status_t hixl__vrb_qps_make(vrb_peer_t *vp)
     return st;
   for (int i = 0; i < vp->nq && st == HIXL_OK; i++) {
     struct ibv_qp_init_attr qa = hixl__vrb_qp_attr(vc, vp);
-    vp->qps[i]->qp = ibv_create_qp(vc->pd, &qa);
-    if (vp->qps[i]->qp == NULL)
+    struct ibv_qp *qp = ibv_create_qp(vc->pd, &qa);
+    if (qp == NULL) {
       st = hixl__vrb_err(HIXL_ERR_NOMEM, "creating a QP", 0);
-    else
-      hixl__vrb_note_inline(vc, qa.cap.max_inline_data);
+      break;
+    }
+    hixl__vrb_note_inline(vc, qa.cap.max_inline_data);
+    pthread_mutex_lock(&vp->lock); /* where vrb_peer_lost looks */
+    vp->qps[i]->qp = qp;
+    pthread_mutex_unlock(&vp->lock);
   }
   vp->psn = (uint32_t)hixl__random64() & 0xffffff;
   if (st == HIXL_OK && !hixl__vrb_rmap_add(vc, vp->qps[0]->qp->qp_num, vp->peer))
@@ -1055,11 +1067,20 @@ static void vrb_accept(hixl_peer_t *peer, const hixl_msg_t *m, int *fds, int nfd
 static void vrb_peer_lost(hixl_peer_t *peer)
 {
   vrb_peer_t *vp = peer->tp;
-  for (int i = 0; vp && i < vp->nq; i++) {
+  if (vp == NULL)
+    return;
+  /* Under vp->lock: the QP set-up thread makes and destroys QPs meanwhile
+   * (lazy.c), and sets them there. */
+  pthread_mutex_lock(&vp->lock);
+  for (int i = 0; i < vp->nq; i++) {
     struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
     if (vp->qps[i]->qp)
       ibv_modify_qp(vp->qps[i]->qp, &a, IBV_QP_STATE);
   }
+  pthread_mutex_unlock(&vp->lock);
+  /* What waits in the software queues was never posted, so no flush will
+   * fail it (a lazy pair's QPs may not even exist): now. */
+  hixl__vrb_fail_queued(vp, HIXL_ERR_PEER_LOST);
 }
 
 static void vrb_peer_close(hixl_peer_t *peer)

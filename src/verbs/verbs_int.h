@@ -164,7 +164,7 @@ typedef struct vrb_ctx {
   pthread_cond_t work_cond, turn_cond;
   pthread_t worker;
   bool worker_on, worker_stop;
-  bool in_turns; /* a pass over a taken list is running (turn_cond: it ended) */
+  vrb_peer_t *busy_vp; /* the peer whose turn runs now (turn_cond: it ended) */
   vrb_peer_t *work_head, *work_tail;
   bool lazy;
   /* Receive completions that found a peer's notification ring full: kept
@@ -244,7 +244,9 @@ struct vrb_peer {
    * and in under vc->work_lock; the rest is the set-up thread's. */
   bool lazy;
   _Atomic int qs;
-  bool on_work; /* in vc's work list */
+  bool on_work;        /* in vc's work list */
+  uint64_t pass;       /* the set-up thread's pass that last took it */
+  int64_t reaccept_ns; /* when we last made QPs again for a repeated request */
   vrb_peer_t *work_next;
   uint32_t psn;      /* our QPs' first PSN */
   uint64_t gen;      /* the request the QPs being made belong to */
