@@ -58,7 +58,7 @@ static bool work_add_locked(vrb_ctx_t *vc, vrb_peer_t *vp, bool fresh)
 {
   if (!vc->worker_on && !vc->worker_stop) {
     /* Every signal blocked: a library thread takes none of the
-     * application's (as the control thread). */
+     * application's (as shm's CMA helpers, src/shm/cma.c). */
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
