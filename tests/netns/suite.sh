@@ -43,6 +43,11 @@ done
 # shellcheck disable=SC2317 # called through run ("$@")
 perf_pair() {
   local out=/tmp/netns-perf-server.out
+  # Emptied before the server starts: the loop below must not read an
+  # earlier run's address while the background job has not yet opened
+  # the file (seen on a busy machine: the client went to a dead port and
+  # the wait below hung on a server that never got its client).
+  : >"$out"
   ip netns exec "${hosts[1]}" "$build/tools/hixl-perf" --server >"$out" 2>&1 &
   local spid=$!
   local addr=""
@@ -54,6 +59,7 @@ perf_pair() {
   [ -n "$addr" ] || { kill "$spid"; return 1; }
   "$build/tools/hixl-perf" --client "$addr" "$@"
   local rc=$?
+  [ "$rc" -eq 0 ] || kill "$spid" 2>/dev/null # no client will come for it
   wait "$spid" || rc=1
   return "$rc"
 }
