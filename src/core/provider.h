@@ -223,6 +223,7 @@ enum {
   HIXL_XST_RCACHE_INVALIDATIONS, /* entries dropped: their memory was unmapped */
   HIXL_XST_PINNED_BYTES,         /* memory registered with (pinned by) the device now */
   HIXL_XST_QPS,                  /* queue pairs held now (the verbs budget's count) */
+  HIXL_XST_QPS_RECLAIMED,        /* idle pairs whose queue pairs were taken back for room */
   HIXL_XST_N
 };
 

@@ -133,6 +133,10 @@ static const stat_def_t ctx_defs[] = {
      "RDMA queue pairs this context holds now, the count its QP budget bounds (a pair whose QPs "
      "are made on first use has none before)",
      G},
+    {"qps_reclaimed",
+     "times an idle peer's RDMA queue pairs were taken down to make room under a QP budget "
+     "(this context's or the peer's), least recently used first; made again on their next use",
+     C},
 };
 static const stat_def_t peer_defs[] = {
     HIXL_OPSTATS(HIXL_X)

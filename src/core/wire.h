@@ -30,8 +30,10 @@
  * STATS_REPLY (hixl_peer_remote_stats); HEARTBEAT's u64[0], the stamp a
  * probe carries and its answer echoes (the round trip in the stats).  11:
  * verbs binds may be lazy (TP_BIND u64[4]) and its QP_REQ / QP_ACCEPT /
- * QP_READY (TP_REQ) make the QPs on first use (src/verbs/lazy.c). */
-#define HIXL_WIRE_VERSION 11
+ * QP_READY (TP_REQ) make the QPs on first use (src/verbs/lazy.c).  12:
+ * verbs' QP_WAIT / QP_QUIESCE / QP_RELEASED (TP_REQ) take an idle pair's
+ * QPs back under the QP budget. */
+#define HIXL_WIRE_VERSION 12
 #define HIXL_WIRE_HDR 24
 #define HIXL_WIRE_MAX 4096 /* payload bytes; every message is far smaller */
 #define HIXL_WIRE_STR 256  /* string field capacity, NUL included */

@@ -35,7 +35,38 @@
  * (vc->busy_vp) to end before it frees it; the thread takes no core lock
  * and a turn is one peer's, so that wait is short.
  *
- * Every field of the three messages is the peer's word: QP counts, blob
+ * Reclaim (docs/scale.md, "Reclaiming idle QPs").  A side that needs QPs
+ * past its budget (HIXL_VERBS_MAX_QPS) -- for its own op, or for a peer's
+ * QP_REQ -- takes back the QPs of its least recently used idle pair
+ * instead of failing:
+ *
+ *   R (needs room; the victim pair         O
+ *   has nothing posted or queued)
+ *   stop posting on it; QUIESCING
+ *   QP_QUIESCE {gen} ------------------->  stop posting on it; DRAINING;
+ *                                          wait for what it posted to
+ *                                          complete, take the receive
+ *                                          completions in, QPs down, NONE
+ *   take the receive completions in,  <--  QP_RELEASED {gen}
+ *   QPs down, NONE: room
+ *
+ * A pair that wants QPs meanwhile waits for that room (the requester is
+ * told QP_WAIT and asks again) up to its set-up deadline.  Ops called on a
+ * pair being reclaimed are queued and make new QPs once the old ones are
+ * gone, as on a pair that never had any.  Exactly once, in order: when R
+ * gets QP_RELEASED, every message either side sent on the old QPs was
+ * acknowledged (R had nothing in flight, O waited for its own), so its
+ * receive completion is in the CQ; both take those in before the QPs go,
+ * and the QP map keeps the old number a while for a straggler.  New QPs
+ * carry nothing until both sides are READY again.  A pair whose other side
+ * never answers a QP_QUIESCE within 1.5 x the wait for a peer is lost.
+ * LRU: a pair's last use is the use clock's value at its last op or
+ * notification; the clock moves at each reclaim (no clock read on the fast
+ * path).  The side that reclaims does not see the peer's own RDMA writes
+ * and reads: a pair busy only that way may be picked, and its QPs are then
+ * made again at its next op.
+ *
+ * Every field of these messages is the peer's word: QP counts, blob
  * lengths, MTUs and generations are checked; a message in a state that
  * does not expect it, or for another generation, is dropped; a peer that
  * floods them faster than they are answered is cut off.
@@ -49,6 +80,12 @@
 #include "verbs_int.h"
 
 static void *worker_main(void *arg);
+
+/* Reclaims under way at once, at most (a context short of room for many
+ * pairs at once takes back this many idle ones per round). */
+#define RECLAIM_MAX 16
+/* A QP_WAIT's pause before asking again. */
+#define RETRY_NS (5 * 1000000LL)
 
 /* vp needs the set-up thread (vc->work_lock held): queued, and the thread
  * started (the first time) or woken; fresh: it has new work (else it waits
@@ -96,6 +133,50 @@ static void work_unlink_locked(vrb_ctx_t *vc, vrb_peer_t *vp)
   vp->on_work = false;
 }
 
+/* The LRU list: lazy pairs whose QPs are ready (vc->work_lock held). */
+static void lru_add_locked(vrb_ctx_t *vc, vrb_peer_t *vp)
+{
+  if (vp->on_lru)
+    return;
+  vp->on_lru = true;
+  vp->lru_prev = NULL;
+  vp->lru_next = vc->lru_head;
+  if (vc->lru_head)
+    vc->lru_head->lru_prev = vp;
+  vc->lru_head = vp;
+}
+
+static void lru_del_locked(vrb_ctx_t *vc, vrb_peer_t *vp)
+{
+  if (!vp->on_lru)
+    return;
+  if (vp->lru_prev)
+    vp->lru_prev->lru_next = vp->lru_next;
+  else
+    vc->lru_head = vp->lru_next;
+  if (vp->lru_next)
+    vp->lru_next->lru_prev = vp->lru_prev;
+  vp->on_lru = false;
+}
+
+/* vp is no victim (any more): its reclaim ended, or never began. */
+static void victim_done_locked(vrb_ctx_t *vc, vrb_peer_t *vp)
+{
+  if (vp->victim) {
+    vp->victim = false;
+    vc->n_reclaiming--;
+  }
+}
+
+static void lru_del(vrb_ctx_t *vc, vrb_peer_t *vp, bool victim_done)
+{
+  pthread_mutex_lock(&vc->work_lock);
+  lru_del_locked(vc, vp);
+  if (victim_done)
+    victim_done_locked(vc, vp);
+  pthread_mutex_unlock(&vc->work_lock);
+}
+
 void hixl__vrb_want(vrb_peer_t *vp)
 {
   int none = VQ_NONE;
@@ -124,6 +205,8 @@ void hixl__vrb_lazy_forget(vrb_peer_t *vp)
     pthread_cond_wait(&vc->turn_cond, &vc->work_lock);
   if (vp->on_work)
     work_unlink_locked(vc, vp);
+  lru_del_locked(vc, vp);
+  victim_done_locked(vc, vp);
   vp->n_in = 0;
   pthread_mutex_unlock(&vc->work_lock);
 }
@@ -138,7 +221,7 @@ static void lz_send(vrb_ctx_t *vc, vrb_peer_t *vp, uint32_t kind, hixl_status_t 
   VRB_LZ(&m)->kind = kind;
   VRB_LZ(&m)->gen = vp->gen;
   VRB_LZ(&m)->status = (uint64_t)(-(int64_t)st);
-  if (kind != VRB_KIND_QP_READY && st == HIXL_OK) {
+  if ((kind == VRB_KIND_QP_REQ || kind == VRB_KIND_QP_ACCEPT) && st == HIXL_OK) {
     VRB_LZ(&m)->qpn = vp->qps[0]->qp->qp_num;
     VRB_LZ(&m)->psn = vp->psn;
     VRB_LZ(&m)->mtu = (uint64_t)vc->mtu;
@@ -210,6 +293,9 @@ const hixl_tp_msg_t hixl__vrb_msgs[] = {
     {.kind = VRB_KIND_QP_REQ, .serve = lz_serve},
     {.kind = VRB_KIND_QP_ACCEPT, .serve = lz_serve},
     {.kind = VRB_KIND_QP_READY, .serve = lz_serve},
+    {.kind = VRB_KIND_QP_WAIT, .serve = lz_serve},
+    {.kind = VRB_KIND_QP_QUIESCE, .serve = lz_serve},
+    {.kind = VRB_KIND_QP_RELEASED, .serve = lz_serve},
     {0},
 };
 
@@ -230,7 +316,46 @@ static void give_up(vrb_peer_t *vp, hixl_status_t st)
    * nobody to ask for QPs: one queued in between starts a new set-up (and
    * is failed here all the same; the new set-up then has nothing to post). */
   set_qs(vp, VQ_NONE);
+  vp->room_asked = false;
+  vp->room_since_ns = 0;
+  vp->retry_ns = 0;
   hixl__vrb_fail_queued(vp, st);
+}
+
+/* Room for vp's QPs is being made: a reclaim it asked for is under way, or
+ * one starts now (the least recently used idle pair's, vp->lock of that
+ * pair not needed: its own turn checks that it is idle), or may start
+ * later.  false: no lazy pair holds QPs, so none can be taken back. */
+static bool room_for(vrb_ctx_t *vc, vrb_peer_t *vp)
+{
+  if (!vc->reclaim)
+    return false;
+  pthread_mutex_lock(&vc->work_lock);
+  bool ok = vp->room_asked && vc->n_reclaiming > 0;
+  if (!ok && vc->n_reclaiming < RECLAIM_MAX) {
+    vrb_peer_t *pick = NULL;
+    for (vrb_peer_t *c = vc->lru_head; c; c = c->lru_next)
+      if (c != vp && !c->victim &&
+          (pick == NULL || atomic_load_explicit(&c->last_use, memory_order_relaxed) <
+                               atomic_load_explicit(&pick->last_use, memory_order_relaxed)))
+        pick = c;
+    if (pick) {
+      pick->victim = true;
+      vc->n_reclaiming++;
+      atomic_fetch_add_explicit(&vc->use_clock, 1, memory_order_relaxed);
+      work_add_locked(vc, pick, true); /* its turn starts the reclaim */
+      hixl_debug("verbs: taking back the idle QPs to %s for %s", pick->peer->name, vp->peer->name);
+      ok = vp->room_asked = true;
+    }
+  }
+  /* No victim now: room still comes if a reclaim is under way, or once a
+   * lazy pair that holds QPs (still being set up, or busy) goes idle --
+   * the requester waits for it up to its deadline.  Only QPs of pairs
+   * made in their handshake never come back. */
+  if (!ok)
+    ok = vc->n_reclaiming > 0 || atomic_load(&vc->n_lazy_qps) > 0;
+  pthread_mutex_unlock(&vc->work_lock);
+  return ok;
 }
 
 static void all_ready(vrb_peer_t *vp)
@@ -242,6 +367,14 @@ static void all_ready(vrb_peer_t *vp)
     return;
   }
   hixl__peer_op_why(vp->peer, HIXL_OK, ""); /* an earlier refusal's reason is stale */
+  vrb_ctx_t *vc = hixl__vc(vp->peer->ctx);
+  vp->room_asked = false;
+  vp->room_since_ns = 0;
+  vp->retry_ns = 0;
+  atomic_store(&vp->last_use, atomic_load(&vc->use_clock));
+  pthread_mutex_lock(&vc->work_lock);
+  lru_add_locked(vc, vp);
+  pthread_mutex_unlock(&vc->work_lock);
   set_qs(vp, VQ_READY);
   for (int i = 0; i < vp->nq; i++)
     hixl__vrb_qp_ready(vp->qps[i]);
@@ -266,6 +399,14 @@ static void accept_req(vrb_ctx_t *vc, vrb_peer_t *vp, const struct vrb_in *in, b
   if (st == HIXL_OK)
     st = connect_to(vc, vp, in);
   vp->gen = in->gen;
+  if (st == HIXL_ERR_AGAIN && !have && room_for(vc, vp)) {
+    /* Past the budget, but an idle pair's QPs are coming back: the
+     * requester asks again in a moment.  Our own queued ops (if we wanted
+     * QPs too) wait for the same room. */
+    hixl__vrb_qps_unmake(vp);
+    lz_send(vc, vp, VRB_KIND_QP_WAIT, HIXL_OK, NULL);
+    return;
+  }
   if (st != HIXL_OK) {
     char why[160];
     snprintf(why, sizeof(why), "%s", hixl_last_error());
@@ -293,6 +434,71 @@ static hixl_status_t refused(vrb_peer_t *vp, const struct vrb_in *in)
     st = HIXL_ERR_TRANSPORT;
   return hixl__err(st, "verbs: %s refused our QPs (%s): %s", vp->peer->name, hixl_strerror(st),
                    in->why[0] ? in->why : "no reason given");
+}
+
+/* The pair's QPs are gone from both sides' use (QP_RELEASED came, or we
+ * drained for the other side): the last receive completions in, the QPs
+ * down, room for another pair; what was queued meanwhile asks for new
+ * ones. */
+static void release(vrb_ctx_t *vc, vrb_peer_t *vp)
+{
+  hixl__vrb_recv_drain(vp->peer->ctx);
+  hixl__vrb_qps_unmake(vp);
+  set_qs(vp, VQ_NONE);
+  atomic_fetch_add_explicit(&vc->n_reclaimed, 1, memory_order_relaxed);
+  hixl_debug("verbs: QPs to %s taken back", vp->peer->name);
+  pthread_mutex_lock(&vc->work_lock);
+  lru_del_locked(vc, vp);
+  victim_done_locked(vc, vp);
+  /* Pairs waiting for room look again now, not at the next 50 ms. */
+  for (vrb_peer_t *w = vc->work_head; w; w = w->work_next)
+    w->pass = 0;
+  pthread_cond_signal(&vc->work_cond);
+  pthread_mutex_unlock(&vc->work_lock);
+  bool queued = false;
+  pthread_mutex_lock(&vp->lock);
+  for (int i = 0; i < vp->nq; i++)
+    queued |= vp->qps[i]->n_pend > 0;
+  pthread_mutex_unlock(&vp->lock);
+  if (queued)
+    hixl__vrb_want(vp);
+}
+
+/* vp was picked to give its QPs back: if it is idle (nothing posted or
+ * queued, and no receive buffer held back by a full notification ring,
+ * which could keep the other side's sends from completing), stop posting
+ * and ask the other side to do the same.  Not idle: it stays, counted as
+ * used now (so the next pick is another pair). */
+static void quiesce(vrb_ctx_t *vc, vrb_peer_t *vp)
+{
+  pthread_mutex_lock(&vc->recv_lock);
+  bool held = vc->n_overflow > 0;
+  pthread_mutex_unlock(&vc->recv_lock);
+  if (held || !hixl__vrb_qps_stop(vp, true)) {
+    atomic_store(&vp->last_use, atomic_load(&vc->use_clock));
+    pthread_mutex_lock(&vc->work_lock);
+    victim_done_locked(vc, vp); /* still a candidate, later */
+    pthread_mutex_unlock(&vc->work_lock);
+    vc->hurry = true; /* the pair that wanted room picks another */
+    return;
+  }
+  lru_del(vc, vp, false); /* still a victim: counted until released */
+  set_qs(vp, VQ_QUIESCING);
+  lz_send(vc, vp, VRB_KIND_QP_QUIESCE, HIXL_OK, NULL);
+}
+
+/* DRAINING: once what we posted has completed, our side is done. */
+static void drain_done(vrb_ctx_t *vc, vrb_peer_t *vp)
+{
+  hixl__vrb_progress(vp->peer->ctx);
+  if (hixl__vrb_posted(vp) > 0) {
+    vc->hurry = true;
+    return;
+  }
+  release(vc, vp);
+  /* After release: a QP_REQ for what we queued meanwhile comes from a
+   * later turn, so it reaches the other side behind this. */
+  lz_send(vc, vp, VRB_KIND_QP_RELEASED, HIXL_OK, NULL);
 }
 
 static void on_msg(vrb_ctx_t *vc, vrb_peer_t *vp, const struct vrb_in *in)
@@ -348,6 +554,35 @@ static void on_msg(vrb_ctx_t *vc, vrb_peer_t *vp, const struct vrb_in *in)
     else
       hixl_debug("verbs: a stale QP ready from %s: dropped", peer->name);
     return;
+  case VRB_KIND_QP_WAIT:
+    if (qs == VQ_REQ_SENT && in->gen == vp->gen) {
+      vp->retry_ns = hixl__now_ns() + RETRY_NS; /* our QPs wait, made */
+      vc->hurry = true;
+    } else {
+      hixl_debug("verbs: a stale QP wait from %s: dropped", peer->name);
+    }
+    return;
+  case VRB_KIND_QP_QUIESCE:
+    if (in->gen != vp->gen) {
+      hixl_debug("verbs: a QP quiesce from %s for other QPs: dropped", peer->name);
+    } else if (qs == VQ_READY) {
+      hixl__vrb_qps_stop(vp, false);
+      lru_del(vc, vp, false);
+      set_qs(vp, VQ_DRAINING);
+    } else if (qs == VQ_QUIESCING) {
+      /* Both took the pair back at once: both stopped with nothing in
+       * flight; each answers the other's and goes on its answer. */
+      lz_send(vc, vp, VRB_KIND_QP_RELEASED, HIXL_OK, NULL);
+    } else {
+      hixl_debug("verbs: a QP quiesce from %s with no QPs ready: dropped", peer->name);
+    }
+    return;
+  case VRB_KIND_QP_RELEASED:
+    if (qs == VQ_QUIESCING && in->gen == vp->gen)
+      release(vc, vp);
+    else
+      hixl_debug("verbs: a stale QP release from %s: dropped", peer->name);
+    return;
   }
 }
 
@@ -359,6 +594,7 @@ static bool step(hixl_ctx_t *ctx, vrb_ctx_t *vc, vrb_peer_t *vp, const struct vr
   if (atomic_load(&vp->peer->state) != HIXL_PEER_UP) {
     /* Never posted, so no flush fails them; peer_close takes down the
      * QPs. */
+    lru_del(vc, vp, true);
     hixl__vrb_fail_queued(vp, HIXL_ERR_PEER_LOST);
     return false;
   }
@@ -368,30 +604,73 @@ static bool step(hixl_ctx_t *ctx, vrb_ctx_t *vc, vrb_peer_t *vp, const struct vr
    * timed out finds the acceptor still there to take its next request. */
   int qs = atomic_load(&vp->qs);
   int64_t ms = hixl__issue_wait_ms(ctx);
-  if (qs == VQ_ACCEPTED)
+  if (qs == VQ_ACCEPTED || qs == VQ_QUIESCING)
     ms += ms / 2;
   if ((qs == VQ_REQ_SENT || qs == VQ_ACCEPTED) && now - vp->since_ns >= ms * 1000000) {
     give_up(vp, hixl__err(HIXL_ERR_TIMEOUT,
                           "verbs: %s did not finish setting up our QPs within %lld ms (%s)",
                           vp->peer->name, (long long)ms,
                           qs == VQ_REQ_SENT ? "no answer to our request" : "no ready"));
+  } else if (qs == VQ_QUIESCING && now - vp->since_ns >= ms * 1000000) {
+    /* Its QPs may still post to ours: they stay until the peer is
+     * closed, and the peer is lost. */
+    char why[160];
+    snprintf(why, sizeof(why), "verbs: did not release idle QPs we took back within %lld ms",
+             (long long)ms);
+    lru_del(vc, vp, true);
+    hixl__peer_lost_async(vp->peer, why);
+    return false;
   }
   for (int i = 0; i < n_in; i++)
     on_msg(vc, vp, &in[i]);
   qs = atomic_load(&vp->qs);
+  pthread_mutex_lock(&vc->work_lock);
+  bool victim = vp->victim;
+  pthread_mutex_unlock(&vc->work_lock);
+  if (victim && qs == VQ_READY) {
+    quiesce(vc, vp);
+  } else if (victim && qs != VQ_QUIESCING) {
+    /* Not ready any more (the other side took it back first): no
+     * reclaim of ours; its release makes the room all the same. */
+    pthread_mutex_lock(&vc->work_lock);
+    victim_done_locked(vc, vp);
+    pthread_mutex_unlock(&vc->work_lock);
+  }
+  if (qs == VQ_DRAINING)
+    drain_done(vc, vp);
+  qs = atomic_load(&vp->qs);
   if (qs == VQ_WANT) {
     hixl_status_t st = hixl__vrb_qps_make(vp);
+    if (st == HIXL_ERR_AGAIN) {
+      /* Past our budget: wait (up to the set-up's deadline) for an idle
+       * pair's QPs, if there is one to take back. */
+      if (vp->room_since_ns == 0)
+        vp->room_since_ns = now;
+      if (now - vp->room_since_ns < hixl__issue_wait_ms(ctx) * 1000000LL && room_for(vc, vp))
+        return true;
+    }
     if (st != HIXL_OK) {
       give_up(vp, st);
       return false;
     }
+    vp->room_since_ns = 0;
     vp->gen = hixl__random64() | 1;
     hixl_debug("verbs: asking %s for QPs", vp->peer->name);
     set_qs(vp, VQ_REQ_SENT);
     lz_send(vc, vp, VRB_KIND_QP_REQ, HIXL_OK, NULL);
     return true;
   }
-  return qs == VQ_REQ_SENT || qs == VQ_ACCEPTED; /* looked at again within 50 ms */
+  if (qs == VQ_REQ_SENT && vp->retry_ns) {
+    if (now < vp->retry_ns) {
+      vc->hurry = true;
+    } else { /* a QP_WAIT said ask again: same QPs, a new request */
+      vp->retry_ns = 0;
+      vp->gen = hixl__random64() | 1;
+      lz_send(vc, vp, VRB_KIND_QP_REQ, HIXL_OK, NULL);
+    }
+  }
+  /* looked at again within 50 ms (2 ms when hurried) */
+  return qs == VQ_REQ_SENT || qs == VQ_ACCEPTED || qs == VQ_QUIESCING || qs == VQ_DRAINING;
 }
 
 /* The set-up thread: one peer's turn at a time, oldest first.  A peer
@@ -410,7 +689,8 @@ static void *worker_main(void *arg)
       vp = vp->work_next;
     if (vp == NULL) { /* nothing new this pass */
       if (vc->work_head) {
-        int64_t until = hixl__now_ns() + 50 * 1000000LL;
+        int64_t until = hixl__now_ns() + (vc->hurry ? 2 : 50) * 1000000LL;
+        vc->hurry = false;
         struct timespec ts = {.tv_sec = until / 1000000000, .tv_nsec = until % 1000000000};
         pthread_cond_timedwait(&vc->work_cond, &vc->work_lock, &ts);
       } else {

@@ -336,6 +336,11 @@ static void submit(vrb_qp_t *q, vrb_op_t *ops, size_t n)
 {
   vrb_peer_t *vp = q->vp;
   hixl_ctx_t *ctx = vp->peer->ctx;
+  /* A use of the pair, for the QP reclaim's LRU (lazy.c): two relaxed
+   * accesses, the clock's line written only at reclaims. */
+  atomic_store_explicit(&vp->last_use,
+                        atomic_load_explicit(&hixl__vc(ctx)->use_clock, memory_order_relaxed),
+                        memory_order_relaxed);
   pthread_mutex_lock(&vp->lock);
   size_t i = post_direct(q, ops, n);
   if (i < n) {
@@ -406,6 +411,26 @@ void hixl__vrb_fail_queued(vrb_peer_t *vp, hixl_status_t st)
   for (int i = 0; i < vp->nq; i++)
     fail_queued(vp, vp->qps[i], st);
   pthread_mutex_unlock(&vp->lock);
+}
+
+bool hixl__vrb_qps_stop(vrb_peer_t *vp, bool idle_only)
+{
+  pthread_mutex_lock(&vp->lock);
+  bool stop = !idle_only || atomic_load(&vp->outstanding) == 0;
+  for (int i = 0; i < vp->nq && stop; i++)
+    vp->qps[i]->ready = false;
+  pthread_mutex_unlock(&vp->lock);
+  return stop;
+}
+
+uint32_t hixl__vrb_posted(vrb_peer_t *vp)
+{
+  uint32_t n = 0;
+  pthread_mutex_lock(&vp->lock);
+  for (int i = 0; i < vp->nq; i++)
+    n += vp->qps[i]->head - vp->qps[i]->tail;
+  pthread_mutex_unlock(&vp->lock);
+  return n;
 }
 
 void hixl__vrb_qp_ready(vrb_qp_t *q)

@@ -353,6 +353,16 @@ static hixl_status_t vrb_ctx_init(hixl_ctx_t *ctx)
     lz = 1;
   }
   vc->lazy = lz != 0;
+  /* HIXL_VERBS_RECLAIM: 1 (default) takes an idle lazy pair's QPs back
+   * when the budget is full and another pair needs some; 0 refuses that
+   * pair instead (docs/scale.md, "Reclaiming idle QPs"). */
+  long rc = 1;
+  e = getenv("HIXL_VERBS_RECLAIM");
+  if (e && hixl__parse_int(e, 0, 1, &rc) != 0) {
+    hixl_warn("ignoring HIXL_VERBS_RECLAIM=%s (want 0 or 1)", e);
+    rc = 1;
+  }
+  vc->reclaim = rc != 0;
   hixl_info("verbs: %s gid index %d mtu %d, registration cache %s", vc->name, vc->gid_index,
             128 << vc->mtu, vc->rcache ? "on" : "off");
   return HIXL_OK;
@@ -498,6 +508,7 @@ static void vrb_stats(hixl_ctx_t *ctx, uint64_t xs[HIXL_XST_N])
     pinned += (uint64_t)VRB_SRQ_DEPTH * VRB_RECV_SIZE;
   xs[HIXL_XST_PINNED_BYTES] += pinned;
   xs[HIXL_XST_QPS] += (uint64_t)atomic_load_explicit(&vc->n_qps, memory_order_relaxed);
+  xs[HIXL_XST_QPS_RECLAIMED] += atomic_load_explicit(&vc->n_reclaimed, memory_order_relaxed);
 }
 
 static bool vrb_mr_key(const hixl_mr_t *mr, uint64_t key[2])
@@ -579,10 +590,13 @@ static void qps_uncount(vrb_peer_t *vp)
     vp->cq_reserved = 0;
   }
   atomic_fetch_sub(&vc->n_qps, vp->qps_counted);
+  if (vp->lazy)
+    atomic_fetch_sub(&vc->n_lazy_qps, vp->qps_counted);
   vp->qps_counted = 0;
 }
 
 static void rmap_del(vrb_ctx_t *vc, hixl_peer_t *peer);
+static void rmap_retire(vrb_ctx_t *vc, hixl_peer_t *peer);
 
 static void vp_free(vrb_peer_t *vp)
 {
@@ -684,6 +698,8 @@ static hixl_status_t qps_count(vrb_peer_t *vp)
   vrb_ctx_t *vc = VC(vp->peer->ctx);
   int nq = vp->nq;
   int in_use = atomic_fetch_add(&vc->n_qps, nq);
+  if (vp->lazy)
+    atomic_fetch_add(&vc->n_lazy_qps, nq);
   vp->qps_counted = nq;
   if (in_use + nq > vc->max_qps) {
     qps_uncount(vp);
@@ -743,8 +759,7 @@ hixl_status_t hixl__vrb_qps_make(vrb_peer_t *vp)
 
 void hixl__vrb_qps_unmake(vrb_peer_t *vp)
 {
-  /* Out of the receive map first: no receive completion names it after. */
-  rmap_del(VC(vp->peer->ctx), vp->peer);
+  rmap_retire(VC(vp->peer->ctx), vp->peer);
   qps_destroy(vp);
   qps_uncount(vp);
 }
@@ -897,10 +912,35 @@ static hixl_status_t qps_connect(vrb_ctx_t *vc, vrb_peer_t *vp, const hixl_msg_t
   return st;
 }
 
+/* How long a QP taken down stays in the map (retired): a receive
+ * completion of its last messages may, on some devices, land in the CQ a
+ * little after the sender saw them acknowledged (and told us so over the
+ * control connection).  Far longer than that; far shorter than a device
+ * takes to hand the same QP number out again. */
+#define RMAP_RETIRED_NS (2000 * 1000000LL)
+
+/* Drop entries retired long enough ago (recv_lock held). */
+static void rmap_sweep(vrb_ctx_t *vc, int64_t now)
+{
+  for (size_t i = 0; i < vc->n_rmap;)
+    if (vc->rmap[i].retired_ns && now - vc->rmap[i].retired_ns > RMAP_RETIRED_NS)
+      vc->rmap[i] = vc->rmap[--vc->n_rmap];
+    else
+      i++;
+}
+
 bool hixl__vrb_rmap_add(vrb_ctx_t *vc, uint32_t qpn, hixl_peer_t *peer)
 {
   bool ok = true;
   pthread_mutex_lock(&vc->recv_lock);
+  /* The device gave this number out again: a retired entry of it is
+   * stale now. */
+  for (size_t i = 0; i < vc->n_rmap;)
+    if (vc->rmap[i].qpn == qpn)
+      vc->rmap[i] = vc->rmap[--vc->n_rmap];
+    else
+      i++;
+  rmap_sweep(vc, hixl__now_ns());
   if (vc->n_rmap == vc->cap_rmap) {
     size_t cap = vc->cap_rmap ? vc->cap_rmap * 2 : 16;
     struct vrb_rmap *m = realloc(vc->rmap, cap * sizeof(*m));
@@ -911,11 +951,26 @@ bool hixl__vrb_rmap_add(vrb_ctx_t *vc, uint32_t qpn, hixl_peer_t *peer)
     ok = m != NULL;
   }
   if (ok)
-    vc->rmap[vc->n_rmap++] = (struct vrb_rmap){qpn, peer};
+    vc->rmap[vc->n_rmap++] = (struct vrb_rmap){qpn, peer, 0};
   pthread_mutex_unlock(&vc->recv_lock);
   return ok;
 }
 
+/* The peer's QPs are being taken down, the peer stays: its entries stay
+ * too, retired, for RMAP_RETIRED_NS (a late completion still reaches it). */
+static void rmap_retire(vrb_ctx_t *vc, hixl_peer_t *peer)
+{
+  pthread_mutex_lock(&vc->recv_lock);
+  int64_t now = hixl__now_ns();
+  rmap_sweep(vc, now);
+  for (size_t i = 0; i < vc->n_rmap; i++)
+    if (vc->rmap[i].peer == peer && vc->rmap[i].retired_ns == 0)
+      vc->rmap[i].retired_ns = now;
+  pthread_mutex_unlock(&vc->recv_lock);
+}
+
+/* The peer goes: out of the map, and its kept completions dropped (their
+ * buffers posted again). */
 static void rmap_del(vrb_ctx_t *vc, hixl_peer_t *peer)
 {
   pthread_mutex_lock(&vc->recv_lock);
@@ -924,6 +979,14 @@ static void rmap_del(vrb_ctx_t *vc, hixl_peer_t *peer)
       vc->rmap[i] = vc->rmap[--vc->n_rmap];
     else
       i++;
+  int k = 0;
+  for (int i = 0; i < vc->n_overflow; i++) {
+    if (vc->overflow[i].peer == peer)
+      post_recv(vc, (uint32_t)vc->overflow[i].wc.wr_id);
+    else
+      vc->overflow[k++] = vc->overflow[i];
+  }
+  vc->n_overflow = k;
   pthread_mutex_unlock(&vc->recv_lock);
 }
 
@@ -1167,13 +1230,19 @@ static void vrb_rmr_detach(hixl_rmr_t *r) { (void)r; }
 
 static bool vrb_rmr_live(const hixl_rmr_t *r) { return !atomic_load(&r->gone); }
 
-/* Target side: receive completions -> notifications (control thread). */
-static bool deliver(vrb_ctx_t *vc, const struct ibv_wc *wc)
+/* Target side: receive completions -> notifications.  Whose a completion
+ * is (recv_lock held): the QP map's peer for its QP, or NULL. */
+static hixl_peer_t *wc_peer(vrb_ctx_t *vc, const struct ibv_wc *wc)
 {
-  hixl_peer_t *p = NULL;
-  for (size_t i = 0; i < vc->n_rmap && p == NULL; i++)
+  for (size_t i = 0; i < vc->n_rmap; i++)
     if (vc->rmap[i].qpn == wc->qp_num)
-      p = vc->rmap[i].peer;
+      return vc->rmap[i].peer;
+  return NULL;
+}
+
+/* Into p's notification ring; false: the ring is full (keep it). */
+static bool deliver(vrb_ctx_t *vc, hixl_peer_t *p, const struct ibv_wc *wc)
+{
   if (p == NULL || wc->status != IBV_WC_SUCCESS)
     return true; /* gone, or a flushed receive: nothing to deliver */
   uint32_t imm;
@@ -1190,6 +1259,10 @@ static bool deliver(vrb_ctx_t *vc, const struct ibv_wc *wc)
     imm = le32toh(v32);
     len = le64toh(v64);
   }
+  vrb_peer_t *vp = p->tp;
+  if (vp) /* traffic from it counts as a use of the pair (LRU) */
+    atomic_store_explicit(&vp->last_use, atomic_load_explicit(&vc->use_clock, memory_order_relaxed),
+                          memory_order_relaxed);
   return hixl__inbox_push(p, imm, len);
 }
 
@@ -1254,8 +1327,8 @@ static void recv_poll(hixl_ctx_t *ctx, vrb_ctx_t *vc)
   bool delivered = false;
   /* Older ones first: per peer, order is kept. */
   int k = 0;
-  while (k < vc->n_overflow && deliver(vc, &vc->overflow[k])) {
-    post_recv(vc, (uint32_t)vc->overflow[k].wr_id);
+  while (k < vc->n_overflow && deliver(vc, vc->overflow[k].peer, &vc->overflow[k].wc)) {
+    post_recv(vc, (uint32_t)vc->overflow[k].wc.wr_id);
     k++;
   }
   memmove(vc->overflow, vc->overflow + k, sizeof(vc->overflow[0]) * (size_t)(vc->n_overflow - k));
@@ -1265,14 +1338,23 @@ static void recv_poll(hixl_ctx_t *ctx, vrb_ctx_t *vc)
   while ((n = ibv_poll_cq(vc->rcq, 32, wcs)) > 0) {
     delivered = true;
     for (int i = 0; i < n; i++) {
-      if (vc->n_overflow == 0 && deliver(vc, &wcs[i]))
+      hixl_peer_t *p = wc_peer(vc, &wcs[i]);
+      if (vc->n_overflow == 0 && deliver(vc, p, &wcs[i]))
         post_recv(vc, (uint32_t)wcs[i].wr_id);
-      else if (vc->n_overflow < VRB_SRQ_DEPTH)
-        vc->overflow[vc->n_overflow++] = wcs[i];
+      else if (vc->n_overflow < VRB_SRQ_DEPTH) /* always: the SRQ holds no more */
+        vc->overflow[vc->n_overflow++] = (struct vrb_over){wcs[i], p};
     }
   }
   if (delivered || k > 0)
     hixl__wake_waiters(ctx); /* hixl_notif_wait */
+}
+
+void hixl__vrb_recv_drain(hixl_ctx_t *ctx)
+{
+  vrb_ctx_t *vc = VC(ctx);
+  pthread_mutex_lock(&vc->recv_lock);
+  recv_poll(ctx, vc);
+  pthread_mutex_unlock(&vc->recv_lock);
 }
 
 const hixl_transport_ops_t hixl__verbs_ops = {

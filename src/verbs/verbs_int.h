@@ -45,9 +45,21 @@ typedef HIXL_MSG_VIEW(qpn, psn, mtu, lid, id, nqps, cm, lazy) vrb_qp_msg_t;
  * pair of contexts first needs QPs: QP_REQ (the side that needs them: its
  * QPs, as a bind), QP_ACCEPT (the other side: its QPs, or status != 0 and
  * str[0] why not), QP_READY (the requester's QPs are connected: the
- * acceptor may post).  gen names the request the three belong to; blob as
- * in a bind (the GID, then the QPNs of QPs 1..n-1). */
-enum { VRB_KIND_QP_REQ = 1, VRB_KIND_QP_ACCEPT = 2, VRB_KIND_QP_READY = 3 };
+ * acceptor may post), QP_WAIT (no room now, but an idle pair's QPs are
+ * being reclaimed: ask again in a moment).  And when a side takes an idle
+ * pair's QPs back to make room (LRU under its budget): QP_QUIESCE (we post
+ * no more on them), QP_RELEASED (neither do we, everything we posted has
+ * completed, and ours are gone).  gen names the request or the pair's QPs
+ * the message belongs to; blob as in a bind (the GID, then the QPNs of QPs
+ * 1..n-1). */
+enum {
+  VRB_KIND_QP_REQ = 1,
+  VRB_KIND_QP_ACCEPT = 2,
+  VRB_KIND_QP_READY = 3,
+  VRB_KIND_QP_WAIT = 4,
+  VRB_KIND_QP_QUIESCE = 5,
+  VRB_KIND_QP_RELEASED = 6,
+};
 typedef HIXL_MSG_VIEW(qpn, psn, kind, mtu, lid, nqps, gen, status) vrb_lazy_msg_t;
 #define VRB_LZ(m) HIXL_MSG_AS(vrb_lazy_msg_t, m)
 
@@ -136,6 +148,7 @@ typedef struct vrb_ctx {
   struct vrb_rmap {
     uint32_t qpn;
     hixl_peer_t *peer;
+    int64_t retired_ns; /* 0: live; else its QP was taken down then (see rmap_retire) */
   } * rmap;
   size_t n_rmap, cap_rmap;
   _Atomic uint64_t user_polls; /* bumped by every hixl_notif_poll */
@@ -156,6 +169,7 @@ typedef struct vrb_ctx {
   /* The QP budget (HIXL_VERBS_MAX_QPS): QPs of this context, at most. */
   int max_qps;
   _Atomic int n_qps;
+  _Atomic int n_lazy_qps; /* of those, lazy pairs' (reclaimable once idle) */
   /* Lazy QPs (lazy.c): peers with set-up work for the set-up thread, a
    * FIFO under work_lock (taken under ctx->lock by serve, never the other
    * way round), which work_cond signals; the thread is started with the
@@ -167,10 +181,26 @@ typedef struct vrb_ctx {
   vrb_peer_t *busy_vp; /* the peer whose turn runs now (turn_cond: it ended) */
   vrb_peer_t *work_head, *work_tail;
   bool lazy;
+  /* Reclaim (lazy.c): lazy pairs whose QPs are ready, the candidates
+   * (work_lock); reclaims under way; the use clock (a pair's last_use is
+   * the clock's value at its last use, and the clock moves on at every
+   * reclaim: least recently used to that resolution, with no clock read on
+   * the fast path); pairs reclaimed so far (a figure). */
+  bool reclaim; /* HIXL_VERBS_RECLAIM */
+  vrb_peer_t *lru_head;
+  int n_reclaiming;
+  bool hurry; /* the set-up thread: something to look at again within 2 ms */
+  _Atomic uint64_t use_clock;
+  _Atomic uint64_t n_reclaimed;
   /* Receive completions that found a peer's notification ring full: kept
    * (their buffers not reposted, which throttles senders through RNR) and
-   * retried at the next tick, in order. */
-  struct ibv_wc overflow[VRB_SRQ_DEPTH];
+   * retried at the next tick, in order.  The peer is the one the QP map
+   * named when the completion came, so that one stays deliverable after
+   * its QP is gone (reclaimed); peer_close takes a peer's out. */
+  struct vrb_over {
+    struct ibv_wc wc;
+    hixl_peer_t *peer;
+  } overflow[VRB_SRQ_DEPTH];
   int n_overflow;
 } vrb_ctx_t;
 
@@ -253,6 +283,14 @@ struct vrb_peer {
   uint64_t next_gen; /* our next QP_REQ's */
   int64_t since_ns;  /* when the state last moved (the set-up deadline) */
   int n_in;          /* peer messages waiting for the control thread */
+  /* Reclaim.  last_use: vc->use_clock at the last op or notification;
+   * the rest under work_lock: on the LRU list (QPs ready), picked as a
+   * victim, asked for room for our own QPs; and the set-up thread's own:
+   * when a QP_WAIT said to ask again, since when we wait for room. */
+  _Atomic uint64_t last_use;
+  bool on_lru, victim, room_asked;
+  vrb_peer_t *lru_prev, *lru_next;
+  int64_t retry_ns, room_since_ns;
   struct vrb_in {
     uint32_t kind, qpn[VRB_MAX_QPS], psn, mtu;
     uint64_t lid, gen, status;
@@ -260,7 +298,11 @@ struct vrb_peer {
     char why[160];
   } in[4];
 };
-enum { VQ_NONE, VQ_WANT, VQ_REQ_SENT, VQ_ACCEPTED, VQ_READY };
+/* QUIESCING: we reclaim the pair's QPs (sent QP_QUIESCE, wait for
+ * QP_RELEASED); DRAINING: the other side does, and we wait for what we
+ * posted to complete.  Ops called meanwhile are queued, as before READY,
+ * and make new QPs once the old ones are gone. */
+enum { VQ_NONE, VQ_WANT, VQ_REQ_SENT, VQ_ACCEPTED, VQ_READY, VQ_QUIESCING, VQ_DRAINING };
 
 static inline vrb_ctx_t *hixl__vc(hixl_ctx_t *ctx) { return ctx->tp[HIXL_TP_VERBS]; }
 
@@ -306,12 +348,22 @@ void hixl__vrb_qp_ready(vrb_qp_t *q);
 void hixl__vrb_fail_queued(vrb_peer_t *vp, hixl_status_t st);
 
 /* A peer's QPs: made (counted in the budget, CQ room, atomic results, QPs
- * in RESET, QP 0 in the receive map), and taken down again (none posted). */
+ * in RESET, QP 0 in the receive map), and taken down again (none posted;
+ * the map keeps QP 0's number retired for a while: see rmap_retire). */
 hixl_status_t hixl__vrb_qps_make(vrb_peer_t *vp);
 void hixl__vrb_qps_unmake(vrb_peer_t *vp);
 /* INIT -> RTR -> RTS of vp's QPs against the peer's qpn[] (psn: ours). */
 hixl_status_t hixl__vrb_qps_rts(vrb_ctx_t *vc, vrb_peer_t *vp, const uint32_t *qpn, uint32_t rpsn,
                                 enum ibv_mtu rmtu, uint16_t rlid, const uint8_t rgid[16]);
+
+/* Take every receive completion there is now into the notification rings
+ * (a reclaimed pair's last ones, before its QPs go). */
+void hixl__vrb_recv_drain(hixl_ctx_t *ctx);
+/* Post nothing more on vp's QPs (ops queue, as before they were ready);
+ * idle_only: only if nothing is posted or queued (else false, no change). */
+bool hixl__vrb_qps_stop(vrb_peer_t *vp, bool idle_only);
+/* Posted and not yet retired on vp's QPs (vp->lock NOT held). */
+uint32_t hixl__vrb_posted(vrb_peer_t *vp);
 
 /* The blob of a bind or QP message: our GID, then the QPNs of QPs 1.. */
 void hixl__vrb_local_blob(const vrb_ctx_t *vc, const vrb_peer_t *vp, hixl_msg_t *m);

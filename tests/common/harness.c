@@ -301,6 +301,47 @@ static void check_notifs(target_state_t *ts, unsigned long count, char *resp, si
   snprintf(resp, cap, "ok %lu", count);
 }
 
+/* Collect count notifications from up to 64 peers (qp_lru): imm is
+ * p << 20 | seq, seq 0, 1, 2, ... in order per sender p, each after its
+ * 8 data bytes (seq) at "alloc" + p * 8192 + seq % 1024 * 8; every sender
+ * p always the same peer; then nothing more. */
+static void check_notifs_many(target_state_t *ts, unsigned long count, char *resp, size_t cap)
+{
+  region_t *r = find_region(ts, "alloc");
+  hixl_peer_t *from[64] = {0};
+  uint32_t next[64] = {0};
+  for (unsigned long i = 0; i < count; i++) {
+    hixl_notif_t n;
+    hixl_status_t st = hixl_notif_wait(ts->ctx, &n, 60000);
+    if (st != HIXL_OK) {
+      snprintf(resp, cap, "bad: notification %lu of %lu: %s", i, count, hixl_strerror(st));
+      return;
+    }
+    uint32_t p = n.imm >> 20, seq = n.imm & 0xfffff;
+    if (p >= 64 || n.len != 8 || (from[p] && from[p] != n.peer) || seq != next[p]) {
+      snprintf(resp, cap, "bad: notification %lu: sender %u seq %u (expected %u) len %zu%s", i, p,
+               seq, p < 64 ? next[p] : 0, n.len,
+               p < 64 && from[p] && from[p] != n.peer ? ", another peer" : "");
+      return;
+    }
+    from[p] = n.peer;
+    next[p]++;
+    uint64_t v;
+    memcpy(&v, (uint8_t *)r->addr + p * 8192 + (seq % 1024) * 8, 8);
+    if (v != seq) {
+      snprintf(resp, cap, "bad: data of sender %u seq %u not visible (%llu)", p, seq,
+               (unsigned long long)v);
+      return;
+    }
+  }
+  hixl_notif_t extra;
+  if (hixl_notif_poll(ts->ctx, &extra, 1) != 0) {
+    snprintf(resp, cap, "bad: an extra notification imm %#x", extra.imm);
+    return;
+  }
+  snprintf(resp, cap, "ok %lu", count);
+}
+
 static void target_serve(target_state_t *ts)
 {
   char line[256];
@@ -375,6 +416,17 @@ static void target_serve(target_state_t *ts)
                  r1.ru_nvcsw - r0.ru_nvcsw);
       else
         snprintf(resp, sizeof(resp), "bad: %s", hixl_last_error());
+    } else if (strcmp(cmd, "notifs") == 0 && sscanf(line, "%31s %llu", cmd, &a) == 2) {
+      check_notifs_many(ts, (unsigned long)a, resp, sizeof(resp));
+    } else if (strcmp(cmd, "stat") == 0 && n == 2) {
+      /* One of the target context's figures (hixl_ctx_stats). */
+      hixl_stat_t st[128];
+      size_t ns = sizeof(st) / sizeof(st[0]);
+      snprintf(resp, sizeof(resp), "bad: no figure %s", name);
+      if (hixl_ctx_stats(ts->ctx, NULL, st, &ns) == HIXL_OK)
+        for (size_t i = 0; i < ns && i < sizeof(st) / sizeof(st[0]); i++)
+          if (strcmp(st[i].name, name) == 0)
+            snprintf(resp, sizeof(resp), "ok %llu", (unsigned long long)st[i].value);
     } else if (strcmp(cmd, "ping") == 0) {
       snprintf(resp, sizeof(resp), "ok");
     }

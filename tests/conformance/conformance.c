@@ -825,10 +825,12 @@ static void test_qp_lazy(void **state)
     fail_msg("qp_lazy is a verbs case (HIXL_VERBS_LAZY)");
   setenv("HIXL_VERBS_LAZY", "1", 1);
   setenv("HIXL_VERBS_MAX_QPS", "3", 1); /* the target's (its process takes it now) */
+  setenv("HIXL_VERBS_RECLAIM", "0", 1); /* refuse, never reclaim (qp_lru does) */
   hixl_ctx_t *ctx = test_ctx(0, NULL);
   target_t t;
   target_start(&t, ctx, NULL, 1000);
   unsetenv("HIXL_VERBS_MAX_QPS");
+  unsetenv("HIXL_VERBS_RECLAIM");
   hixl_peer_t *peers[NP];
   hixl_rmr_t *rmrs[NP];
   for (int i = 0; i < NP; i++) {
@@ -898,6 +900,154 @@ static void test_qp_lazy(void **state)
   assert_int_equal(ctx_stat(ctx, "qps"), 0);
   free(src);
   free(dst);
+  target_stop(&t);
+  hixl_ctx_destroy(ctx);
+  unsetenv("HIXL_VERBS_LAZY");
+}
+
+/* One of the target context's figures. */
+static uint64_t target_stat(target_t *t, const char *name)
+{
+  char resp[256];
+  target_send(t, "stat %s", name);
+  if (!target_reply(t, resp, sizeof(resp)) || strncmp(resp, "ok ", 3) != 0)
+    fail_msg("target stat %s: %s", name, resp);
+  return strtoull(resp + 3, NULL, 10);
+}
+
+/* Operations of ctx that failed, whatever the status: an op issued without
+ * a request reports its failure nowhere else. */
+static uint64_t ctx_failures(hixl_ctx_t *ctx)
+{
+  static const char *const names[] = {"errors_nomem",     "errors_timeout", "errors_peer_lost",
+                                      "errors_transport", "errors_again",   "errors_access"};
+  uint64_t n = 0;
+  for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+    n += ctx_stat(ctx, names[i]);
+  return n;
+}
+
+/* qp_lru's traffic: rounds x peers x k notifications (put_imm of 8 bytes,
+ * the target's "notifs" layout), a peer at a time with a fence after each
+ * (the others idle: reclaimable), or all peers interleaved and one fence
+ * for all (together). */
+static void lru_rounds(hixl_ctx_t *ctx, hixl_peer_t **peers, hixl_rmr_t **rmrs, int np,
+                       uint32_t first, int rounds, int k, bool together, uint32_t *seq,
+                       uint64_t *vals)
+{
+  for (int r = 0; r < rounds; r++) {
+    for (int a = 0; a < (together ? k : np); a++) {
+      for (int b = 0; b < (together ? np : k); b++) {
+        int p = together ? b : a;
+        uint32_t s = seq[p]++;
+        uint64_t *v = &vals[(size_t)p * 4096 + s % 4096];
+        *v = s;
+        hixl_status_t st =
+            hixl_put_imm(peers[p], v, 8, rmrs[p], (first + p) * 8192u + (s % 1024) * 8,
+                         (first + p) << 20 | s, 0, NULL);
+        if (st != HIXL_OK)
+          fail_msg("put_imm to peer %u (seq %u): %s", first + p, s, hixl_last_error());
+      }
+      if (!together)
+        EXPECT_OK(hixl_fence(ctx, peers[a], 60000));
+    }
+    if (together)
+      EXPECT_OK(hixl_fence(ctx, NULL, 60000));
+  }
+}
+
+/* Reclaiming idle QPs (HIXL_VERBS_RECLAIM=1, the default; verbs only: run
+ * by tests/rxe).  A target with room for 4 QPs serves 12 peers of ours that
+ * all keep moving data: each time a peer without QPs posts, the target
+ * takes back the QPs of its least recently used idle pair, both sides
+ * drain and take them down, and the new pair is made, without the op
+ * failing.  Notifications stay exactly-once and in order per peer, across
+ * every reclaim (the target checks each one, its data and its sender).
+ * Then a context of ours with room for 4 serves 8 peers: both sides
+ * reclaim. */
+static void test_qp_lru(void **state)
+{
+  (void)state;
+  enum { NP = 12, NS = 8, K = 16 };
+  if (strcmp(g_transport, "verbs") != 0)
+    fail_msg("qp_lru is a verbs case (HIXL_VERBS_RECLAIM)");
+  setenv("HIXL_VERBS_LAZY", "1", 1);
+  setenv("HIXL_VERBS_MAX_QPS", "4", 1); /* the target's (its process takes it now) */
+  hixl_ctx_t *ctx = test_ctx(0, NULL);
+  target_t t;
+  target_start(&t, ctx, NULL, 0);
+  unsetenv("HIXL_VERBS_MAX_QPS");
+  hixl_peer_t *peers[NP], *sp[NS];
+  hixl_rmr_t *rmrs[NP], *srm[NS];
+  uint32_t seq[NP + NS] = {0};
+  uint64_t *vals = xmalloc(sizeof(uint64_t) * 4096 * (NP + NS));
+  for (int i = 0; i < NP; i++) {
+    peers[i] = connect_to(ctx, &t);
+    rmrs[i] = lookup(peers[i], "alloc");
+  }
+  /* A peer at a time (3 rounds), then all together (2 rounds). */
+  assert_int_equal(ctx_failures(ctx), 0);
+  target_send(&t, "notifs %d", NP * K * 5);
+  lru_rounds(ctx, peers, rmrs, NP, 0, 3, K, false, seq, vals);
+  lru_rounds(ctx, peers, rmrs, NP, 0, 2, K, true, seq, vals);
+  char resp[256];
+  if (!target_reply(&t, resp, sizeof(resp)) || strncmp(resp, "ok ", 3) != 0)
+    fail_msg("target: %s (%llu of our operations failed)", resp,
+             (unsigned long long)ctx_failures(ctx));
+  assert_int_equal(ctx_failures(ctx), 0); /* none failed for want of QPs */
+  uint64_t tq = target_stat(&t, "qps"), tr = target_stat(&t, "qps_reclaimed");
+  uint64_t q = ctx_stat(ctx, "qps"), r = ctx_stat(ctx, "qps_reclaimed");
+  printf("# 12 peers, target budget 4: target holds %llu QPs, reclaimed %llu times; we hold %llu, "
+         "released %llu\n",
+         (unsigned long long)tq, (unsigned long long)tr, (unsigned long long)q,
+         (unsigned long long)r);
+  assert_true(tq <= 4);
+  assert_true(tr >= NP - 4); /* the first round alone needs 8 */
+  assert_true(q <= 4);       /* ours went with the target's */
+  assert_true(r >= NP - 4);
+  /* Every byte where it should be (a get makes QPs again where needed). */
+  for (int i = 0; i < NP; i++) {
+    uint64_t back[K];
+    uint32_t s0 = seq[i] - K;
+    EXPECT_OK(
+        hixl_get(peers[i], back, sizeof(back), rmrs[i], i * 8192u + (s0 % 1024) * 8, 0, NULL));
+    EXPECT_OK(hixl_fence(ctx, peers[i], 60000));
+    for (int j = 0; j < K; j++)
+      assert_int_equal(back[j], s0 + (uint32_t)j);
+  }
+  /* Our own budget: 4 QPs for 8 peers (the target still at 4 too). */
+  setenv("HIXL_VERBS_MAX_QPS", "4", 1);
+  hixl_ctx_t *small = test_ctx(0, NULL);
+  unsetenv("HIXL_VERBS_MAX_QPS");
+  for (int i = 0; i < NS; i++) {
+    sp[i] = connect_to(small, &t);
+    srm[i] = lookup(sp[i], "alloc");
+  }
+  target_send(&t, "notifs %d", NS * K * 3);
+  lru_rounds(small, sp, srm, NS, NP, 2, K, false, seq + NP, vals + (size_t)NP * 4096);
+  lru_rounds(small, sp, srm, NS, NP, 1, K, true, seq + NP, vals + (size_t)NP * 4096);
+  if (!target_reply(&t, resp, sizeof(resp)) || strncmp(resp, "ok ", 3) != 0)
+    fail_msg("target: %s (%llu of our operations failed)", resp,
+             (unsigned long long)ctx_failures(small));
+  assert_int_equal(ctx_failures(small), 0);
+  uint64_t sq = ctx_stat(small, "qps"), sr = ctx_stat(small, "qps_reclaimed");
+  printf("# 8 peers, our budget 4: we hold %llu QPs, reclaimed %llu times\n",
+         (unsigned long long)sq, (unsigned long long)sr);
+  assert_true(sq <= 4);
+  assert_true(sr >= NS - 4);
+  assert_true(target_stat(&t, "qps") <= 4);
+  for (int i = 0; i < NS; i++) {
+    hixl_rmr_release(srm[i]);
+    hixl_disconnect(sp[i]);
+  }
+  assert_int_equal(ctx_stat(small, "qps"), 0);
+  hixl_ctx_destroy(small);
+  for (int i = 0; i < NP; i++) {
+    hixl_rmr_release(rmrs[i]);
+    hixl_disconnect(peers[i]);
+  }
+  assert_int_equal(ctx_stat(ctx, "qps"), 0);
+  free(vals);
   target_stop(&t);
   hixl_ctx_destroy(ctx);
   unsetenv("HIXL_VERBS_LAZY");
@@ -1447,9 +1597,10 @@ int main(int argc, char **argv)
       cmocka_unit_test(test_connect_churn), cmocka_unit_test(test_world),
       cmocka_unit_test(test_world_elastic), cmocka_unit_test(test_bounce_shared),
       cmocka_unit_test(test_qp_budget),     cmocka_unit_test(test_qp_lazy),
-      cmocka_unit_test(test_remap),         cmocka_unit_test(test_flood),
-      cmocka_unit_test(test_choice),        cmocka_unit_test(test_sleep),
-      cmocka_unit_test(test_wake_peers),    cmocka_unit_test(test_memlock),
+      cmocka_unit_test(test_qp_lru),        cmocka_unit_test(test_remap),
+      cmocka_unit_test(test_flood),         cmocka_unit_test(test_choice),
+      cmocka_unit_test(test_sleep),         cmocka_unit_test(test_wake_peers),
+      cmocka_unit_test(test_memlock),
   };
   cases_options(CASES(tests), argc, argv);
   if (argc != 3) {

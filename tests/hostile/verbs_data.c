@@ -77,9 +77,13 @@
  *            a QP_READY and a QP_ACCEPT T never asked for (wrong state,
  *            random generation) are dropped, AL stays connected and its
  *            first put then makes the QPs and lands; a QP_REQ for QPs the
- *            pair has is dropped and data still moves; a QP_REQ whose QP
- *            count, blob length or MTU is not the pair's, one without a
- *            generation, and any QP message on a pair whose QPs were made
+ *            pair has is dropped and data still moves; so are a QP_RELEASED
+ *            and a QP_WAIT T never asked for and a QP_QUIESCE for other QPs
+ *            (a stale generation); the right QP_QUIESCE makes T drain and
+ *            take down that pair's QPs -- the forger's own, nothing else --
+ *            and T goes on serving; a QP_REQ whose QP
+ *            count, blob length or MTU is not the pair's, a QP_REQ or
+ *            QP_QUIESCE without a generation, and any QP message on a pair whose QPs were made
  *            in its handshake (A, HIXL_VERBS_LAZY=0) cut the sender off: T
  *            drops it within the liveness bound and keeps serving L.
  *
@@ -1107,6 +1111,27 @@ static void test_lazy_msgs(void **state)
   assert_int_equal(peers_up(target), up0 + 1);
   lazy_put(p, r, 1, "a put after a QP_REQ for QPs it has");
   print_message("lazy: a QP_REQ for QPs the pair has dropped; data still moves\n");
+  /* Reclaim's messages unasked for, or for other QPs: dropped. */
+  assert_int_equal(lazy_send(p, VRB_KIND_QP_RELEASED, tv->gen, 0, 0, 16), HIXL_OK);
+  assert_int_equal(lazy_send(p, VRB_KIND_QP_WAIT, tv->gen, 0, 0, 16), HIXL_OK);
+  assert_int_equal(lazy_send(p, VRB_KIND_QP_QUIESCE, tv->gen ^ 2, 0, 0, 16), HIXL_OK);
+  usleep(300000);
+  assert_int_equal(peers_up(target), up0 + 1);
+  assert_int_equal(atomic_load(&tv->qs), VQ_READY);
+  lazy_put(p, r, 2, "a put after an unasked-for QP_RELEASED, QP_WAIT and a stale QP_QUIESCE");
+  print_message("lazy: an unasked-for QP_RELEASED and QP_WAIT, a QP_QUIESCE for other QPs: "
+                "dropped; data still moves\n");
+  /* The right QP_QUIESCE (AL's library does not know it was sent): T
+   * drains, takes its QPs down and answers -- it costs the forger its own
+   * pair's QPs, nothing else; T still serves everyone. */
+  int qps0 = atomic_load(&hixl__vc(target)->n_qps);
+  assert_int_equal(lazy_send(p, VRB_KIND_QP_QUIESCE, tv->gen, 0, 0, 16), HIXL_OK);
+  for (int i = 0; i < 200 && atomic_load(&tv->qs) != VQ_NONE; i++)
+    usleep(10000);
+  assert_int_equal(atomic_load(&tv->qs), VQ_NONE);
+  assert_int_equal(atomic_load(&hixl__vc(target)->n_qps), qps0 - 1);
+  assert_int_equal(peers_up(target), up0 + 1);
+  print_message("lazy: a forged QP_QUIESCE took down the forger's own pair's QPs only\n");
   hixl_rmr_release(r);
   hixl_disconnect(p);
   for (int i = 0; i < 400 && peers_up(target) > up0; i++)
@@ -1124,6 +1149,7 @@ static void test_lazy_msgs(void **state)
       {"QP_REQ with MTU 9", VRB_KIND_QP_REQ, 5, 1, 9, 0},
       {"QP_REQ without a generation", VRB_KIND_QP_REQ, 0, 1, IBV_MTU_1024, 0},
       {"QP_ACCEPT with 3 QPs", VRB_KIND_QP_ACCEPT, 5, 3, IBV_MTU_1024, 0},
+      {"QP_QUIESCE without a generation", VRB_KIND_QP_QUIESCE, 0, 0, 0, 16},
   };
   for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
     up0 = peers_up(target);
