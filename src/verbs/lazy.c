@@ -50,16 +50,23 @@
  *   take the receive completions in,  <--  QP_RELEASED {gen}
  *   QPs down, NONE: room
  *
- * A pair that wants QPs meanwhile waits for that room (the requester is
- * told QP_WAIT and asks again) up to its set-up deadline.  Ops called on a
- * pair being reclaimed are queued and make new QPs once the old ones are
- * gone, as on a pair that never had any.  Exactly once, in order: when R
+ * A pair that wants QPs meanwhile waits for that room up to its set-up
+ * deadline: ours retries when a reclaim ends; a peer's request is answered
+ * QP_WAIT, and the peer gives its own QPs back meanwhile (two full sides
+ * each holding QPs for the other would wait for each other) and asks again
+ * after a jittered backoff.  Ops called on a pair being reclaimed are
+ * queued and make new QPs once the old ones are gone, as on a pair that
+ * never had any.  Exactly once, in order: when R
  * gets QP_RELEASED, every message either side sent on the old QPs was
  * acknowledged (R had nothing in flight, O waited for its own), so its
  * receive completion is in the CQ; both take those in before the QPs go,
  * and the QP map keeps the old number a while for a straggler.  New QPs
- * carry nothing until both sides are READY again.  A pair whose other side
- * never answers a QP_QUIESCE within 1.5 x the wait for a peer is lost.
+ * carry nothing until both sides are READY again.  A QP_QUIESCE not
+ * answered within 1.5 x the wait for a peer stops counting as a reclaim
+ * under way, but our QPs stay (the peer's may still post to them) until it
+ * answers or is lost: its liveness decides, since a peer whose sends wait
+ * on our full notification ring (RNR) is slow, not dead.  No reclaim
+ * starts while such a ring holds receive buffers back.
  * LRU: a pair's last use is the use clock's value at its last op or
  * notification; the clock moves at each reclaim (no clock read on the fast
  * path).  The side that reclaims does not see the peer's own RDMA writes
@@ -84,8 +91,26 @@ static void *worker_main(void *arg);
 /* Reclaims under way at once, at most (a context short of room for many
  * pairs at once takes back this many idle ones per round). */
 #define RECLAIM_MAX 16
-/* A QP_WAIT's pause before asking again. */
+/* A QP_WAIT's pause before asking again: this, doubled at each further
+ * QP_WAIT of the same set-up up to 16 x, and jittered by +-50% (contexts
+ * full at once must not retry in step). */
 #define RETRY_NS (5 * 1000000LL)
+
+/* The set-up thread looks again at t at the latest (its own fields). */
+static void wake_at(vrb_ctx_t *vc, int64_t t)
+{
+  if (vc->wake_ns == 0 || t < vc->wake_ns)
+    vc->wake_ns = t;
+}
+
+/* The state of the set-up's wait for room, reset (it has QPs, or gave up). */
+static void room_reset(vrb_peer_t *vp)
+{
+  vp->room_epoch = 0;
+  vp->room_since_ns = 0;
+  vp->retry_ns = 0;
+  vp->n_waits = 0;
+}
 
 /* vp needs the set-up thread (vc->work_lock held): queued, and the thread
  * started (the first time) or woken; fresh: it has new work (else it waits
@@ -165,6 +190,7 @@ static void victim_done_locked(vrb_ctx_t *vc, vrb_peer_t *vp)
   if (vp->victim) {
     vp->victim = false;
     vc->n_reclaiming--;
+    vc->reclaim_epoch++; /* who waited on it picks again if still short */
   }
 }
 
@@ -316,9 +342,7 @@ static void give_up(vrb_peer_t *vp, hixl_status_t st)
    * nobody to ask for QPs: one queued in between starts a new set-up (and
    * is failed here all the same; the new set-up then has nothing to post). */
   set_qs(vp, VQ_NONE);
-  vp->room_asked = false;
-  vp->room_since_ns = 0;
-  vp->retry_ns = 0;
+  room_reset(vp);
   hixl__vrb_fail_queued(vp, st);
 }
 
@@ -330,9 +354,16 @@ static bool room_for(vrb_ctx_t *vc, vrb_peer_t *vp)
 {
   if (!vc->reclaim)
     return false;
+  /* A receive buffer held back by a full notification ring may keep a
+   * victim's peer from ever draining (its sends wait on RNR): no new
+   * reclaim until the rings are read. */
+  pthread_mutex_lock(&vc->recv_lock);
+  bool held = vc->n_overflow > 0;
+  pthread_mutex_unlock(&vc->recv_lock);
   pthread_mutex_lock(&vc->work_lock);
-  bool ok = vp->room_asked && vc->n_reclaiming > 0;
-  if (!ok && vc->n_reclaiming < RECLAIM_MAX) {
+  /* Ours is under way while no reclaim has ended since we asked. */
+  bool ok = vp->room_epoch == vc->reclaim_epoch + 1 && vc->n_reclaiming > 0;
+  if (!ok && !held && vc->n_reclaiming < RECLAIM_MAX) {
     vrb_peer_t *pick = NULL;
     for (vrb_peer_t *c = vc->lru_head; c; c = c->lru_next)
       if (c != vp && !c->victim &&
@@ -345,13 +376,14 @@ static bool room_for(vrb_ctx_t *vc, vrb_peer_t *vp)
       atomic_fetch_add_explicit(&vc->use_clock, 1, memory_order_relaxed);
       work_add_locked(vc, pick, true); /* its turn starts the reclaim */
       hixl_debug("verbs: taking back the idle QPs to %s for %s", pick->peer->name, vp->peer->name);
-      ok = vp->room_asked = true;
+      vp->room_epoch = vc->reclaim_epoch + 1;
+      ok = true;
     }
   }
   /* No victim now: room still comes if a reclaim is under way, or once a
-   * lazy pair that holds QPs (still being set up, or busy) goes idle --
-   * the requester waits for it up to its deadline.  Only QPs of pairs
-   * made in their handshake never come back. */
+   * lazy pair that holds QPs (being set up, or busy) goes idle -- the
+   * requester waits for it up to its deadline.  Only QPs of pairs made in
+   * their handshake never come back. */
   if (!ok)
     ok = vc->n_reclaiming > 0 || atomic_load(&vc->n_lazy_qps) > 0;
   pthread_mutex_unlock(&vc->work_lock);
@@ -368,9 +400,7 @@ static void all_ready(vrb_peer_t *vp)
   }
   hixl__peer_op_why(vp->peer, HIXL_OK, ""); /* an earlier refusal's reason is stale */
   vrb_ctx_t *vc = hixl__vc(vp->peer->ctx);
-  vp->room_asked = false;
-  vp->room_since_ns = 0;
-  vp->retry_ns = 0;
+  room_reset(vp);
   atomic_store(&vp->last_use, atomic_load(&vc->use_clock));
   pthread_mutex_lock(&vc->work_lock);
   lru_add_locked(vc, vp);
@@ -444,6 +474,7 @@ static void release(vrb_ctx_t *vc, vrb_peer_t *vp)
 {
   hixl__vrb_recv_drain(vp->peer->ctx);
   hixl__vrb_qps_unmake(vp);
+  vp->victim_late = false;
   set_qs(vp, VQ_NONE);
   atomic_fetch_add_explicit(&vc->n_reclaimed, 1, memory_order_relaxed);
   hixl_debug("verbs: QPs to %s taken back", vp->peer->name);
@@ -475,11 +506,12 @@ static void quiesce(vrb_ctx_t *vc, vrb_peer_t *vp)
   bool held = vc->n_overflow > 0;
   pthread_mutex_unlock(&vc->recv_lock);
   if (held || !hixl__vrb_qps_stop(vp, true)) {
-    atomic_store(&vp->last_use, atomic_load(&vc->use_clock));
+    if (!held) /* busy: counted as used now, so the next pick is another */
+      atomic_store(&vp->last_use, atomic_load(&vc->use_clock));
     pthread_mutex_lock(&vc->work_lock);
     victim_done_locked(vc, vp); /* still a candidate, later */
     pthread_mutex_unlock(&vc->work_lock);
-    vc->hurry = true; /* the pair that wanted room picks another */
+    wake_at(vc, hixl__now_ns() + 2 * 1000000LL); /* the pair that wanted room looks again */
     return;
   }
   lru_del(vc, vp, false); /* still a victim: counted until released */
@@ -492,7 +524,11 @@ static void drain_done(vrb_ctx_t *vc, vrb_peer_t *vp)
 {
   hixl__vrb_progress(vp->peer->ctx);
   if (hixl__vrb_posted(vp) > 0) {
-    vc->hurry = true;
+    /* Soon done, usually; a peer that does not read its notifications
+     * holds our sends on RNR, and then every 50 ms is enough. */
+    int64_t now = hixl__now_ns();
+    if (now - vp->since_ns < 100 * 1000000LL)
+      wake_at(vc, now + 2 * 1000000LL);
     return;
   }
   release(vc, vp);
@@ -556,8 +592,18 @@ static void on_msg(vrb_ctx_t *vc, vrb_peer_t *vp, const struct vrb_in *in)
     return;
   case VRB_KIND_QP_WAIT:
     if (qs == VQ_REQ_SENT && in->gen == vp->gen) {
-      vp->retry_ns = hixl__now_ns() + RETRY_NS; /* our QPs wait, made */
-      vc->hurry = true;
+      /* Our QPs go back to our budget while we wait (two full contexts
+       * each holding QPs for the other would wait for each other), and
+       * the set-up starts again later, jittered. */
+      int64_t now = hixl__now_ns();
+      if (vp->room_since_ns == 0)
+        vp->room_since_ns = vp->since_ns;
+      int shift = vp->n_waits < 4 ? vp->n_waits : 4;
+      vp->n_waits++;
+      int64_t d = RETRY_NS << shift;
+      vp->retry_ns = now + d / 2 + (int64_t)(hixl__random64() % (uint64_t)d);
+      hixl__vrb_qps_unmake(vp);
+      set_qs(vp, VQ_WANT);
     } else {
       hixl_debug("verbs: a stale QP wait from %s: dropped", peer->name);
     }
@@ -611,15 +657,15 @@ static bool step(hixl_ctx_t *ctx, vrb_ctx_t *vc, vrb_peer_t *vp, const struct vr
                           "verbs: %s did not finish setting up our QPs within %lld ms (%s)",
                           vp->peer->name, (long long)ms,
                           qs == VQ_REQ_SENT ? "no answer to our request" : "no ready"));
-  } else if (qs == VQ_QUIESCING && now - vp->since_ns >= ms * 1000000) {
-    /* Its QPs may still post to ours: they stay until the peer is
-     * closed, and the peer is lost. */
-    char why[160];
-    snprintf(why, sizeof(why), "verbs: did not release idle QPs we took back within %lld ms",
-             (long long)ms);
+  } else if (qs == VQ_QUIESCING && !vp->victim_late && now - vp->since_ns >= ms * 1000000) {
+    /* Its QPs may still post to ours, so ours stay until it answers or is
+     * lost (its liveness, not this, decides: a peer whose sends wait on
+     * our full notification ring is slow, not dead).  It no longer counts
+     * as a reclaim under way: others may start meanwhile. */
+    hixl_info("verbs: %s has not released the idle QPs we took back after %lld ms", vp->peer->name,
+              (long long)ms);
+    vp->victim_late = true;
     lru_del(vc, vp, true);
-    hixl__peer_lost_async(vp->peer, why);
-    return false;
   }
   for (int i = 0; i < n_in; i++)
     on_msg(vc, vp, &in[i]);
@@ -640,36 +686,40 @@ static bool step(hixl_ctx_t *ctx, vrb_ctx_t *vc, vrb_peer_t *vp, const struct vr
     drain_done(vc, vp);
   qs = atomic_load(&vp->qs);
   if (qs == VQ_WANT) {
+    int64_t wait_ns = hixl__issue_wait_ms(ctx) * 1000000LL;
+    if (vp->room_since_ns && now - vp->room_since_ns >= wait_ns) {
+      give_up(vp, hixl__err(HIXL_ERR_AGAIN,
+                            "verbs: no room for QPs to %s within %lld ms: %s's QP budget "
+                            "(HIXL_VERBS_MAX_QPS) stayed full, with no idle pair to take back",
+                            vp->peer->name, (long long)(wait_ns / 1000000),
+                            vp->n_waits ? "its" : "our"));
+      return false;
+    }
+    if (vp->retry_ns && now < vp->retry_ns) { /* a QP_WAIT said: later */
+      wake_at(vc, vp->retry_ns);
+      return true;
+    }
+    vp->retry_ns = 0;
     hixl_status_t st = hixl__vrb_qps_make(vp);
     if (st == HIXL_ERR_AGAIN) {
       /* Past our budget: wait (up to the set-up's deadline) for an idle
        * pair's QPs, if there is one to take back. */
       if (vp->room_since_ns == 0)
         vp->room_since_ns = now;
-      if (now - vp->room_since_ns < hixl__issue_wait_ms(ctx) * 1000000LL && room_for(vc, vp))
+      if (room_for(vc, vp))
         return true;
     }
     if (st != HIXL_OK) {
       give_up(vp, st);
       return false;
     }
-    vp->room_since_ns = 0;
     vp->gen = hixl__random64() | 1;
     hixl_debug("verbs: asking %s for QPs", vp->peer->name);
     set_qs(vp, VQ_REQ_SENT);
     lz_send(vc, vp, VRB_KIND_QP_REQ, HIXL_OK, NULL);
     return true;
   }
-  if (qs == VQ_REQ_SENT && vp->retry_ns) {
-    if (now < vp->retry_ns) {
-      vc->hurry = true;
-    } else { /* a QP_WAIT said ask again: same QPs, a new request */
-      vp->retry_ns = 0;
-      vp->gen = hixl__random64() | 1;
-      lz_send(vc, vp, VRB_KIND_QP_REQ, HIXL_OK, NULL);
-    }
-  }
-  /* looked at again within 50 ms (2 ms when hurried) */
+  /* looked at again within 50 ms, or at wake_ns */
   return qs == VQ_REQ_SENT || qs == VQ_ACCEPTED || qs == VQ_QUIESCING || qs == VQ_DRAINING;
 }
 
@@ -689,8 +739,10 @@ static void *worker_main(void *arg)
       vp = vp->work_next;
     if (vp == NULL) { /* nothing new this pass */
       if (vc->work_head) {
-        int64_t until = hixl__now_ns() + (vc->hurry ? 2 : 50) * 1000000LL;
-        vc->hurry = false;
+        int64_t now = hixl__now_ns(), until = now + 50 * 1000000LL;
+        if (vc->wake_ns && vc->wake_ns < until)
+          until = vc->wake_ns > now ? vc->wake_ns : now;
+        vc->wake_ns = 0;
         struct timespec ts = {.tv_sec = until / 1000000000, .tv_nsec = until % 1000000000};
         pthread_cond_timedwait(&vc->work_cond, &vc->work_lock, &ts);
       } else {

@@ -919,6 +919,8 @@ static hixl_status_t qps_connect(vrb_ctx_t *vc, vrb_peer_t *vp, const hixl_msg_t
  * takes to hand the same QP number out again. */
 #define RMAP_RETIRED_NS (2000 * 1000000LL)
 
+static void recv_poll(hixl_ctx_t *ctx, vrb_ctx_t *vc);
+
 /* Drop entries retired long enough ago (recv_lock held). */
 static void rmap_sweep(vrb_ctx_t *vc, int64_t now)
 {
@@ -934,7 +936,14 @@ bool hixl__vrb_rmap_add(vrb_ctx_t *vc, uint32_t qpn, hixl_peer_t *peer)
   bool ok = true;
   pthread_mutex_lock(&vc->recv_lock);
   /* The device gave this number out again: a retired entry of it is
-   * stale now. */
+   * stale now.  Whatever its old QP left in the CQ is taken in first
+   * (rare: a number reused within RMAP_RETIRED_NS), so that it reaches its
+   * own peer and not this one. */
+  bool stale = false;
+  for (size_t i = 0; i < vc->n_rmap; i++)
+    stale |= vc->rmap[i].qpn == qpn;
+  if (stale)
+    recv_poll(peer->ctx, vc);
   for (size_t i = 0; i < vc->n_rmap;)
     if (vc->rmap[i].qpn == qpn)
       vc->rmap[i] = vc->rmap[--vc->n_rmap];
@@ -1165,8 +1174,6 @@ static void vrb_peer_close(hixl_peer_t *peer)
 }
 
 /* ------------------------------------------------------------ event mode */
-
-static void recv_poll(hixl_ctx_t *ctx, vrb_ctx_t *vc);
 
 /* A thread is about to sleep (wait.c): ask for an event at the next send
  * completion and, for a waiter of notifications, at the next receive; the

@@ -189,7 +189,8 @@ typedef struct vrb_ctx {
   bool reclaim; /* HIXL_VERBS_RECLAIM */
   vrb_peer_t *lru_head;
   int n_reclaiming;
-  bool hurry; /* the set-up thread: something to look at again within 2 ms */
+  uint64_t reclaim_epoch; /* bumped as each reclaim ends (taken back or not) */
+  int64_t wake_ns;        /* the set-up thread's: look again by then (0: in 50 ms) */
   _Atomic uint64_t use_clock;
   _Atomic uint64_t n_reclaimed;
   /* Receive completions that found a peer's notification ring full: kept
@@ -284,13 +285,17 @@ struct vrb_peer {
   int64_t since_ns;  /* when the state last moved (the set-up deadline) */
   int n_in;          /* peer messages waiting for the control thread */
   /* Reclaim.  last_use: vc->use_clock at the last op or notification;
-   * the rest under work_lock: on the LRU list (QPs ready), picked as a
-   * victim, asked for room for our own QPs; and the set-up thread's own:
-   * when a QP_WAIT said to ask again, since when we wait for room. */
+   * under work_lock: on the LRU list (QPs ready), picked as a victim; the
+   * set-up thread's own: the reclaim epoch when we asked for room for our
+   * QPs (0: not asked), not to try again before retry_ns, QP_WAITs
+   * answered in this set-up, since when it waits for room (0: it does not). */
   _Atomic uint64_t last_use;
-  bool on_lru, victim, room_asked;
+  bool on_lru, victim;
   vrb_peer_t *lru_prev, *lru_next;
+  uint64_t room_epoch;
   int64_t retry_ns, room_since_ns;
+  int n_waits;
+  bool victim_late; /* QUIESCING past its deadline (no longer counted) */
   struct vrb_in {
     uint32_t kind, qpn[VRB_MAX_QPS], psn, mtu;
     uint64_t lid, gen, status;

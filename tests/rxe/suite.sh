@@ -147,6 +147,9 @@ done
 run "device-dirs+no_rdma" env HIXL_DEVICE=emulated HIXL_DEVICE_RDMA=0 \
   "$build/tests/device" verbs dirs
 run world "$build/tests/conformance" verbs world  # 4 ranks, all on rxe0
+# The same with room for one QP per rank: every rank talks to 3 others, all
+# full at once, asking each other across (QP_WAIT, idle pairs reclaimed).
+run world+budget1 env HIXL_VERBS_MAX_QPS=1 "$build/tests/conformance" verbs world
 run badinput "$build/tests/badinput" verbs
 run peer_death "$build/tests/peer_death" verbs
 # hixl-perf over verbs (target on rxe1): the tests the shm suite runs, and
