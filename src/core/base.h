@@ -50,6 +50,16 @@ int64_t hixl__now_coarse_ns(void);
 
 /* util.c */
 hixl_status_t hixl__host_id(uint8_t out[32]);
+/* pthread_create for the library's own threads (control, progress, a
+ * transport's): the new thread starts with every asynchronous signal
+ * blocked, so that SIGINT, SIGTERM, SIGCHLD, SIGUSR1 and the like go to
+ * the application's threads, whose handlers expect them (a handler run on
+ * a library thread could take a lock that thread holds); faults (SIGSEGV,
+ * SIGBUS, SIGILL, SIGFPE, SIGTRAP, SIGSYS) stay deliverable to whatever
+ * handler the application has, as they are on any thread.  name (at most
+ * 15 characters, "hixl-...") is what top -H, gdb and /proc show for it.
+ * 0 or an errno. */
+int hixl__thread_start(pthread_t *t, const char *name, void *(*fn)(void *), void *arg);
 uint64_t hixl__random64(void);
 int hixl__memfd(const char *name, size_t len);
 /* "RLIMIT_NOFILE is 1024 (hard 524288): raise it (ulimit -n; systemd:

@@ -1095,7 +1095,7 @@ hixl_status_t hixl__ctl_start(hixl_ctx_t *ctx)
   epoll_ctl(ctx->epoll_fd, EPOLL_CTL_ADD, ctx->wake_fd, &ev);
   for (int i = 0; i < HIXL_TP_MAX; i++)
     hixl__ctl_watch_tp(ctx, i);
-  if (pthread_create(&ctx->ctl_thread, NULL, ctl_main, ctx) != 0)
+  if (hixl__thread_start(&ctx->ctl_thread, "hixl-ctl", ctl_main, ctx) != 0)
     return hixl__err(HIXL_ERR_NOMEM, "cannot start the control thread");
   ctx->ctl_started = true;
   return HIXL_OK;

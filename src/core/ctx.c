@@ -204,7 +204,7 @@ hixl_status_t hixl_ctx_create(const hixl_config_t *cfg_in, hixl_ctx_t **ctx_p)
     goto fail;
   hixl__metrics_start(ctx);
   if (ctx->cfg.progress_thread) {
-    if (pthread_create(&ctx->prog_thread, NULL, progress_main, ctx) != 0) {
+    if (hixl__thread_start(&ctx->prog_thread, "hixl-progress", progress_main, ctx) != 0) {
       st = hixl__err(HIXL_ERR_NOMEM, "hixl_ctx_create: cannot start the progress thread");
       goto fail;
     }

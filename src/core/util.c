@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
+#include <signal.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,6 +52,22 @@ bool hixl__expired(int64_t deadline_ns)
 }
 
 int64_t hixl__now_coarse_ns(void) { return coarse_ns(); }
+
+int hixl__thread_start(pthread_t *t, const char *name, void *(*fn)(void *), void *arg)
+{
+  static const int faults[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGTRAP, SIGSYS};
+  sigset_t block, old;
+  sigfillset(&block);
+  for (size_t i = 0; i < sizeof(faults) / sizeof(faults[0]); i++)
+    sigdelset(&block, faults[i]);
+  /* The new thread inherits the creator's mask: set it around the create. */
+  pthread_sigmask(SIG_SETMASK, &block, &old);
+  int rc = pthread_create(t, NULL, fn, arg);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (rc == 0)
+    (void)pthread_setname_np(*t, name); /* a name is a convenience */
+  return rc;
+}
 
 uint64_t hixl__random64(void)
 {

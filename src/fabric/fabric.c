@@ -437,7 +437,7 @@ static hixl_status_t fab_ctx_init(hixl_ctx_t *ctx)
 
     fc->atomics = native_atomics(fc);
     ctx->tp[HIXL_TP_FABRIC] = fc;
-    if (pthread_create(&fc->thread, NULL, hixl__fab_thread, fc) != 0)
+    if (hixl__thread_start(&fc->thread, "hixl-fabric", hixl__fab_thread, fc) != 0)
       st = hixl__err(HIXL_ERR_NOMEM, "fabric: cannot start the progress thread");
     else
       fc->thread_started = true;

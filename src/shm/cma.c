@@ -17,7 +17,6 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <limits.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -170,15 +169,11 @@ static bool start_helpers_locked(shm_ctx_t *sc)
 {
   if (sc->started > 0 || sc->stopping || sc->no_helpers)
     return sc->started > 0;
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old); /* signals stay with the application's threads */
   for (int i = 0; i < sc->cma_threads - 1; i++) {
-    if (pthread_create(&sc->threads[sc->started], NULL, helper_main, sc) != 0)
+    if (hixl__thread_start(&sc->threads[sc->started], "hixl-cma", helper_main, sc) != 0)
       break;
     sc->started++;
   }
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (sc->started == 0) {
     hixl_warn("shm: cannot start a CMA helper thread; large transfers use one thread");
     sc->no_helpers = true; /* not tried again */

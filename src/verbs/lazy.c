@@ -80,7 +80,6 @@
  */
 #define _GNU_SOURCE
 #include <endian.h>
-#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -118,15 +117,9 @@ static void room_reset(vrb_peer_t *vp)
  * could not be started, or the context is going), vp is not queued. */
 static bool work_add_locked(vrb_ctx_t *vc, vrb_peer_t *vp, bool fresh)
 {
-  if (!vc->worker_on && !vc->worker_stop) {
-    /* Every signal blocked: a library thread takes none of the
-     * application's (as shm's CMA helpers, src/shm/cma.c). */
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    vc->worker_on = pthread_create(&vc->worker, NULL, worker_main, vp->peer->ctx) == 0;
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-  }
+  if (!vc->worker_on && !vc->worker_stop)
+    vc->worker_on =
+        hixl__thread_start(&vc->worker, "hixl-qp-setup", worker_main, vp->peer->ctx) == 0;
   if (!vc->worker_on || vc->worker_stop)
     return false;
   if (!vp->on_work) {

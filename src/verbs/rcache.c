@@ -256,7 +256,7 @@ vrb_rcache_t *hixl__vrb_rcache_new(struct ibv_pd *pd)
   if (e && hixl__parse_int(e, 0, 1000000, &v) == 0)
     rc->test_delay_us = (unsigned)v;
   pthread_mutex_init(&rc->lock, NULL);
-  if (rc->stop_fd < 0 || pthread_create(&rc->monitor, NULL, monitor_main, rc) != 0)
+  if (rc->stop_fd < 0 || hixl__thread_start(&rc->monitor, "hixl-rcache", monitor_main, rc) != 0)
     goto fail;
   rc->monitor_started = true;
   return rc;
