@@ -50,6 +50,9 @@ int64_t hixl__now_coarse_ns(void);
 
 /* util.c */
 hixl_status_t hixl__host_id(uint8_t out[32]);
+/* The environment variable name as a decimal in [lo, hi]; def when unset,
+ * and (with a warning that says what it wants) when it is anything else. */
+long hixl__env_int(const char *name, long lo, long hi, long def);
 /* pthread_create for the library's own threads (control, progress, a
  * transport's): the new thread starts with every asynchronous signal
  * blocked, so that SIGINT, SIGTERM, SIGCHLD, SIGUSR1 and the like go to

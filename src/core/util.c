@@ -53,6 +53,18 @@ bool hixl__expired(int64_t deadline_ns)
 
 int64_t hixl__now_coarse_ns(void) { return coarse_ns(); }
 
+long hixl__env_int(const char *name, long lo, long hi, long def)
+{
+  const char *e = getenv(name);
+  long v;
+  if (e == NULL)
+    return def;
+  if (hixl__parse_int(e, lo, hi, &v) == 0)
+    return v;
+  hixl_warn("ignoring %s=%s (want %ld..%ld)", name, e, lo, hi);
+  return def;
+}
+
 int hixl__thread_start(pthread_t *t, const char *name, void *(*fn)(void *), void *arg)
 {
   static const int faults[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGTRAP, SIGSYS};

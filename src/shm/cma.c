@@ -253,21 +253,11 @@ hixl_status_t hixl__shm_ctx_init(hixl_ctx_t *ctx)
   if (sc == NULL)
     return hixl__err(HIXL_ERR_NOMEM, "shm: no memory");
   /* Defaults measured on a 2-vCPU VM (docs/performance.md#cma). */
-  sc->cma_threads = 2;
+  sc->cma_threads = (int)hixl__env_int("HIXL_SHM_CMA_THREADS", 1, SHM_CMA_MAX_THREADS, 2);
   sc->split_min = (size_t)4 << 20;
   sc->stage_bytes = (size_t)4 << 20;
-  long v;
-  const char *e = getenv("HIXL_SHM_CMA");
-  if (e && hixl__parse_int(e, 0, 1, &v) == 0)
-    sc->cma_off = v == 0;
-  else if (e)
-    hixl_warn("ignoring HIXL_SHM_CMA=%s (want 0 or 1)", e);
-  e = getenv("HIXL_SHM_CMA_THREADS");
-  if (e && hixl__parse_int(e, 1, SHM_CMA_MAX_THREADS, &v) == 0)
-    sc->cma_threads = (int)v;
-  else if (e)
-    hixl_warn("ignoring HIXL_SHM_CMA_THREADS=%s (want 1..%d)", e, SHM_CMA_MAX_THREADS);
-  e = getenv("HIXL_SHM_ALLOW_UIDS");
+  sc->cma_off = hixl__env_int("HIXL_SHM_CMA", 0, 1, 1) == 0;
+  const char *e = getenv("HIXL_SHM_ALLOW_UIDS");
   if (e && hixl__parse_uids(e, sc->uids, SHM_MAX_UIDS, &sc->n_uids, &sc->uid_any) != HIXL_OK)
     hixl_warn("ignoring HIXL_SHM_ALLOW_UIDS=%s (%s): only peers of our uid and root are "
               "bound with",

@@ -346,23 +346,11 @@ static hixl_status_t vrb_ctx_init(hixl_ctx_t *ctx)
   vc->read_chunk = (uint32_t)chunk;
   /* HIXL_VERBS_LAZY: 1 (default) makes an outbound peer's QPs on first
    * use, 0 in the handshake as before (docs/scale.md, "Lazy QPs"). */
-  long lz = 1;
-  e = getenv("HIXL_VERBS_LAZY");
-  if (e && hixl__parse_int(e, 0, 1, &lz) != 0) {
-    hixl_warn("ignoring HIXL_VERBS_LAZY=%s (want 0 or 1)", e);
-    lz = 1;
-  }
-  vc->lazy = lz != 0;
+  vc->lazy = hixl__env_int("HIXL_VERBS_LAZY", 0, 1, 1) != 0;
   /* HIXL_VERBS_RECLAIM: 1 (default) takes an idle lazy pair's QPs back
    * when the budget is full and another pair needs some; 0 refuses that
    * pair instead (docs/scale.md, "Reclaiming idle QPs"). */
-  long rc = 1;
-  e = getenv("HIXL_VERBS_RECLAIM");
-  if (e && hixl__parse_int(e, 0, 1, &rc) != 0) {
-    hixl_warn("ignoring HIXL_VERBS_RECLAIM=%s (want 0 or 1)", e);
-    rc = 1;
-  }
-  vc->reclaim = rc != 0;
+  vc->reclaim = hixl__env_int("HIXL_VERBS_RECLAIM", 0, 1, 1) != 0;
   hixl_info("verbs: %s gid index %d mtu %d, registration cache %s", vc->name, vc->gid_index,
             128 << vc->mtu, vc->rcache ? "on" : "off");
   return HIXL_OK;
