@@ -339,6 +339,17 @@ static void give_up(vrb_peer_t *vp, hixl_status_t st)
   hixl__vrb_fail_queued(vp, st);
 }
 
+/* Receive buffers are held back by a full notification ring: a victim's
+ * peer might then never drain (its sends wait on RNR), so no reclaim
+ * starts until the rings are read. */
+static bool rings_hold(vrb_ctx_t *vc)
+{
+  pthread_mutex_lock(&vc->recv_lock);
+  bool held = vc->n_overflow > 0;
+  pthread_mutex_unlock(&vc->recv_lock);
+  return held;
+}
+
 /* Room for vp's QPs is being made: a reclaim it asked for is under way, or
  * one starts now (the least recently used idle pair's, vp->lock of that
  * pair not needed: its own turn checks that it is idle), or may start
@@ -347,12 +358,7 @@ static bool room_for(vrb_ctx_t *vc, vrb_peer_t *vp)
 {
   if (!vc->reclaim)
     return false;
-  /* A receive buffer held back by a full notification ring may keep a
-   * victim's peer from ever draining (its sends wait on RNR): no new
-   * reclaim until the rings are read. */
-  pthread_mutex_lock(&vc->recv_lock);
-  bool held = vc->n_overflow > 0;
-  pthread_mutex_unlock(&vc->recv_lock);
+  bool held = rings_hold(vc);
   pthread_mutex_lock(&vc->work_lock);
   /* Ours is under way while no reclaim has ended since we asked. */
   bool ok = vp->room_epoch == vc->reclaim_epoch + 1 && vc->n_reclaiming > 0;
@@ -394,7 +400,7 @@ static void all_ready(vrb_peer_t *vp)
   hixl__peer_op_why(vp->peer, HIXL_OK, ""); /* an earlier refusal's reason is stale */
   vrb_ctx_t *vc = hixl__vc(vp->peer->ctx);
   room_reset(vp);
-  atomic_store(&vp->last_use, atomic_load(&vc->use_clock));
+  hixl__vrb_used(vc, vp);
   pthread_mutex_lock(&vc->work_lock);
   lru_add_locked(vc, vp);
   pthread_mutex_unlock(&vc->work_lock);
@@ -423,10 +429,9 @@ static void accept_req(vrb_ctx_t *vc, vrb_peer_t *vp, const struct vrb_in *in, b
     st = connect_to(vc, vp, in);
   vp->gen = in->gen;
   if (st == HIXL_ERR_AGAIN && !have && room_for(vc, vp)) {
-    /* Past the budget, but an idle pair's QPs are coming back: the
-     * requester asks again in a moment.  Our own queued ops (if we wanted
-     * QPs too) wait for the same room. */
-    hixl__vrb_qps_unmake(vp);
+    /* Past the budget (nothing was made), but an idle pair's QPs are
+     * coming back: the requester asks again in a moment.  Our own queued
+     * ops (if we wanted QPs too) wait for the same room. */
     lz_send(vc, vp, VRB_KIND_QP_WAIT, HIXL_OK, NULL);
     return;
   }
@@ -495,12 +500,10 @@ static void release(vrb_ctx_t *vc, vrb_peer_t *vp)
  * used now (so the next pick is another pair). */
 static void quiesce(vrb_ctx_t *vc, vrb_peer_t *vp)
 {
-  pthread_mutex_lock(&vc->recv_lock);
-  bool held = vc->n_overflow > 0;
-  pthread_mutex_unlock(&vc->recv_lock);
+  bool held = rings_hold(vc);
   if (held || !hixl__vrb_qps_stop(vp, true)) {
     if (!held) /* busy: counted as used now, so the next pick is another */
-      atomic_store(&vp->last_use, atomic_load(&vc->use_clock));
+      hixl__vrb_used(vc, vp);
     pthread_mutex_lock(&vc->work_lock);
     victim_done_locked(vc, vp); /* still a candidate, later */
     pthread_mutex_unlock(&vc->work_lock);

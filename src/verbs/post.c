@@ -336,11 +336,7 @@ static void submit(vrb_qp_t *q, vrb_op_t *ops, size_t n)
 {
   vrb_peer_t *vp = q->vp;
   hixl_ctx_t *ctx = vp->peer->ctx;
-  /* A use of the pair, for the QP reclaim's LRU (lazy.c): two relaxed
-   * accesses, the clock's line written only at reclaims. */
-  atomic_store_explicit(&vp->last_use,
-                        atomic_load_explicit(&hixl__vc(ctx)->use_clock, memory_order_relaxed),
-                        memory_order_relaxed);
+  hixl__vrb_used(hixl__vc(ctx), vp); /* for the QP reclaim's LRU */
   pthread_mutex_lock(&vp->lock);
   size_t i = post_direct(q, ops, n);
   if (i < n) {

@@ -1256,8 +1256,7 @@ static bool deliver(vrb_ctx_t *vc, hixl_peer_t *p, const struct ibv_wc *wc)
   }
   vrb_peer_t *vp = p->tp;
   if (vp) /* traffic from it counts as a use of the pair (LRU) */
-    atomic_store_explicit(&vp->last_use, atomic_load_explicit(&vc->use_clock, memory_order_relaxed),
-                          memory_order_relaxed);
+    hixl__vrb_used(vc, vp);
   return hixl__inbox_push(p, imm, len);
 }
 

@@ -311,6 +311,14 @@ enum { VQ_NONE, VQ_WANT, VQ_REQ_SENT, VQ_ACCEPTED, VQ_READY, VQ_QUIESCING, VQ_DR
 
 static inline vrb_ctx_t *hixl__vc(hixl_ctx_t *ctx) { return ctx->tp[HIXL_TP_VERBS]; }
 
+/* vp was used now (the reclaim's LRU, lazy.c): the use clock's value, two
+ * relaxed accesses, the clock's line written only at reclaims. */
+static inline void hixl__vrb_used(vrb_ctx_t *vc, vrb_peer_t *vp)
+{
+  atomic_store_explicit(&vp->last_use, atomic_load_explicit(&vc->use_clock, memory_order_relaxed),
+                        memory_order_relaxed);
+}
+
 /* verbs.c */
 hixl_status_t hixl__vrb_err(hixl_status_t st, const char *what, int rc);
 /* A registration that failed (errno set): NOMEM, with what, the size, the
