@@ -18,8 +18,8 @@
  *  - Handles are opaque.  A handle belongs to the context it came from.
  *  - Thread safety: every function may be called from any thread at any time,
  *    except that a handle must not be used concurrently with the call that
- *    destroys it (hixl_ctx_destroy, hixl_disconnect, hixl_mr_dereg,
- *    hixl_rmr_release, hixl_req_free, hixl_world_destroy).
+ *    destroys it (hixl_ctx_destroy, hixl_disconnect, hixl_peer_release,
+ *    hixl_mr_dereg, hixl_rmr_release, hixl_req_free, hixl_world_destroy).
  *
  * Completion semantics (see docs/semantics.md):
  *  - A put completes when its data is visible in the target's memory, a get
@@ -207,10 +207,23 @@ hixl_status_t hixl_connect(hixl_ctx_t *ctx, const char *addr, int timeout_ms, hi
  * connection and transport resources are released now; the handle itself
  * (under 1 KiB) stays until hixl_ctx_destroy, answering PEER_LOST if it is
  * used again, so do not (docs/reliability.md: what connections cost over
- * time).  Peers that connected to us are owned by the context; for those
- * this closes the connection and the handle stays valid (but lost) until
- * hixl_ctx_destroy.  Errors: INVALID (NULL). */
+ * time); hixl_peer_release frees it.  Peers that connected to us are owned
+ * by the context; for those this closes the connection and the handle
+ * stays valid (but lost) until hixl_ctx_destroy or hixl_peer_release.
+ * Errors: INVALID (NULL). */
 hixl_status_t hixl_disconnect(hixl_peer_t *peer);
+/* Done with a peer handle, ours or one a notification carried: disconnect
+ * it if it is not already (its notifications not yet taken are dropped)
+ * and let the context free the handle, a few seconds later (2 x timeout +
+ * 1 s after its end).  Without this, a handle the application has seen
+ * stays until hixl_ctx_destroy, so a long-lived target whose peers come
+ * and go should release each it has done with.  Release its rmrs first,
+ * and wait for or free its requests (a request's error names its peer);
+ * the handle must not be used, nor passed anywhere, afterwards.
+ * Errors: INVALID (NULL or freed; released already; it still has rmrs; a
+ * rank's peer, which its world owns until hixl_world_destroy).  On error
+ * nothing changes. */
+hixl_status_t hixl_peer_release(hixl_peer_t *peer);
 /* "self", "shm", "verbs" or "fabric" ("closed" after hixl_disconnect);
  * NULL for a NULL peer. */
 const char *hixl_peer_transport(const hixl_peer_t *peer);
@@ -376,7 +389,7 @@ int hixl_progress(hixl_ctx_t *ctx);
 /* ---------------------------------------------------------- notifications */
 
 typedef struct hixl_notif {
-  hixl_peer_t *peer; /* who sent it (a handle valid until hixl_ctx_destroy) */
+  hixl_peer_t *peer; /* who sent it (valid until hixl_ctx_destroy or hixl_peer_release) */
   uint32_t imm;      /* the immediate */
   size_t len;        /* bytes of the put it followed (0 for hixl_notify) */
 } hixl_notif_t;
@@ -402,7 +415,8 @@ hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char 
 /* The peer for rank (own rank: a self peer); NULL if out of range.  A rank
  * that is lost and has come back (below) gets a new peer once
  * hixl_world_wait_rank has taken it: this returns it from then on; the old
- * one stays valid, answering PEER_LOST, until hixl_world_destroy. */
+ * one stays valid, answering PEER_LOST, until hixl_world_destroy (after
+ * which hixl_peer_release may free it, and the world's other peers). */
 hixl_peer_t *hixl_world_peer(hixl_world_t *w, int rank);
 int hixl_world_rank(const hixl_world_t *w);
 int hixl_world_size(const hixl_world_t *w);

@@ -1611,12 +1611,21 @@ static void peer_close(PeerObject *p)
   p->peer = NULL; /* new calls raise from here on */
   wait_idle(&p->busy);
   CtxObject *c = p->ctx;
+  int released = 0;
   if (c->ctx && !p->world) {
+    /* Freed (hixl_peer_release) when nothing of ours can still name the
+     * handle: no Rmr of it (each holds this object, so release refuses)
+     * and no unfinished request of the context (a request's error names
+     * its peer).  Otherwise only disconnected; the context frees it. */
+    int can_free = c->live == NULL;
     c->busy++;
-    Py_BEGIN_ALLOW_THREADS hixl_disconnect(hp);
+    Py_BEGIN_ALLOW_THREADS if (can_free) released = hixl_peer_release(hp) == HIXL_OK;
+    if (!released)
+      hixl_disconnect(hp);
     Py_END_ALLOW_THREADS c->busy--;
   }
-  if (c->peers && p->owned) {
+  /* A freed handle's address may come back as another peer's. */
+  if (c->peers && (p->owned || released)) {
     PyObject *key = PyLong_FromVoidPtr(hp);
     if (key && PyDict_DelItem(c->peers, key) < 0)
       PyErr_Clear();

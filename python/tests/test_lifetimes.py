@@ -234,3 +234,33 @@ def test_device_memory_emulated():
             print("device ok")
     """, env={"HIXL_DEVICE": "emulated"})
     assert r.returncode == 0 and "device ok" in r.stdout, r.stderr + r.stdout
+
+
+def test_closing_an_inbound_peer_frees_it_and_a_new_one_is_fresh():
+    # Peer.close() on a peer that connected to us releases its handle
+    # (hixl_peer_release): the initiator sees it gone, and peers that
+    # connect later (whose handle may take the freed one's address) come as
+    # new, open Peer objects, never as the closed one.  Each round's wait
+    # for imm i also shows no notification of a released peer came through.
+    tgt = hixl.Context()
+    ini = hixl.Context()
+    try:
+        for i in range(6):
+            p = ini.connect(tgt.address, timeout=10)
+            p.notify(i)
+            n = tgt.wait(timeout=10)
+            assert n.imm == i and not n.peer.closed
+            n.peer.close()
+            assert n.peer.closed
+            deadline = time.monotonic() + 10
+            with pytest.raises(hixl.PeerLostError):
+                while time.monotonic() < deadline:
+                    p.notify(99)
+                    time.sleep(0.02)
+            p.close()
+            gc.collect()
+        # The notifications sent to a released peer were dropped with it.
+        assert tgt.poll(64) == []
+    finally:
+        ini.close()
+        tgt.close()

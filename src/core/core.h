@@ -92,6 +92,14 @@ void hixl__peer_free(hixl_peer_t *peer);
  * ctx->lock held. */
 bool hixl__peer_link_locked(hixl_ctx_t *ctx, hixl_peer_t *p);
 void hixl__peer_unlink_locked(hixl_ctx_t *ctx, hixl_peer_t *p);
+/* Snapshot the peers for which keep(p) is true (ctx->lock taken and
+ * dropped) and pin them: none is freed until hixl__peers_unpin, so the
+ * caller may wait on each outside the lock.  NULL with *n 0 when none;
+ * NULL with *n non-zero: no memory (nothing pinned). */
+hixl_peer_t **hixl__peers_pin(hixl_ctx_t *ctx, bool (*keep)(hixl_peer_t *p), size_t *n);
+void hixl__peers_unpin(hixl_ctx_t *ctx, hixl_peer_t **snap);
+/* A world's rank's peer: handed to the user, owned by the world. */
+void hixl__peer_world_own(hixl_peer_t *p, bool own);
 /* Sleep on ctx->cond (ctx->lock held) until signalled, deadline, or cap_ms:
  * the one timed wait of control calls and world rendezvous. */
 void hixl__cond_wait_until(hixl_ctx_t *ctx, int64_t deadline, int cap_ms);

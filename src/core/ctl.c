@@ -767,9 +767,19 @@ static int64_t visit_locked(hixl_ctx_t *ctx, hixl_peer_t *p, int64_t now)
   /* Never visible to the user (no handshake done, or released and its
    * handle never given out): free now, so that connections that come
    * and go cost nothing once they are gone (docs/scale.md). */
-  if (st >= HIXL_PEER_LOST && p->inbound &&
-      (p->unix_pending || p->ops == NULL ||
-       (p->ops == &hixl__closed_ops && !atomic_load(&p->handed)))) {
+  bool unseen = p->inbound && (p->unix_pending || p->ops == NULL ||
+                               (p->ops == &hixl__closed_ops && !atomic_load(&p->handed)));
+  /* Or released by the user (hixl_peer_release), once the grace after its
+   * end is over: an operation issued before may have been in the
+   * transport until then. */
+  bool let_go = atomic_load(&p->released) && p->ops == &hixl__closed_ops;
+  if (st >= HIXL_PEER_LOST && let_go && now - p->lost_ns <= RELEASE_GRACE_NS(ctx))
+    return p->lost_ns + RELEASE_GRACE_NS(ctx) + 1;
+  if (st >= HIXL_PEER_LOST && (unseen || let_go)) {
+    /* A thread walks a snapshot of the peers outside the lock
+     * (hixl__peers_pin): free it a little later. */
+    if (atomic_load(&ctx->peer_pins) != 0)
+      return now + 50 * 1000000LL;
     if (p->in_hs)
       hs_unlink_locked(ctx, p);
     hixl__peer_unlink_locked(ctx, p);

@@ -210,6 +210,12 @@ static void mr_unpublish_locked(hixl_ctx_t *ctx, hixl_mr_t *mr)
 
 static bool mr_valid(const hixl_mr_t *mr) { return mr != NULL && mr->magic == HIXL_MAGIC_MR; }
 
+/* Peers told of a deregistration: up, of a transport with remote keys. */
+static bool told_of_dereg(hixl_peer_t *p)
+{
+  return hixl__tp_remote_keys(p->ops) && atomic_load(&p->state) == HIXL_PEER_UP;
+}
+
 hixl_status_t hixl_mr_dereg(hixl_mr_t *mr)
 {
   if (!mr_valid(mr))
@@ -218,21 +224,17 @@ hixl_status_t hixl_mr_dereg(hixl_mr_t *mr)
   hixl_ctx_t *ctx = mr->ctx;
   pthread_mutex_lock(&ctx->lock);
   mr_unpublish_locked(ctx, mr);
+  pthread_mutex_unlock(&ctx->lock);
   /* Peers that cannot read our region table (verbs) are told, and we wait
    * (bounded by the timeout) for each to acknowledge: an operation a peer
    * issues after this call returns fails there with NOT_REGISTERED instead
    * of reaching the dead key and breaking its QP.  One already in flight
-   * may still land, as the header says.  Peers never go away before the
-   * context, so the list can be walked after dropping the lock. */
-  size_t nv = 0;
-  for (hixl_peer_t *p = ctx->peers; p; p = p->next)
-    nv += hixl__tp_remote_keys(p->ops) && atomic_load(&p->state) == HIXL_PEER_UP;
-  hixl_peer_t **vps = nv ? malloc(nv * sizeof(*vps)) : NULL;
+   * may still land, as the header says.  The snapshot is pinned: none of
+   * its peers is freed while we wait on each outside the lock. */
   size_t k = 0;
-  for (hixl_peer_t *p = ctx->peers; p && vps; p = p->next)
-    if (hixl__tp_remote_keys(p->ops) && atomic_load(&p->state) == HIXL_PEER_UP)
-      vps[k++] = p;
-  pthread_mutex_unlock(&ctx->lock);
+  hixl_peer_t **vps = hixl__peers_pin(ctx, told_of_dereg, &k);
+  if (vps == NULL)
+    k = 0; /* no memory: they learn it at their next use of the key */
   int64_t deadline = hixl__deadline(hixl__ctx_timeout(ctx));
   for (size_t i = 0; i < k; i++) {
     hixl_msg_t gone = {.type = HIXL_MSG_REGION_GONE}, ack;
@@ -242,7 +244,7 @@ hixl_status_t hixl_mr_dereg(hixl_mr_t *mr)
       hixl_info("hixl_mr_dereg: peer %s did not acknowledge (%s); going on", vps[i]->name,
                 hixl_last_error());
   }
-  free(vps);
+  hixl__peers_unpin(ctx, vps);
 
   pthread_mutex_lock(&ctx->reg_lock);
   hixl_reg_slot_t *s = &ctx->reg_table[mr->slot];

@@ -239,20 +239,11 @@ hixl_peer_t *hixl__self_peer(hixl_ctx_t *ctx)
   return p;
 }
 
-hixl_status_t hixl_disconnect(hixl_peer_t *peer)
+/* hixl_disconnect's work, ctx->lock held (dropped while the control thread
+ * closes the socket). */
+static void disconnect_locked(hixl_peer_t *peer)
 {
-  if (peer == NULL || peer->magic != HIXL_MAGIC_PEER)
-    return hixl__err(HIXL_ERR_INVALID, "hixl_disconnect: %s peer",
-                     peer == NULL ? "NULL" : "invalid or freed");
   hixl_ctx_t *ctx = peer->ctx;
-  atomic_store(&peer->bye_sent, true);
-  if (atomic_load(&peer->state) == HIXL_PEER_UP && !peer->self) {
-    /* hixl__send reads peer->fd under its send_lock: the control thread
-     * may be closing it right now (a peer lost meanwhile). */
-    hixl_msg_t bye = {.type = HIXL_MSG_BYE};
-    hixl__send(peer, &bye, NULL, 0);
-  }
-  pthread_mutex_lock(&ctx->lock);
   hixl__peer_fail_locked(peer, HIXL_PEER_CLOSED, "disconnected by us");
   /* Closed by the user, even if the peer's EOF (after our BYE) won the race
    * and marked it lost first: later calls say "disconnected". */
@@ -266,15 +257,109 @@ hixl_status_t hixl_disconnect(hixl_peer_t *peer)
   }
   /* Release transport resources now; keep the handle (state CLOSED) so a
    * use after disconnect is reported as PEER_LOST, not a crash.  It is freed
-   * with the context. */
+   * with the context, or after the grace once released. */
   if (peer->ops) {
     for (hixl_rmr_t *r = peer->rmrs; r; r = r->next)
       peer->ops->rmr_detach(r);
     peer->ops->peer_close(peer);
     peer->ops = &hixl__closed_ops;
   }
+}
+
+static void say_bye(hixl_peer_t *peer)
+{
+  atomic_store(&peer->bye_sent, true);
+  if (atomic_load(&peer->state) == HIXL_PEER_UP && !peer->self) {
+    /* hixl__send reads peer->fd under its send_lock: the control thread
+     * may be closing it right now (a peer lost meanwhile). */
+    hixl_msg_t bye = {.type = HIXL_MSG_BYE};
+    hixl__send(peer, &bye, NULL, 0);
+  }
+}
+
+hixl_status_t hixl_disconnect(hixl_peer_t *peer)
+{
+  if (peer == NULL || peer->magic != HIXL_MAGIC_PEER)
+    return hixl__err(HIXL_ERR_INVALID, "hixl_disconnect: %s peer",
+                     peer == NULL ? "NULL" : "invalid or freed");
+  hixl_ctx_t *ctx = peer->ctx;
+  say_bye(peer);
+  pthread_mutex_lock(&ctx->lock);
+  disconnect_locked(peer);
   pthread_mutex_unlock(&ctx->lock);
   return HIXL_OK;
+}
+
+hixl_status_t hixl_peer_release(hixl_peer_t *peer)
+{
+  if (peer == NULL || peer->magic != HIXL_MAGIC_PEER)
+    return hixl__err(HIXL_ERR_INVALID, "hixl_peer_release: %s peer",
+                     peer == NULL ? "NULL" : "invalid or freed");
+  hixl_ctx_t *ctx = peer->ctx;
+  if (atomic_load(&peer->world_owned))
+    return hixl__err(HIXL_ERR_INVALID,
+                     "hixl_peer_release: peer %s is a rank of a world, which owns it "
+                     "(hixl_world_destroy lets it go)",
+                     peer->name);
+  pthread_mutex_lock(&ctx->lock);
+  hixl_status_t st = HIXL_OK;
+  size_t n_rmrs = 0;
+  for (hixl_rmr_t *r = peer->rmrs; r; r = r->next)
+    n_rmrs++;
+  if (atomic_load(&peer->released))
+    st = hixl__err(HIXL_ERR_INVALID, "hixl_peer_release: peer %s was released already", peer->name);
+  else if (n_rmrs)
+    st = hixl__err(HIXL_ERR_INVALID,
+                   "hixl_peer_release: peer %s still has %zu remote region(s); "
+                   "hixl_rmr_release them first",
+                   peer->name, n_rmrs);
+  pthread_mutex_unlock(&ctx->lock);
+  if (st != HIXL_OK)
+    return st;
+  say_bye(peer);
+  pthread_mutex_lock(&ctx->lock);
+  disconnect_locked(peer);
+  /* Its notifications not yet taken went with peer_close.  The control
+   * thread frees the record once the grace after its end is over (an
+   * operation that passed its state check before it may still be in the
+   * transport until then). */
+  atomic_store(&peer->released, true);
+  ctx->hk[peer->hk_idx].due_ns = 0;
+  pthread_mutex_unlock(&ctx->lock);
+  return HIXL_OK;
+}
+
+void hixl__peer_world_own(hixl_peer_t *p, bool own)
+{
+  if (own)
+    hixl__peer_handed(p);
+  atomic_store(&p->world_owned, own);
+}
+
+hixl_peer_t **hixl__peers_pin(hixl_ctx_t *ctx, bool (*keep)(hixl_peer_t *p), size_t *n_p)
+{
+  pthread_mutex_lock(&ctx->lock);
+  size_t n = 0;
+  for (hixl_peer_t *p = ctx->peers; p; p = p->next)
+    n += keep(p);
+  hixl_peer_t **snap = n ? malloc(n * sizeof(*snap)) : NULL;
+  size_t k = 0;
+  for (hixl_peer_t *p = ctx->peers; p && snap; p = p->next)
+    if (keep(p))
+      snap[k++] = p;
+  if (snap)
+    atomic_fetch_add(&ctx->peer_pins, 1);
+  pthread_mutex_unlock(&ctx->lock);
+  *n_p = snap ? k : n;
+  return snap;
+}
+
+void hixl__peers_unpin(hixl_ctx_t *ctx, hixl_peer_t **snap)
+{
+  if (snap == NULL)
+    return;
+  free(snap);
+  atomic_fetch_sub(&ctx->peer_pins, 1); /* a free held back meanwhile: 50 ms later */
 }
 
 const char *hixl_peer_transport(const hixl_peer_t *peer)

@@ -436,6 +436,12 @@ struct hixl_peer {
    * world): kept, lost or not, until hixl_ctx_destroy.  One that never
    * did is freed once lost and released (ctl.c: housekeeping). */
   _Atomic bool handed;
+  /* hixl_peer_release: the user is done with the handle; the control
+   * thread frees it once closed and past the release grace. */
+  _Atomic bool released;
+  /* A world's rank (hixl_world_peer): the world owns the handle, so
+   * hixl_peer_release refuses it until hixl_world_destroy. */
+  _Atomic bool world_owned;
   bool self;
   bool unix_pending;         /* an accepted unix connection not yet bound to its peer */
   _Atomic bool used;         /* an operation was issued (fence reports loss only then) */
@@ -609,6 +615,10 @@ struct hixl_ctx {
     hixl_peer_t *p;
   } * hk;
   uint32_t hk_n, hk_cap;
+  /* Threads that walk a snapshot of ctx->peers outside ctx->lock
+   * (hixl_fence(NULL), hixl_mr_dereg): while any does, housekeeping frees
+   * no peer (hixl__peers_pin). */
+  _Atomic unsigned peer_pins;
   hixl_peer_t *hs_head; /* inbound handshakes, oldest first (hs_next) */
   unsigned n_inbound;
   hixl_published_t published[HIXL_MAX_PUBLISHED];

@@ -257,6 +257,11 @@ static hixl_status_t fence_peer(hixl_peer_t *p, int64_t deadline, bool report_lo
   return HIXL_OK;
 }
 
+static bool fence_keep(hixl_peer_t *p)
+{
+  return p->ops && !p->unix_pending && !atomic_load(&p->released);
+}
+
 hixl_status_t hixl_fence(hixl_ctx_t *ctx, hixl_peer_t *peer, int timeout_ms)
 {
   if (ctx == NULL)
@@ -274,27 +279,19 @@ hixl_status_t hixl_fence(hixl_ctx_t *ctx, hixl_peer_t *peer, int timeout_ms)
     return fence_peer(peer, hixl__deadline(timeout_ms), false);
   }
   int64_t deadline = hixl__deadline(timeout_ms);
-  /* All peers: snapshot under the lock, wait outside it (peers are never
-   * freed before the context). */
+  /* All peers: a pinned snapshot (none is freed meanwhile), each waited
+   * for outside the lock.  Released ones are the user's no more. */
   hixl_status_t first = HIXL_OK;
-  pthread_mutex_lock(&ctx->lock);
-  size_t n = 0;
-  for (hixl_peer_t *p = ctx->peers; p; p = p->next)
-    n++;
-  hixl_peer_t **snap = n ? malloc(n * sizeof(*snap)) : NULL;
   size_t k = 0;
-  for (hixl_peer_t *p = ctx->peers; p && snap; p = p->next)
-    if (p->ops && !p->unix_pending)
-      snap[k++] = p;
-  pthread_mutex_unlock(&ctx->lock);
-  if (n && snap == NULL)
+  hixl_peer_t **snap = hixl__peers_pin(ctx, fence_keep, &k);
+  if (snap == NULL && k)
     return hixl__err(HIXL_ERR_NOMEM, "hixl_fence: no memory");
   for (size_t i = 0; i < k; i++) {
     hixl_status_t st = fence_peer(snap[i], deadline, true);
     if (st != HIXL_OK && first == HIXL_OK)
       first = st;
   }
-  free(snap);
+  hixl__peers_unpin(ctx, snap);
   return first;
 }
 

@@ -877,8 +877,10 @@ hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char 
   hixl_peer_t *self = NULL;
   if (st == HIXL_OK && (self = hixl__self_peer(ctx)) == NULL)
     st = hixl__err(HIXL_ERR_NOMEM, "hixl_world_create: no memory for a self peer");
-  if (self)
+  if (self) {
+    hixl__peer_world_own(self, true);
     atomic_store(&w->peers[rank], self);
+  }
   /* Once per pair: rank i connects to every j < i and takes the
    * connections of those above it; a rank that comes back connects to
    * every other. */
@@ -894,6 +896,8 @@ hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char 
       st = hixl__err(st, "hixl_world_create: coming back as rank %d, rank %d (%s): %s", rank, j,
                      addrs[j], why);
     }
+    if (p)
+      hixl__peer_world_own(p, true);
     atomic_store(&w->peers[j], p);
   }
   if (st == HIXL_OK && !w->joined && rank + 1 < size) {
@@ -901,7 +905,7 @@ hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char 
     for (int j = rank + 1; j < size && st == HIXL_OK;) {
       hixl_peer_t *p = tagged_up_locked(w, j, NULL);
       if (p) {
-        hixl__peer_handed(p);
+        hixl__peer_world_own(p, true);
         atomic_store(&w->peers[j++], p);
         continue;
       }
@@ -964,7 +968,7 @@ static void refresh_locked(hixl_world_t *w, int j)
       snprintf(w->addrs[j], 128, "%s", w->join_addr[j]);
     pthread_mutex_unlock(&w->addrs_lock);
   }
-  hixl__peer_handed(p);
+  hixl__peer_world_own(p, true);
   w->bsent[j] = w->xsent[j] = 0;
   atomic_store(&w->peers[j], p);
   hixl_info("world %08" PRIx32 ": rank %d is back (%s)", w->id, j, p->name);
@@ -1173,11 +1177,15 @@ void hixl_world_destroy(hixl_world_t *w)
     close(w->lfd);
   for (int j = 0; j < w->size; j++) {
     hixl_peer_t *p = atomic_load(&w->peers[j]);
-    if (p)
+    if (p) {
       hixl_disconnect(p);
+      hixl__peer_world_own(p, false); /* the user's to release now */
+    }
   }
-  for (int k = 0; k < w->n_gone; k++)
+  for (int k = 0; k < w->n_gone; k++) {
     hixl_disconnect(w->gone[k]);
+    hixl__peer_world_own(w->gone[k], false);
+  }
   free(w->gone);
   free(w->addrs);
   free(w->join_addr);

@@ -3,7 +3,8 @@
  * a target frees the record of a peer that connected to it, once that
  * peer is lost or disconnected and released, unless its handle reached the
  * user (a notification's peer, a world's rank), which stays valid until
- * hixl_ctx_destroy as the header promises.  White-box: counts the
+ * hixl_ctx_destroy as the header promises, or until hixl_peer_release
+ * (tested here on both ends).  White-box: counts the
  * target's peer list; the handles it handed out are used after the
  * others were freed (under ASan a use after free fails here). */
 #define _GNU_SOURCE
@@ -114,8 +115,122 @@ static void churn(const char *transports)
   }
   hixl_notif_t nt;
   assert_int_equal(hixl_notif_poll(tgt, &nt, 1), 0);
+  /* Released, they go too (hixl_peer_release), after the grace; a second
+   * release of one not freed yet is refused. */
+  for (int i = 0; i < n_handed; i++)
+    assert_int_equal(hixl_peer_release(handed[i]), HIXL_OK);
+  if (n_handed)
+    assert_int_equal(hixl_peer_release(handed[0]), HIXL_ERR_INVALID);
+  left = settle(tgt, 0);
+  printf("# %s: %u inbound peers left after releasing the %d handed out\n", transports, left,
+         n_handed);
+  assert_int_equal(left, 0);
   hixl_mr_dereg(mr);
   hixl_ctx_destroy(tgt);
+}
+
+static unsigned all_peers(hixl_ctx_t *ctx)
+{
+  unsigned n = 0;
+  pthread_mutex_lock(&ctx->lock);
+  for (hixl_peer_t *p = ctx->peers; p; p = p->next)
+    n++;
+  pthread_mutex_unlock(&ctx->lock);
+  return n;
+}
+
+/* hixl_peer_release on both ends of live connections: the initiator's own
+ * handles (which hixl_disconnect keeps) and a target's handle of a peer
+ * that is still up (the initiator then sees it gone).  What it refuses
+ * changes nothing. */
+static void release_both(const char *transports)
+{
+  hixl_ctx_t *tgt = make(transports), *ini = make(transports);
+  uint64_t *mem;
+  hixl_mr_t *mr;
+  assert_int_equal(hixl_mem_alloc(tgt, 4096, HIXL_MEM_HOST, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE,
+                                  (void **)&mem, &mr),
+                   HIXL_OK);
+  assert_int_equal(hixl_mr_publish(mr, "m"), HIXL_OK);
+  assert_int_equal(hixl_peer_release(NULL), HIXL_ERR_INVALID);
+  enum { ROUNDS = 8 };
+  for (int i = 0; i < ROUNDS; i++) {
+    hixl_peer_t *p = NULL;
+    if (hixl_connect(ini, hixl_ctx_address(tgt), 10000, &p) != HIXL_OK)
+      fail_msg("connect %d over %s: %s", i, transports, hixl_last_error());
+    hixl_rmr_t *r = NULL;
+    assert_int_equal(hixl_rmr_lookup(p, "m", 10000, &r), HIXL_OK);
+    /* An rmr still held: refused, and the peer still works. */
+    assert_int_equal(hixl_peer_release(p), HIXL_ERR_INVALID);
+    assert_non_null(strstr(hixl_last_error(), "remote region"));
+    uint64_t v = 100 + (uint64_t)i;
+    assert_int_equal(hixl_put(p, &v, sizeof(v), r, 0, 0, NULL), HIXL_OK);
+    assert_int_equal(hixl_notify(p, (uint32_t)i, 0, NULL), HIXL_OK);
+    assert_int_equal(hixl_fence(ini, p, 10000), HIXL_OK);
+    hixl_notif_t nt;
+    assert_int_equal(hixl_notif_wait(tgt, &nt, 10000), HIXL_OK);
+    assert_int_equal(nt.imm, (uint32_t)i);
+    assert_int_equal(mem[0], v);
+    hixl_rmr_release(r);
+    if (i % 2 == 0) {
+      /* The initiator lets go of its own handle. */
+      assert_int_equal(hixl_peer_release(p), HIXL_OK);
+      assert_int_equal(hixl_peer_release(nt.peer), HIXL_OK);
+    } else {
+      /* The target lets go of a peer that is up: the initiator's
+       * handle says it is gone, then is released in turn. */
+      assert_int_equal(hixl_peer_release(nt.peer), HIXL_OK);
+      hixl_status_t st = HIXL_OK;
+      for (int k = 0; k < 200 && st == HIXL_OK; k++) {
+        st = hixl_notify(p, 7, 0, NULL);
+        if (st == HIXL_OK)
+          usleep(20000);
+      }
+      assert_int_equal(st, HIXL_ERR_PEER_LOST);
+      assert_int_equal(hixl_peer_release(p), HIXL_OK);
+    }
+  }
+  /* fence(NULL) with released peers in the list does not report them. */
+  assert_int_equal(hixl_fence(ini, NULL, 1000), HIXL_OK);
+  unsigned n_ini = all_peers(ini), n_tgt = all_peers(tgt);
+  for (int i = 0; i < 300 && (n_ini || n_tgt); i++) {
+    usleep(50000);
+    n_ini = all_peers(ini);
+    n_tgt = all_peers(tgt);
+  }
+  printf("# %s: %u and %u peers left of %d connections after release\n", transports, n_ini, n_tgt,
+         ROUNDS);
+  assert_int_equal(n_ini, 0);
+  assert_int_equal(n_tgt, 0);
+  /* A world's rank is the world's: refused until hixl_world_destroy. */
+  hixl_world_t *w = NULL;
+  assert_int_equal(hixl_world_create(ini, 0, 1, "127.0.0.1:0", &w), HIXL_OK);
+  hixl_peer_t *self = hixl_world_peer(w, 0);
+  assert_non_null(self);
+  assert_int_equal(hixl_peer_release(self), HIXL_ERR_INVALID);
+  assert_non_null(strstr(hixl_last_error(), "world"));
+  hixl_world_destroy(w);
+  assert_int_equal(hixl_peer_release(self), HIXL_OK);
+  hixl_mr_dereg(mr);
+  hixl_ctx_destroy(ini);
+  hixl_ctx_destroy(tgt);
+}
+
+static void test_release_shm(void **state)
+{
+  (void)state;
+  release_both("shm");
+}
+
+static void test_release_fabric(void **state)
+{
+  (void)state;
+#ifdef HIXL_HAVE_FABRIC
+  setenv("HIXL_FABRIC_PROVIDER", "tcp;ofi_rxm", 1);
+  release_both("fabric");
+#else
+  skip();
+#endif
 }
 
 static void test_shm(void **state)
@@ -145,6 +260,8 @@ int main(void)
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_shm),
       cmocka_unit_test(test_fabric),
+      cmocka_unit_test(test_release_shm),
+      cmocka_unit_test(test_release_fabric),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
