@@ -205,7 +205,7 @@ hixl_status_t hixl_connect(hixl_ctx_t *ctx, const char *addr, int timeout_ms, hi
 /* Close a peer we connected to: outstanding requests fail with PEER_LOST,
  * rmrs unpacked through it become unusable (release them still).  Its
  * connection and transport resources are released now; the handle itself
- * (under 1 KiB) stays until hixl_ctx_destroy, answering PEER_LOST if it is
+ * (under 2 KiB) stays until hixl_ctx_destroy, answering PEER_LOST if it is
  * used again, so do not (docs/reliability.md: what connections cost over
  * time); hixl_peer_release frees it.  Peers that connected to us are owned
  * by the context; for those this closes the connection and the handle
