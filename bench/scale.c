@@ -39,7 +39,7 @@
  *
  * Run it (the test suite does not; it takes minutes at N = 4096):
  *
- *   hixl-scale [--transport shm|fabric] [--peers N[,N,...]] [--procs P]
+ *   hixl-scale [--transport shm|fabric|verbs] [--peers N[,N,...]] [--procs P]
  *              [--idle-s S] [--timeout-s S] [--smaps DIR]
  *
  * Defaults: shm, peers 16,64,256,1024, 4 initiator processes, 2 s idle, a
@@ -47,7 +47,9 @@
  * runs short of memory).  --smaps DIR keeps the target's /proc/self/smaps
  * before and after each burst there.  --transport sets HIXL_TRANSPORTS in
  * every process (fabric also sets HIXL_FABRIC_PROVIDER="tcp;ofi_rxm" unless
- * it is set); past 1024 peers the target's HIXL_MAX_PEERS is raised to N
+ * it is set; verbs needs an RDMA device, as in the rxe guest, where the
+ * first put after the burst includes each lazy pair's QP set-up unless
+ * HIXL_VERBS_LAZY=0); past 1024 peers the target's HIXL_MAX_PEERS is raised to N
  * unless it is set.  HIXL_LAZY=0 (unless set): transports are set up at
  * hixl_ctx_create, so the target's one-time fabric set-up (about 70 MB with
  * tcp;ofi_rxm) falls before the burst and is shown apart, and the burst
@@ -941,7 +943,7 @@ static int run_n(int n, int P, int timeout_s)
 static void usage(const char *argv0)
 {
   fprintf(stderr,
-          "usage: %s [--transport shm|fabric] [--peers N[,N,...]] [--procs P] [--idle-s S]\n"
+          "usage: %s [--transport shm|fabric|verbs] [--peers N[,N,...]] [--procs P] [--idle-s S]\n"
           "          [--timeout-s S] [--smaps DIR]\n",
           argv0);
   exit(2);
@@ -969,7 +971,7 @@ int main(int argc, char **argv)
       usage(argv[0]);
   }
   if (P < 1 || P > MAX_PROCS || idle_s <= 0 || timeout_s < 1 ||
-      (strcmp(tp, "shm") != 0 && strcmp(tp, "fabric") != 0))
+      (strcmp(tp, "shm") != 0 && strcmp(tp, "fabric") != 0 && strcmp(tp, "verbs") != 0))
     usage(argv[0]);
   g_tp = tp;
 
