@@ -54,7 +54,10 @@
  * deadline: ours retries when a reclaim ends; a peer's request is answered
  * QP_WAIT, and the peer gives its own QPs back meanwhile (two full sides
  * each holding QPs for the other would wait for each other) and asks again
- * after a jittered backoff.  Ops called on a pair being reclaimed are
+ * after a jittered backoff.  Waiters take room in turn: a queue in the
+ * order they first found none (ours and peers told QP_WAIT), where a pair
+ * may take room only past what those ahead of it need, and a shortfall
+ * starts as many reclaims as it takes.  Ops called on a pair being reclaimed are
  * queued and make new QPs once the old ones are gone, as on a pair that
  * never had any.  Exactly once, in order: when R
  * gets QP_RELEASED, every message either side sent on the old QPs was
@@ -94,6 +97,9 @@ static void *worker_main(void *arg);
  * QP_WAIT of the same set-up up to 16 x, and jittered by +-50% (contexts
  * full at once must not retry in step). */
 #define RETRY_NS (5 * 1000000LL)
+/* A peer told QP_WAIT asks again within 1.5 x 16 x RETRY_NS (120 ms):
+ * one that has not within this has given up, and leaves the room queue. */
+#define ROOM_TOLD_NS (500 * 1000000LL)
 
 /* The set-up thread looks again at t at the latest (its own fields). */
 static void wake_at(vrb_ctx_t *vc, int64_t t)
@@ -102,9 +108,77 @@ static void wake_at(vrb_ctx_t *vc, int64_t t)
     vc->wake_ns = t;
 }
 
+/* The room queue (vc->work_lock held): vp waits for room, behind those
+ * that waited first (remote: a peer told QP_WAIT, at now); out of it. */
+static void room_q_add_locked(vrb_ctx_t *vc, vrb_peer_t *vp, bool remote, int64_t now)
+{
+  if (remote) {
+    vp->room_remote = true;
+    vp->room_told_ns = now;
+  }
+  if (vp->in_room_q)
+    return;
+  vp->in_room_q = true;
+  vp->room_next = NULL;
+  if (vc->room_tail)
+    vc->room_tail->room_next = vp;
+  else
+    vc->room_head = vp;
+  vc->room_tail = vp;
+}
+
+static void room_q_del_locked(vrb_ctx_t *vc, vrb_peer_t *vp)
+{
+  vp->room_remote = false;
+  if (!vp->in_room_q)
+    return;
+  vrb_peer_t **pp = &vc->room_head, *prev = NULL;
+  while (*pp != vp) {
+    prev = *pp;
+    pp = &(*pp)->room_next;
+  }
+  *pp = vp->room_next;
+  if (vc->room_tail == vp)
+    vc->room_tail = prev;
+  vp->in_room_q = false;
+}
+
+static void room_q_del(vrb_ctx_t *vc, vrb_peer_t *vp)
+{
+  pthread_mutex_lock(&vc->work_lock);
+  room_q_del_locked(vc, vp);
+  pthread_mutex_unlock(&vc->work_lock);
+}
+
+/* QPs needed by the pairs waiting ahead of vp (all of them if vp is not
+ * waiting); a peer told QP_WAIT that has stopped asking (and does not
+ * want QPs of ours either) leaves the queue here.  work_lock held. */
+static int room_ahead_locked(vrb_ctx_t *vc, vrb_peer_t *vp, int64_t now)
+{
+  int n = 0;
+  for (vrb_peer_t *w = vc->room_head, *next; w && w != vp; w = next) {
+    next = w->room_next;
+    if (w->room_remote && now - w->room_told_ns > ROOM_TOLD_NS && atomic_load(&w->qs) != VQ_WANT) {
+      room_q_del_locked(vc, w);
+      continue;
+    }
+    n += w->nq;
+  }
+  return n;
+}
+
+int hixl__vrb_room_ahead(vrb_ctx_t *vc, vrb_peer_t *vp)
+{
+  pthread_mutex_lock(&vc->work_lock);
+  int n = room_ahead_locked(vc, vp, hixl__now_ns());
+  pthread_mutex_unlock(&vc->work_lock);
+  return n;
+}
+
 /* The state of the set-up's wait for room, reset (it has QPs, or gave up). */
 static void room_reset(vrb_peer_t *vp)
 {
+  room_q_del(hixl__vc(vp->peer->ctx), vp);
   vp->room_epoch = 0;
   vp->room_since_ns = 0;
   vp->retry_ns = 0;
@@ -183,6 +257,7 @@ static void victim_done_locked(vrb_ctx_t *vc, vrb_peer_t *vp)
   if (vp->victim) {
     vp->victim = false;
     vc->n_reclaiming--;
+    vc->reclaiming_qps -= vp->nq;
     vc->reclaim_epoch++; /* who waited on it picks again if still short */
   }
 }
@@ -226,6 +301,7 @@ void hixl__vrb_lazy_forget(vrb_peer_t *vp)
     work_unlink_locked(vc, vp);
   lru_del_locked(vc, vp);
   victim_done_locked(vc, vp);
+  room_q_del_locked(vc, vp);
   vp->n_in = 0;
   pthread_mutex_unlock(&vc->work_lock);
 }
@@ -362,29 +438,41 @@ static bool room_for(vrb_ctx_t *vc, vrb_peer_t *vp)
   pthread_mutex_lock(&vc->work_lock);
   /* Ours is under way while no reclaim has ended since we asked. */
   bool ok = vp->room_epoch == vc->reclaim_epoch + 1 && vc->n_reclaiming > 0;
-  if (!ok && !held && vc->n_reclaiming < RECLAIM_MAX) {
+  /* QPs short for vp and the pairs that wait ahead of it, beyond what the
+   * reclaims under way bring: as many victims as that takes (a requester
+   * of several QPs needs several idle single-QP pairs). */
+  int ahead = room_ahead_locked(vc, vp, hixl__now_ns());
+  int short_by = atomic_load(&vc->n_qps) + ahead + vp->nq - vc->max_qps - vc->reclaiming_qps;
+  while (!ok && !held && short_by > 0 && vc->n_reclaiming < RECLAIM_MAX) {
     vrb_peer_t *pick = NULL;
     for (vrb_peer_t *c = vc->lru_head; c; c = c->lru_next)
       if (c != vp && !c->victim &&
           (pick == NULL || atomic_load_explicit(&c->last_use, memory_order_relaxed) <
                                atomic_load_explicit(&pick->last_use, memory_order_relaxed)))
         pick = c;
-    if (pick) {
-      pick->victim = true;
-      vc->n_reclaiming++;
-      atomic_fetch_add_explicit(&vc->use_clock, 1, memory_order_relaxed);
-      work_add_locked(vc, pick, true); /* its turn starts the reclaim */
-      hixl_debug("verbs: taking back the idle QPs to %s for %s", pick->peer->name, vp->peer->name);
-      vp->room_epoch = vc->reclaim_epoch + 1;
+    if (pick == NULL)
+      break;
+    pick->victim = true;
+    vc->n_reclaiming++;
+    vc->reclaiming_qps += pick->nq;
+    short_by -= pick->nq;
+    atomic_fetch_add_explicit(&vc->use_clock, 1, memory_order_relaxed);
+    work_add_locked(vc, pick, true); /* its turn starts the reclaim */
+    hixl_debug("verbs: taking back the idle QPs to %s for %s", pick->peer->name, vp->peer->name);
+    vp->room_epoch = vc->reclaim_epoch + 1;
+    if (short_by <= 0)
       ok = true;
-    }
   }
-  /* No victim now: room still comes if a reclaim is under way, or once a
-   * lazy pair that holds QPs (being set up, or busy) goes idle -- the
+  /* Room enough is on its way already (reclaims others started). */
+  if (!ok && short_by <= 0 && vc->n_reclaiming > 0)
+    ok = true;
+  /* No victim now: room still comes if a reclaim is under way, once a
+   * lazy pair that holds QPs (being set up, or busy) goes idle, or once
+   * the pairs ahead in the queue have taken theirs (or left it) -- the
    * requester waits for it up to its deadline.  Only QPs of pairs made in
    * their handshake never come back. */
   if (!ok)
-    ok = vc->n_reclaiming > 0 || atomic_load(&vc->n_lazy_qps) > 0;
+    ok = vc->n_reclaiming > 0 || atomic_load(&vc->n_lazy_qps) > 0 || ahead > 0;
   pthread_mutex_unlock(&vc->work_lock);
   return ok;
 }
@@ -425,13 +513,19 @@ static hixl_status_t connect_to(vrb_ctx_t *vc, vrb_peer_t *vp, const struct vrb_
 static void accept_req(vrb_ctx_t *vc, vrb_peer_t *vp, const struct vrb_in *in, bool have)
 {
   hixl_status_t st = have ? HIXL_OK : hixl__vrb_qps_make(vp);
+  if (st == HIXL_OK && !have)
+    room_q_del(vc, vp); /* the room it waited for, taken */
   if (st == HIXL_OK)
     st = connect_to(vc, vp, in);
   vp->gen = in->gen;
   if (st == HIXL_ERR_AGAIN && !have && room_for(vc, vp)) {
     /* Past the budget (nothing was made), but an idle pair's QPs are
-     * coming back: the requester asks again in a moment.  Our own queued
-     * ops (if we wanted QPs too) wait for the same room. */
+     * coming back: the requester asks again in a moment, and the room
+     * is kept for it in its turn.  Our own queued ops (if we wanted QPs
+     * too) wait for the same room. */
+    pthread_mutex_lock(&vc->work_lock);
+    room_q_add_locked(vc, vp, true, hixl__now_ns());
+    pthread_mutex_unlock(&vc->work_lock);
     lz_send(vc, vp, VRB_KIND_QP_WAIT, HIXL_OK, NULL);
     return;
   }
@@ -637,6 +731,7 @@ static bool step(hixl_ctx_t *ctx, vrb_ctx_t *vc, vrb_peer_t *vp, const struct vr
     /* Never posted, so no flush fails them; peer_close takes down the
      * QPs. */
     lru_del(vc, vp, true);
+    room_q_del(vc, vp);
     hixl__vrb_fail_queued(vp, HIXL_ERR_PEER_LOST);
     return false;
   }
@@ -697,13 +792,19 @@ static bool step(hixl_ctx_t *ctx, vrb_ctx_t *vc, vrb_peer_t *vp, const struct vr
     }
     vp->retry_ns = 0;
     hixl_status_t st = hixl__vrb_qps_make(vp);
+    if (st == HIXL_OK)
+      room_q_del(vc, vp); /* the room it waited for, taken */
     if (st == HIXL_ERR_AGAIN) {
       /* Past our budget: wait (up to the set-up's deadline) for an idle
-       * pair's QPs, if there is one to take back. */
+       * pair's QPs, if there is one to take back, in turn. */
       if (vp->room_since_ns == 0)
         vp->room_since_ns = now;
-      if (room_for(vc, vp))
+      if (room_for(vc, vp)) {
+        pthread_mutex_lock(&vc->work_lock);
+        room_q_add_locked(vc, vp, false, now);
+        pthread_mutex_unlock(&vc->work_lock);
         return true;
+      }
     }
     if (st != HIXL_OK) {
       give_up(vp, st);

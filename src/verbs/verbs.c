@@ -685,17 +685,20 @@ static hixl_status_t qps_count(vrb_peer_t *vp)
 {
   vrb_ctx_t *vc = VC(vp->peer->ctx);
   int nq = vp->nq;
+  /* Lazy pairs wait their turn for room behind those that waited first. */
+  int ahead = vp->lazy ? hixl__vrb_room_ahead(vc, vp) : 0;
   int in_use = atomic_fetch_add(&vc->n_qps, nq);
   if (vp->lazy)
     atomic_fetch_add(&vc->n_lazy_qps, nq);
   vp->qps_counted = nq;
-  if (in_use + nq > vc->max_qps) {
+  if (in_use + ahead + nq > vc->max_qps) {
     qps_uncount(vp);
     return hixl__err(HIXL_ERR_AGAIN,
-                     "verbs: no QP for %s: %d of this context's %d are in use and it needs %d "
-                     "(HIXL_VERBS_MAX_QPS; HIXL_VERBS_QPS per peer; the device's limit is its "
-                     "max_qp)",
-                     vp->peer->name, in_use, vc->max_qps, nq);
+                     "verbs: no QP for %s: %d of this context's %d are in use%s%.0d%s and it "
+                     "needs %d (HIXL_VERBS_MAX_QPS; HIXL_VERBS_QPS per peer; the device's limit "
+                     "is its max_qp)",
+                     vp->peer->name, in_use, vc->max_qps, ahead ? ", " : "", ahead,
+                     ahead ? " kept for pairs that waited first" : "", nq);
   }
   if (vp->amo_mr == NULL) {
     size_t amo_bytes = sizeof(uint64_t) * VRB_SQ_DEPTH * (size_t)nq;

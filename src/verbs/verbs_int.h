@@ -189,6 +189,12 @@ typedef struct vrb_ctx {
   bool reclaim; /* HIXL_VERBS_RECLAIM */
   vrb_peer_t *lru_head;
   int n_reclaiming;
+  int reclaiming_qps; /* the victims' QPs: room on its way */
+  /* Pairs waiting for room, in the order they first found none (ours, and
+   * peers told QP_WAIT): a pair may take freed room only when what the
+   * pairs ahead of it need is left over, so room a reclaim frees goes to
+   * the oldest waiter, not to whichever asks first (work_lock). */
+  vrb_peer_t *room_head, *room_tail;
   uint64_t reclaim_epoch; /* bumped as each reclaim ends (taken back or not) */
   int64_t wake_ns;        /* the set-up thread's: look again by then (0: in 50 ms) */
   _Atomic uint64_t use_clock;
@@ -296,6 +302,11 @@ struct vrb_peer {
   int64_t retry_ns, room_since_ns;
   int n_waits;
   bool victim_late; /* QUIESCING past its deadline (no longer counted) */
+  /* In vc's room queue (work_lock); told QP_WAIT (the peer asks again)
+   * at room_told_ns, so a peer that stops asking leaves the queue. */
+  bool in_room_q, room_remote;
+  vrb_peer_t *room_next;
+  int64_t room_told_ns;
   struct vrb_in {
     uint32_t kind, qpn[VRB_MAX_QPS], psn, mtu;
     uint64_t lid, gen, status;
@@ -387,6 +398,9 @@ extern const hixl_tp_msg_t hixl__vrb_msgs[];
 void hixl__vrb_want(vrb_peer_t *vp);
 /* vp goes away: out of the work list (ctx->lock held). */
 void hixl__vrb_lazy_forget(vrb_peer_t *vp);
+/* QPs the pairs waiting for room ahead of vp need (all of them when vp
+ * waits for none): vp may take room only past those. */
+int hixl__vrb_room_ahead(vrb_ctx_t *vc, vrb_peer_t *vp);
 /* ctx_fini: stop the set-up thread (no peer left). */
 void hixl__vrb_lazy_fini(vrb_ctx_t *vc);
 
