@@ -1036,14 +1036,16 @@ static void test_qp_lru(void **state)
     for (int j = 0; j < K; j++)
       assert_int_equal(back[j], s0 + (uint32_t)j);
   }
-  /* Our own budget: 4 QPs for 8 peers (the target still at 4 too). */
+  /* Our own budget: 4 QPs for 8 peers (the target still at 4 too).  The
+   * variable stays set until the context's verbs transport is set up, at
+   * its first connect. */
   setenv("HIXL_VERBS_MAX_QPS", "4", 1);
   hixl_ctx_t *small = test_ctx(0, NULL);
-  unsetenv("HIXL_VERBS_MAX_QPS");
   for (int i = 0; i < NS; i++) {
     sp[i] = connect_to(small, &t);
     srm[i] = lookup(sp[i], "alloc");
   }
+  unsetenv("HIXL_VERBS_MAX_QPS");
   target_send(&t, "notifs %d", NS * K * 3);
   lru_rounds(small, sp, srm, NS, NP, 2, K, false, seq + NP, vals + (size_t)NP * 4096);
   lru_rounds(small, sp, srm, NS, NP, 1, K, true, seq + NP, vals + (size_t)NP * 4096);
@@ -1057,6 +1059,38 @@ static void test_qp_lru(void **state)
   assert_true(sq <= 4);
   assert_true(sr >= NS - 4);
   assert_true(target_stat(&t, "qps") <= 4);
+  /* A pair of 4 QPs (HIXL_VERBS_QPS=4, the initiator's choice) to the
+   * target whose 4 are all held by idle single-QP pairs: it takes back as
+   * many as that needs, and the wide pair moves data.  First the 4 held:
+   * a get on each of 4 of our first peers. */
+  for (int i = 0; i < 4; i++) {
+    uint64_t x;
+    EXPECT_OK(hixl_get(peers[i], &x, sizeof(x), rmrs[i], i * 8192u, 0, NULL));
+    EXPECT_OK(hixl_fence(ctx, peers[i], 60000));
+  }
+  assert_int_equal(target_stat(&t, "qps"), 4);
+  uint64_t tr0 = target_stat(&t, "qps_reclaimed");
+  setenv("HIXL_VERBS_QPS", "4", 1); /* read at its first connect */
+  hixl_ctx_t *wide = test_ctx(0, NULL);
+  hixl_peer_t *wp = connect_to(wide, &t);
+  unsetenv("HIXL_VERBS_QPS");
+  hixl_rmr_t *wr = lookup(wp, "alloc");
+  uint64_t wv[512], wb[512];
+  for (int j = 0; j < 512; j++)
+    wv[j] = 0x3d1de000u + (uint64_t)j;
+  EXPECT_OK(hixl_put(wp, wv, sizeof(wv), wr, 200000, 0, NULL));
+  EXPECT_OK(hixl_get(wp, wb, sizeof(wb), wr, 200000, 0, NULL));
+  EXPECT_OK(hixl_fence(wide, wp, 60000));
+  assert_memory_equal(wv, wb, sizeof(wv));
+  assert_int_equal(ctx_failures(wide), 0);
+  uint64_t wq = target_stat(&t, "qps"), wr1 = target_stat(&t, "qps_reclaimed");
+  printf("# a 4-QP pair to the full target: it holds %llu QPs, reclaimed %llu more\n",
+         (unsigned long long)wq, (unsigned long long)(wr1 - tr0));
+  assert_true(wq <= 4);
+  assert_true(wr1 >= tr0 + 4);
+  hixl_rmr_release(wr);
+  hixl_disconnect(wp);
+  hixl_ctx_destroy(wide);
   for (int i = 0; i < NS; i++) {
     hixl_rmr_release(srm[i]);
     hixl_disconnect(sp[i]);
