@@ -217,12 +217,17 @@ hixl_status_t hixl_disconnect(hixl_peer_t *peer);
  * and let the context free the handle, a few seconds later (2 x timeout +
  * 1 s after its end).  Without this, a handle the application has seen
  * stays until hixl_ctx_destroy, so a long-lived target whose peers come
- * and go should release each it has done with.  Release its rmrs first,
- * and wait for or free its requests (a request's error names its peer);
- * the handle must not be used, nor passed anywhere, afterwards.
- * Errors: INVALID (NULL or freed; released already; it still has rmrs; a
- * rank's peer, which its world owns until hixl_world_destroy).  On error
- * nothing changes. */
+ * and go should release each it has done with.  Release its rmrs first
+ * and free its requests (hixl_req_free: a failed request's error names its
+ * peer), and take no notification on another thread meanwhile (one may
+ * carry it); the handle must not be used, nor passed anywhere, afterwards
+ * (its memory may then belong to a new peer).  A released peer is no
+ * longer among those hixl_fence(ctx, NULL) reports lost.  If its
+ * transport could not finish an operation to it, the handle is kept as
+ * before (a warning says so).  Errors: INVALID (NULL; released already;
+ * it still has rmrs; a rank's peer, which its world owns until
+ * hixl_world_destroy); a freed handle is caught only while its memory has
+ * not been reused.  On error nothing changes. */
 hixl_status_t hixl_peer_release(hixl_peer_t *peer);
 /* "self", "shm", "verbs" or "fabric" ("closed" after hixl_disconnect);
  * NULL for a NULL peer. */

@@ -97,7 +97,7 @@ void hixl__peer_unlink_locked(hixl_ctx_t *ctx, hixl_peer_t *p);
  * caller may wait on each outside the lock.  NULL with *n 0 when none;
  * NULL with *n non-zero: no memory (nothing pinned). */
 hixl_peer_t **hixl__peers_pin(hixl_ctx_t *ctx, bool (*keep)(hixl_peer_t *p), size_t *n);
-void hixl__peers_unpin(hixl_ctx_t *ctx, hixl_peer_t **snap);
+void hixl__peers_unpin(hixl_ctx_t *ctx, hixl_peer_t **snap, size_t n);
 /* A world's rank's peer: handed to the user, owned by the world. */
 void hixl__peer_world_own(hixl_peer_t *p, bool own);
 /* Sleep on ctx->cond (ctx->lock held) until signalled, deadline, or cap_ms:

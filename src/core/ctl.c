@@ -772,13 +772,13 @@ static int64_t visit_locked(hixl_ctx_t *ctx, hixl_peer_t *p, int64_t now)
   /* Or released by the user (hixl_peer_release), once the grace after its
    * end is over: an operation issued before may have been in the
    * transport until then. */
-  bool let_go = atomic_load(&p->released) && p->ops == &hixl__closed_ops;
+  bool let_go = atomic_load(&p->released) && p->ops == &hixl__closed_ops && !p->tp_kept;
   if (st >= HIXL_PEER_LOST && let_go && now - p->lost_ns <= RELEASE_GRACE_NS(ctx))
     return p->lost_ns + RELEASE_GRACE_NS(ctx) + 1;
-  if (st >= HIXL_PEER_LOST && (unseen || let_go)) {
-    /* A thread walks a snapshot of the peers outside the lock
+  if (st >= HIXL_PEER_LOST && (unseen || let_go) && !p->tp_kept) {
+    /* A thread walks a snapshot that holds it, outside the lock
      * (hixl__peers_pin): free it a little later. */
-    if (atomic_load(&ctx->peer_pins) != 0)
+    if (p->pins != 0)
       return now + 50 * 1000000LL;
     if (p->in_hs)
       hs_unlink_locked(ctx, p);

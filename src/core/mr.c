@@ -244,7 +244,7 @@ hixl_status_t hixl_mr_dereg(hixl_mr_t *mr)
       hixl_info("hixl_mr_dereg: peer %s did not acknowledge (%s); going on", vps[i]->name,
                 hixl_last_error());
   }
-  hixl__peers_unpin(ctx, vps);
+  hixl__peers_unpin(ctx, vps, k);
 
   pthread_mutex_lock(&ctx->reg_lock);
   hixl_reg_slot_t *s = &ctx->reg_table[mr->slot];

@@ -296,23 +296,27 @@ hixl_status_t hixl_peer_release(hixl_peer_t *peer)
     return hixl__err(HIXL_ERR_INVALID, "hixl_peer_release: %s peer",
                      peer == NULL ? "NULL" : "invalid or freed");
   hixl_ctx_t *ctx = peer->ctx;
-  if (atomic_load(&peer->world_owned))
-    return hixl__err(HIXL_ERR_INVALID,
-                     "hixl_peer_release: peer %s is a rank of a world, which owns it "
-                     "(hixl_world_destroy lets it go)",
-                     peer->name);
+  /* Claimed under the lock, where a world takes peers (world.c) and a
+   * second release looks: from here on neither can have it. */
   pthread_mutex_lock(&ctx->lock);
   hixl_status_t st = HIXL_OK;
   size_t n_rmrs = 0;
   for (hixl_rmr_t *r = peer->rmrs; r; r = r->next)
     n_rmrs++;
-  if (atomic_load(&peer->released))
+  if (atomic_load(&peer->world_owned))
+    st = hixl__err(HIXL_ERR_INVALID,
+                   "hixl_peer_release: peer %s is a rank of a world, which owns it "
+                   "(hixl_world_destroy lets it go)",
+                   peer->name);
+  else if (atomic_load(&peer->releasing))
     st = hixl__err(HIXL_ERR_INVALID, "hixl_peer_release: peer %s was released already", peer->name);
   else if (n_rmrs)
     st = hixl__err(HIXL_ERR_INVALID,
                    "hixl_peer_release: peer %s still has %zu remote region(s); "
                    "hixl_rmr_release them first",
                    peer->name, n_rmrs);
+  else
+    atomic_store(&peer->releasing, true);
   pthread_mutex_unlock(&ctx->lock);
   if (st != HIXL_OK)
     return st;
@@ -347,19 +351,22 @@ hixl_peer_t **hixl__peers_pin(hixl_ctx_t *ctx, bool (*keep)(hixl_peer_t *p), siz
   for (hixl_peer_t *p = ctx->peers; p && snap; p = p->next)
     if (keep(p))
       snap[k++] = p;
-  if (snap)
-    atomic_fetch_add(&ctx->peer_pins, 1);
+  for (size_t i = 0; i < k; i++)
+    snap[i]->pins++;
   pthread_mutex_unlock(&ctx->lock);
   *n_p = snap ? k : n;
   return snap;
 }
 
-void hixl__peers_unpin(hixl_ctx_t *ctx, hixl_peer_t **snap)
+void hixl__peers_unpin(hixl_ctx_t *ctx, hixl_peer_t **snap, size_t n)
 {
   if (snap == NULL)
     return;
+  pthread_mutex_lock(&ctx->lock);
+  for (size_t i = 0; i < n; i++)
+    snap[i]->pins--; /* a free held back meanwhile: 50 ms later */
+  pthread_mutex_unlock(&ctx->lock);
   free(snap);
-  atomic_fetch_sub(&ctx->peer_pins, 1); /* a free held back meanwhile: 50 ms later */
 }
 
 const char *hixl_peer_transport(const hixl_peer_t *peer)

@@ -436,9 +436,15 @@ struct hixl_peer {
    * world): kept, lost or not, until hixl_ctx_destroy.  One that never
    * did is freed once lost and released (ctl.c: housekeeping). */
   _Atomic bool handed;
-  /* hixl_peer_release: the user is done with the handle; the control
-   * thread frees it once closed and past the release grace. */
-  _Atomic bool released;
+  /* hixl_peer_release: releasing once it has claimed the handle (a second
+   * release, a world taking it, are refused from then on); released once
+   * it is closed, when the control thread may free it past the release
+   * grace.  Not while pins > 0 (hixl__peers_pin, under ctx->lock), nor if
+   * tp_kept: its transport kept records that point at it past its close
+   * (operations that never finished; the handle then stays, as before). */
+  _Atomic bool releasing, released;
+  unsigned pins;
+  bool tp_kept;
   /* A world's rank (hixl_world_peer): the world owns the handle, so
    * hixl_peer_release refuses it until hixl_world_destroy. */
   _Atomic bool world_owned;
@@ -615,10 +621,6 @@ struct hixl_ctx {
     hixl_peer_t *p;
   } * hk;
   uint32_t hk_n, hk_cap;
-  /* Threads that walk a snapshot of ctx->peers outside ctx->lock
-   * (hixl_fence(NULL), hixl_mr_dereg): while any does, housekeeping frees
-   * no peer (hixl__peers_pin). */
-  _Atomic unsigned peer_pins;
   hixl_peer_t *hs_head; /* inbound handshakes, oldest first (hs_next) */
   unsigned n_inbound;
   hixl_published_t published[HIXL_MAX_PUBLISHED];

@@ -291,7 +291,7 @@ hixl_status_t hixl_fence(hixl_ctx_t *ctx, hixl_peer_t *peer, int timeout_ms)
     if (st != HIXL_OK && first == HIXL_OK)
       first = st;
   }
-  hixl__peers_unpin(ctx, snap);
+  hixl__peers_unpin(ctx, snap, k);
   return first;
 }
 

@@ -170,7 +170,7 @@ static hixl_peer_t *tagged_up_locked(const hixl_world_t *w, int j, const hixl_pe
 {
   for (hixl_peer_t *p = w->ctx->peers; p; p = p->next)
     if (p != except && p->inbound && p->tag == tag_of(w->id, j) &&
-        atomic_load(&p->state) == HIXL_PEER_UP)
+        atomic_load(&p->state) == HIXL_PEER_UP && !atomic_load(&p->releasing))
       return p;
   return NULL;
 }

@@ -824,6 +824,7 @@ static void fab_peer_close(hixl_peer_t *peer)
     free(fp);
     return;
   }
+  peer->tp_kept = true; /* their completions name its requests, whose peer this is */
   fp->orphan_next = fc->orphans;
   fp->orphan_prev = &fc->orphans;
   if (fc->orphans)

@@ -1154,10 +1154,12 @@ static void vrb_peer_close(hixl_peer_t *peer)
     /* Flush what is in flight before the descriptors those completions
      * point at go away. */
     vrb_peer_lost(peer);
-    if (hixl__vrb_drain_peer(vp))
+    if (hixl__vrb_drain_peer(vp)) {
       vp_free(vp);
-    else
+    } else {
       hixl_warn("verbs: work requests to %s never flushed; keeping their descriptors", peer->name);
+      peer->tp_kept = true; /* a late flush reads the peer through them */
+    }
   }
   rmap_del(VC(peer->ctx), peer); /* no receive completion reaches it now */
   peer->tp = NULL;
