@@ -180,6 +180,7 @@ typedef struct {
   int timeout_ms;         /* the context default (config) */
   PyObject *peers;        /* dict id(hixl_peer_t*) -> Peer (inbound) or weakref (ours) */
   pend_t *orphans;        /* dropped requests still in flight */
+  int notif_waiters;      /* threads in hixl_notif_wait without the GIL */
   RegionObject *regions;  /* live regions (intrusive list), for close() */
   struct ReqObject *live; /* unfinished requests (intrusive list), for close() */
   hixl_xfer_t *scratch;   /* batch descriptors, reused under the GIL */
@@ -1245,11 +1246,18 @@ static PyObject *Ctx_wait(CtxObject *c, PyObject *args, PyObject *kw)
       st = hixl_notif_wait(c->ctx, &n, 0); /* no GIL dance for a poll */
     } else {
       c->busy++;
+      c->notif_waiters++; /* it may take a peer's handle: peer_close frees none meanwhile */
       Py_BEGIN_ALLOW_THREADS st = hixl_notif_wait(c->ctx, &n, slice);
       Py_END_ALLOW_THREADS c->busy--;
     }
-    if (st == HIXL_OK)
-      return notif_new(c, &n);
+    if (st == HIXL_OK) {
+      PyObject *r = notif_new(c, &n); /* before a close may free its peer */
+      if (slice != 0)
+        c->notif_waiters--;
+      return r;
+    }
+    if (slice != 0)
+      c->notif_waiters--;
     if (st != HIXL_ERR_TIMEOUT)
       return raise_status(st, NULL);
     if (deadline >= 0 && now_ms() >= deadline)
@@ -1614,10 +1622,14 @@ static void peer_close(PeerObject *p)
   int released = 0;
   if (c->ctx && !p->world) {
     /* Freed (hixl_peer_release) when nothing of ours can still name the
-     * handle: no Rmr of it (each holds this object, so release refuses)
-     * and no unfinished request of the context (a request's error names
-     * its peer).  Otherwise only disconnected; the context frees it. */
-    int can_free = c->live == NULL;
+     * handle: no Rmr of it (each holds this object, so release refuses),
+     * no unfinished request of the context, live or dropped (a request's
+     * error names its peer), and no thread in a notification wait that
+     * may have taken it without the GIL.  Otherwise only disconnected;
+     * the context keeps the handle. */
+    if (c->orphans)
+      reap_orphans(c);
+    int can_free = c->live == NULL && c->orphans == NULL && c->notif_waiters == 0;
     c->busy++;
     Py_BEGIN_ALLOW_THREADS if (can_free) released = hixl_peer_release(hp) == HIXL_OK;
     if (!released)
