@@ -119,6 +119,7 @@ static void room_q_add_locked(vrb_ctx_t *vc, vrb_peer_t *vp, bool remote, int64_
   if (vp->in_room_q)
     return;
   vp->in_room_q = true;
+  vp->room_first_ns = now;
   vp->room_next = NULL;
   if (vc->room_tail)
     vc->room_tail->room_next = vp;
@@ -151,14 +152,18 @@ static void room_q_del(vrb_ctx_t *vc, vrb_peer_t *vp)
 }
 
 /* QPs needed by the pairs waiting ahead of vp (all of them if vp is not
- * waiting); a peer told QP_WAIT that has stopped asking (and does not
- * want QPs of ours either) leaves the queue here.  work_lock held. */
+ * waiting).  A peer told QP_WAIT leaves the queue here (unless it is a
+ * set-up of ours too) once it has stopped asking, or has waited as long
+ * as a requester waits at all: asking again does not keep its place
+ * past that.  work_lock held. */
 static int room_ahead_locked(vrb_ctx_t *vc, vrb_peer_t *vp, int64_t now)
 {
   int n = 0;
   for (vrb_peer_t *w = vc->room_head, *next; w && w != vp; w = next) {
     next = w->room_next;
-    if (w->room_remote && now - w->room_told_ns > ROOM_TOLD_NS && atomic_load(&w->qs) != VQ_WANT) {
+    if (w->room_remote && atomic_load(&w->qs) != VQ_WANT &&
+        (now - w->room_told_ns > ROOM_TOLD_NS ||
+         now - w->room_first_ns > hixl__issue_wait_ms(w->peer->ctx) * 1000000LL)) {
       room_q_del_locked(vc, w);
       continue;
     }
@@ -433,6 +438,11 @@ static bool rings_hold(vrb_ctx_t *vc)
 static bool room_for(vrb_ctx_t *vc, vrb_peer_t *vp)
 {
   if (!vc->reclaim)
+    return false;
+  /* More than reclaims can ever free (the rest of the budget is held by
+   * pairs made in their handshake, which are never taken back): refused
+   * now rather than queued ahead of pairs that can be served. */
+  if (vp->nq > vc->max_qps - (atomic_load(&vc->n_qps) - atomic_load(&vc->n_lazy_qps)))
     return false;
   bool held = rings_hold(vc);
   pthread_mutex_lock(&vc->work_lock);

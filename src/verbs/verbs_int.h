@@ -302,11 +302,12 @@ struct vrb_peer {
   int64_t retry_ns, room_since_ns;
   int n_waits;
   bool victim_late; /* QUIESCING past its deadline (no longer counted) */
-  /* In vc's room queue (work_lock); told QP_WAIT (the peer asks again)
-   * at room_told_ns, so a peer that stops asking leaves the queue. */
+  /* In vc's room queue (work_lock) since room_first_ns; told QP_WAIT (the
+   * peer asks again) last at room_told_ns: a peer that stops asking, or
+   * has waited its whole deadline, leaves the queue. */
   bool in_room_q, room_remote;
   vrb_peer_t *room_next;
-  int64_t room_told_ns;
+  int64_t room_told_ns, room_first_ns;
   struct vrb_in {
     uint32_t kind, qpn[VRB_MAX_QPS], psn, mtu;
     uint64_t lid, gen, status;
