@@ -1091,6 +1091,23 @@ static void test_qp_lru(void **state)
   hixl_rmr_release(wr);
   hixl_disconnect(wp);
   hixl_ctx_destroy(wide);
+  /* A pair of 8 QPs can never fit a budget of 4: refused at once with the
+   * target's reason, not kept waiting (nor queued ahead of others). */
+  setenv("HIXL_VERBS_QPS", "8", 1);
+  hixl_ctx_t *wider = test_ctx(0, NULL);
+  hixl_peer_t *xp = connect_to(wider, &t);
+  unsetenv("HIXL_VERBS_QPS");
+  hixl_rmr_t *xr = lookup(xp, "alloc");
+  hixl_req_t *xq = NULL;
+  EXPECT_OK(hixl_put(xp, wv, 8, xr, 200000, 0, &xq));
+  assert_int_equal(hixl_req_wait(xq, 60000), HIXL_ERR_AGAIN);
+  if (strstr(hixl_last_error(), "refused our QPs") == NULL)
+    fail_msg("an 8-QP pair to a budget of 4: %s", hixl_last_error());
+  hixl_req_free(xq);
+  assert_true(target_stat(&t, "qps") <= 4);
+  hixl_rmr_release(xr);
+  hixl_disconnect(xp);
+  hixl_ctx_destroy(wider);
   for (int i = 0; i < NS; i++) {
     hixl_rmr_release(srm[i]);
     hixl_disconnect(sp[i]);
