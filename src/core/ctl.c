@@ -948,12 +948,23 @@ static void *ctl_main(void *arg)
           peer_readable(ctx, p);
       }
     }
+    /* Liveness is judged as of now, when the sockets were last read: time
+     * this thread then spends on transport work is not a peer's silence.
+     * It was: an initiator feeding a backlog of notifications from here
+     * (verbs, a sleeping consumer at the other end) read nothing for ten
+     * seconds, then found no heartbeat for ten seconds and declared its
+     * live target lost (the rxe suite's notif_order+wait=sleep, 1 run in
+     * 6). */
+    int64_t now = hixl__now_ns();
+    if (hixl_unlikely(ctx->test_stall_ms > 0) && atomic_load(&ctx->cnt.connects) > 0) {
+      usleep((useconds_t)ctx->test_stall_ms * 1000); /* once, with a peer to lose */
+      ctx->test_stall_ms = 0;
+    }
     /* Target-side transport work (verbs receive completions): on its event
      * and at every tick, so nothing waits longer than a tick. */
     for (size_t t = 0; t < hixl__n_transports; t++)
       if (ctx->tp_ready & (1u << hixl__transports[t]->id))
         hixl__transports[t]->on_event(ctx);
-    int64_t now = hixl__now_ns();
     pthread_mutex_lock(&ctx->lock);
     /* Sockets of failed peers close promptly (a failure sets hk_due);
      * heartbeats and deadlines at the tick.  Not at every event: the scan
@@ -997,6 +1008,7 @@ static hixl_status_t listen_tcp(hixl_ctx_t *ctx)
                      "(bytes)",
                      mqs);
   ctx->max_outq = (size_t)mq;
+  ctx->test_stall_ms = hixl__env_int("HIXL_TEST_CTL_STALL_MS", 0, 60000, 0);
   hixl_status_t tst = hixl__tls_init(ctx);
   if (tst != HIXL_OK)
     return tst;

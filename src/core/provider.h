@@ -593,6 +593,10 @@ struct hixl_ctx {
   /* Out of file descriptors (EMFILE at accept): listeners out of epoll
    * until this time (control thread only); the handshake cap. */
   int64_t accept_paused_until;
+  /* HIXL_TEST_CTL_STALL_MS (testing only): the control thread sleeps this
+   * long once, after reading its sockets (where slow transport work takes
+   * its time), once the context has connected a peer (unit/ctl_stall). */
+  int test_stall_ms;
   unsigned accept_paused; /* bit 0: listen_fd, bit 1: unix_fd */
   bool accept_capped;     /* paused for the handshake cap: back when one ends */
   int64_t emfile_warned_ns;
