@@ -820,8 +820,14 @@ int hixl__vrb_progress(hixl_ctx_t *ctx)
   struct ibv_wc wcs[32];
   int total = 0, n;
   int ncq = atomic_load_explicit(&vc->n_scqs, memory_order_acquire);
+  /* At most VRB_PROGRESS_MAX completions a CQ a call: each may post what
+   * its room lets out of a software queue, so with a backlog draining at
+   * the other end's pace the loop could otherwise run for seconds, and the
+   * control thread (which calls this for a backlog) would answer nobody
+   * meanwhile.  Callers call again. */
   for (int c = 0; c < ncq; c++)
-    while ((n = ibv_poll_cq(vc->scqs[c].cq, 32, wcs)) > 0) {
+    for (int done = 0; done < VRB_PROGRESS_MAX && (n = ibv_poll_cq(vc->scqs[c].cq, 32, wcs)) > 0;
+         done += n) {
       for (int i = 0; i < n; i++) {
         vrb_wqe_t *e = (vrb_wqe_t *)(uintptr_t)wcs[i].wr_id;
         complete(vc, e,

@@ -63,11 +63,12 @@ enum {
 typedef HIXL_MSG_VIEW(qpn, psn, kind, mtu, lid, nqps, gen, status) vrb_lazy_msg_t;
 #define VRB_LZ(m) HIXL_MSG_AS(vrb_lazy_msg_t, m)
 
-#define VRB_SQ_DEPTH 256    /* send work requests in flight per QP */
-#define VRB_SIGNAL_EVERY 64 /* at least one signaled request in this many */
-#define VRB_CHAIN 32        /* work requests per ibv_post_send */
-#define VRB_MAX_QPS 16      /* HIXL_VERBS_QPS upper bound */
-#define VRB_QUEUE_MAX 4096  /* software-queued requests per QP before callers wait */
+#define VRB_SQ_DEPTH 256      /* send work requests in flight per QP */
+#define VRB_SIGNAL_EVERY 64   /* at least one signaled request in this many */
+#define VRB_CHAIN 32          /* work requests per ibv_post_send */
+#define VRB_PROGRESS_MAX 1024 /* completions a send CQ a progress call, at most */
+#define VRB_MAX_QPS 16        /* HIXL_VERBS_QPS upper bound */
+#define VRB_QUEUE_MAX 4096    /* software-queued requests per QP before callers wait */
 #define VRB_SRQ_DEPTH 512
 #define VRB_RECV_SIZE 64
 #define VRB_BOUNCE_SIZE 65536
