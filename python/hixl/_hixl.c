@@ -1178,12 +1178,43 @@ static PyObject *peer_lookup(CtxObject *c, hixl_peer_t *hp)
   return peer_wrap(c, hp, 0, 0);
 }
 
+/* A notification's peer that has no Peer yet and is closed already: one
+ * a close on another thread was releasing while this thread took the
+ * notification without the GIL.  Its handle may be freed a grace later,
+ * so it gets a Peer that is closed from the start, kept out of the cache
+ * (the address may come back as another peer's). */
+static PyObject *notif_peer(CtxObject *c, hixl_peer_t *hp)
+{
+  PyObject *key = PyLong_FromVoidPtr(hp);
+  if (key == NULL)
+    return NULL;
+  int known = PyDict_Contains(c->peers, key);
+  Py_DECREF(key);
+  if (known < 0)
+    return NULL;
+  const char *tn = hixl_peer_transport(hp);
+  if (known || tn == NULL || strcmp(tn, "closed") != 0)
+    return peer_lookup(c, hp);
+  PeerObject *p = PyObject_New(PeerObject, &PeerType);
+  if (p == NULL)
+    return NULL;
+  Py_INCREF(c);
+  p->ctx = c;
+  p->peer = NULL;
+  p->owned = 0;
+  p->busy = 0;
+  p->world = 0;
+  p->id = hp;
+  p->weakreflist = NULL;
+  return (PyObject *)p;
+}
+
 static PyObject *notif_new(CtxObject *c, const hixl_notif_t *n)
 {
   PyObject *t = PyStructSequence_New(NotifType);
   if (t == NULL)
     return NULL;
-  PyObject *p = peer_lookup(c, n->peer);
+  PyObject *p = notif_peer(c, n->peer);
   PyObject *imm = PyLong_FromUnsignedLong(n->imm);
   PyObject *len = PyLong_FromSize_t(n->len);
   if (p == NULL || imm == NULL || len == NULL) {
