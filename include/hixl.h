@@ -420,8 +420,11 @@ hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char 
 /* The peer for rank (own rank: a self peer); NULL if out of range.  A rank
  * that is lost and has come back (below) gets a new peer once
  * hixl_world_wait_rank has taken it: this returns it from then on; the old
- * one stays valid, answering PEER_LOST, until hixl_world_destroy (after
- * which hixl_peer_release may free it, and the world's other peers). */
+ * one stays valid, answering PEER_LOST, until hixl_world_destroy.  After
+ * hixl_world_destroy a peer this (or hixl_world_wait_rank, or a
+ * notification) returned is the application's: hixl_peer_release frees it.
+ * The world's peers the application never got are freed by
+ * hixl_world_destroy itself (and by a hixl_world_create that fails). */
 hixl_peer_t *hixl_world_peer(hixl_world_t *w, int rank);
 int hixl_world_rank(const hixl_world_t *w);
 int hixl_world_size(const hixl_world_t *w);
@@ -447,6 +450,9 @@ hixl_status_t hixl_world_exchange(hixl_world_t *w, hixl_mr_t *mr, hixl_rmr_t **r
  * exchange of another thread (it waits for it to end).
  * Errors: INVALID, TIMEOUT (still lost). */
 hixl_status_t hixl_world_wait_rank(hixl_world_t *w, int rank, int timeout_ms, hixl_peer_t **peer_p);
+/* Disconnect the world's peers; those the application never got (see
+ * hixl_world_peer) and holds no rmr of are freed after the release grace,
+ * the others are left to hixl_peer_release. */
 void hixl_world_destroy(hixl_world_t *w);
 
 #if defined(__GNUC__)

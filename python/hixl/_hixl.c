@@ -2569,15 +2569,18 @@ static int world_ok(WorldObject *w)
   return 1;
 }
 
-/* The Peer objects of a world go with it: their handles die in
- * hixl_world_destroy. */
-static void world_forget_peers(WorldObject *w, PyObject *list)
+/* The Peer objects of a world go with it: their handles are disconnected
+ * by hixl_world_destroy, and released after it (world_close).  Each
+ * handle forgotten is appended to out (room for every entry of list). */
+static void world_forget_peers(WorldObject *w, PyObject *list, hixl_peer_t **out, size_t *n_out)
 {
   Py_ssize_t n = list ? PyList_GET_SIZE(list) : 0;
   for (Py_ssize_t i = 0; i < n; i++) {
     PeerObject *p = (PeerObject *)PyList_GET_ITEM(list, i);
     if (p->peer) {
       hixl_peer_t *hp = p->peer;
+      if (out)
+        out[(*n_out)++] = hp;
       p->peer = NULL;
       wait_idle(&p->busy);
       PyObject *key = PyLong_FromVoidPtr(hp);
@@ -2621,15 +2624,42 @@ static void world_close(WorldObject *w)
     PyErr_Clear();
   hixl_world_t *hw = w->w;
   w->w = NULL;
-  world_forget_peers(w, w->peers);
-  world_forget_peers(w, w->gone);
+  size_t cap = (size_t)PyList_GET_SIZE(w->peers) + (w->gone ? (size_t)PyList_GET_SIZE(w->gone) : 0);
+  hixl_peer_t **hps = PyMem_Malloc(cap ? cap * sizeof(*hps) : 1); /* NULL: none released */
+  size_t n_hps = 0;
+  world_forget_peers(w, w->peers, hps, &n_hps);
+  world_forget_peers(w, w->gone, hps, &n_hps);
   wait_idle(&w->busy); /* barrier / exchange of other threads */
   if (w->ctx->ctx) {
     CtxObject *c = w->ctx;
     c->busy++; /* a concurrent Context.close waits for this */
     Py_BEGIN_ALLOW_THREADS hixl_world_destroy(hw);
     Py_END_ALLOW_THREADS c->busy--;
+    /* The handles are the application's now, disconnected: no
+     * notification of theirs can be taken from here on.  Released when
+     * nothing of ours can name one (as in peer_close): not if a Peer was
+     * made for it meanwhile (a notification taken before the
+     * disconnect), not while a request or a notification wait may hold
+     * one; an Rmr of one makes the release refuse it. */
+    if (c->orphans)
+      reap_orphans(c);
+    if (c->ctx && c->peers && c->live == NULL && c->orphans == NULL && c->notif_waiters == 0) {
+      size_t k = 0;
+      for (size_t i = 0; i < n_hps; i++) {
+        PyObject *key = PyLong_FromVoidPtr(hps[i]);
+        int cached = key ? PyDict_Contains(c->peers, key) : -1;
+        Py_XDECREF(key);
+        if (cached == 0)
+          hps[k++] = hps[i];
+        else if (cached < 0)
+          PyErr_Clear();
+      }
+      c->busy++;
+      Py_BEGIN_ALLOW_THREADS for (size_t i = 0; i < k; i++)(void) hixl_peer_release(hps[i]);
+      Py_END_ALLOW_THREADS c->busy--;
+    }
   }
+  PyMem_Free(hps);
   if (w->owns_ctx && ctx_close(w->ctx, 0) < 0)
     PyErr_Clear(); /* views of its memory live: it goes with the last of them */
 }

@@ -264,3 +264,48 @@ def test_closing_an_inbound_peer_frees_it_and_a_new_one_is_fresh():
     finally:
         ini.close()
         tgt.close()
+
+
+def _records_settle(ctx, want, limit=20):
+    deadline = time.monotonic() + limit
+    n = ctx.stats()["peer_records"]
+    while n != want and time.monotonic() < deadline:
+        time.sleep(0.05)
+        n = ctx.stats()["peer_records"]
+    return n
+
+
+def test_closing_a_world_frees_its_peers():
+    # World.close() lets the context free every peer handle of the world
+    # (its ranks, and the rank's loopback peer) once the release grace is
+    # over, whether the program used them or not: worlds made and closed
+    # in a loop do not pile up handles.
+    from test_module import free_port
+    ctxs = [hixl.Context(timeout_ms=1000) for _ in range(2)]   # grace 3 s
+    try:
+        for rnd in range(3):
+            rdv = f"127.0.0.1:{free_port()}"
+            worlds, rmrs = [None, None], [None, None]
+
+            def make(r):
+                worlds[r] = hixl.World(ctxs[r], r, 2, rdv)
+                if rnd == 2:                    # the exchange's Rmrs, released below
+                    rmrs[r] = worlds[r].exchange(ctxs[r].alloc(64))
+            ts = [threading.Thread(target=make, args=(r,)) for r in range(2)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            assert all(worlds), worlds
+            assert all(c.stats()["peer_records"] >= 2 for c in ctxs)   # a rank, and self
+            if rnd >= 1:
+                worlds[0].peer(1).notify(rnd)
+                assert ctxs[1].wait(timeout=10).imm == rnd
+            for r in range(2):
+                for x in rmrs[r] or ():
+                    x.release()
+                worlds[r].close()
+            assert [_records_settle(c, 0) for c in ctxs] == [0, 0]
+    finally:
+        for c in ctxs:
+            c.close()

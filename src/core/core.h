@@ -98,8 +98,14 @@ void hixl__peer_unlink_locked(hixl_ctx_t *ctx, hixl_peer_t *p);
  * NULL with *n non-zero: no memory (nothing pinned). */
 hixl_peer_t **hixl__peers_pin(hixl_ctx_t *ctx, bool (*keep)(hixl_peer_t *p), size_t *n);
 void hixl__peers_unpin(hixl_ctx_t *ctx, hixl_peer_t **snap, size_t n);
-/* A world's rank's peer: handed to the user, owned by the world. */
-void hixl__peer_world_own(hixl_peer_t *p, bool own);
+/* A world's rank's peer: owned by the world (hixl_peer_release refuses
+ * it, housekeeping never frees it) until the world lets it go. */
+void hixl__peer_world_own(hixl_peer_t *p);
+/* The world is done with p: disconnect it, and release it too when the
+ * application never saw its handle (hixl_world_peer, hixl_world_wait_rank,
+ * a notification) and holds none of its rmrs; otherwise it is the
+ * application's to release. */
+void hixl__peer_world_disown(hixl_peer_t *p);
 /* Sleep on ctx->cond (ctx->lock held) until signalled, deadline, or cap_ms:
  * the one timed wait of control calls and world rendezvous. */
 void hixl__cond_wait_until(hixl_ctx_t *ctx, int64_t deadline, int cap_ms);

@@ -764,11 +764,13 @@ static int64_t visit_locked(hixl_ctx_t *ctx, hixl_peer_t *p, int64_t now)
     p->rx = NULL;
     p->rx_len = 0;
   }
-  /* Never visible to the user (no handshake done, or released and its
-   * handle never given out): free now, so that connections that come
-   * and go cost nothing once they are gone (docs/scale.md). */
+  /* Never visible to the user (no handshake done, or closed and its
+   * handle never given out, nor held by a world or an rmr a world's
+   * exchange made): free now, so that connections that come and go cost
+   * nothing once they are gone (docs/scale.md). */
   bool unseen = p->inbound && (p->unix_pending || p->ops == NULL ||
-                               (p->ops == &hixl__closed_ops && !atomic_load(&p->handed)));
+                               (p->ops == &hixl__closed_ops && !atomic_load(&p->handed) &&
+                                !atomic_load(&p->world_owned) && p->rmrs == NULL));
   /* Or released by the user (hixl_peer_release), once the grace after its
    * end is over: an operation issued before may have been in the
    * transport until then. */

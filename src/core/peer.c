@@ -290,6 +290,23 @@ hixl_status_t hixl_disconnect(hixl_peer_t *peer)
   return HIXL_OK;
 }
 
+/* The second half of a release, once claimed (releasing set): disconnect
+ * and hand the record to the control thread. */
+static void release_claimed(hixl_peer_t *peer)
+{
+  hixl_ctx_t *ctx = peer->ctx;
+  say_bye(peer);
+  pthread_mutex_lock(&ctx->lock);
+  disconnect_locked(peer);
+  /* Its notifications not yet taken went with peer_close.  The control
+   * thread frees the record once the grace after its end is over (an
+   * operation that passed its state check before it may still be in the
+   * transport until then). */
+  atomic_store(&peer->released, true);
+  ctx->hk[peer->hk_idx].due_ns = 0;
+  pthread_mutex_unlock(&ctx->lock);
+}
+
 hixl_status_t hixl_peer_release(hixl_peer_t *peer)
 {
   if (peer == NULL || peer->magic != HIXL_MAGIC_PEER)
@@ -320,25 +337,28 @@ hixl_status_t hixl_peer_release(hixl_peer_t *peer)
   pthread_mutex_unlock(&ctx->lock);
   if (st != HIXL_OK)
     return st;
-  say_bye(peer);
-  pthread_mutex_lock(&ctx->lock);
-  disconnect_locked(peer);
-  /* Its notifications not yet taken went with peer_close.  The control
-   * thread frees the record once the grace after its end is over (an
-   * operation that passed its state check before it may still be in the
-   * transport until then). */
-  atomic_store(&peer->released, true);
-  ctx->hk[peer->hk_idx].due_ns = 0;
-  pthread_mutex_unlock(&ctx->lock);
+  release_claimed(peer);
   return HIXL_OK;
 }
 
-void hixl__peer_world_own(hixl_peer_t *p, bool own)
+void hixl__peer_world_disown(hixl_peer_t *p)
 {
-  if (own)
-    hixl__peer_handed(p);
-  atomic_store(&p->world_owned, own);
+  hixl_ctx_t *ctx = p->ctx;
+  /* Disconnected first: that drops its notifications not yet taken, under
+   * the consumers' lock, so that none can carry the handle out after the
+   * look at handed below (a consumer marks it under that lock). */
+  hixl_disconnect(p);
+  pthread_mutex_lock(&ctx->lock);
+  atomic_store(&p->world_owned, false);
+  bool mine = !atomic_load(&p->handed) && p->rmrs == NULL && !atomic_load(&p->releasing);
+  if (mine)
+    atomic_store(&p->releasing, true);
+  pthread_mutex_unlock(&ctx->lock);
+  if (mine)
+    release_claimed(p);
 }
+
+void hixl__peer_world_own(hixl_peer_t *p) { atomic_store(&p->world_owned, true); }
 
 hixl_peer_t **hixl__peers_pin(hixl_ctx_t *ctx, bool (*keep)(hixl_peer_t *p), size_t *n_p)
 {

@@ -432,9 +432,10 @@ struct hixl_peer {
   void *tp; /* transport-private state */
   _Atomic int state;
   bool inbound; /* they connected to us; owned by the context */
-  /* An inbound peer whose handle reached the user (a notification, a
-   * world): kept, lost or not, until hixl_ctx_destroy.  One that never
-   * did is freed once lost and released (ctl.c: housekeeping). */
+  /* The handle reached the user (a notification, hixl_world_peer,
+   * hixl_world_wait_rank): an inbound one is kept, lost or not, until
+   * hixl_ctx_destroy or hixl_peer_release.  One that never did is freed
+   * once lost and closed (ctl.c: housekeeping). */
   _Atomic bool handed;
   /* hixl_peer_release: releasing once it has claimed the handle (a second
    * release, a world taking it, are refused from then on); released once
@@ -445,8 +446,9 @@ struct hixl_peer {
   _Atomic bool releasing, released;
   unsigned pins;
   bool tp_kept;
-  /* A world's rank (hixl_world_peer): the world owns the handle, so
-   * hixl_peer_release refuses it until hixl_world_destroy. */
+  /* A world's rank: the world owns the handle, so hixl_peer_release
+   * refuses it and housekeeping keeps it until hixl_world_destroy, which
+   * releases it itself unless handed (hixl__peer_world_disown). */
   _Atomic bool world_owned;
   bool self;
   bool unix_pending;         /* an accepted unix connection not yet bound to its peer */

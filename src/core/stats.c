@@ -115,6 +115,10 @@ static const stat_def_t ctx_defs[] = {
     {"disconnects", "peers closed: by hixl_disconnect or by the peer's own (BYE)", C},
     {"peer_losses", "peers lost: died, stopped answering, or the connection broke", C},
     {"peers", "peers connected now (both directions)", G},
+    {"peer_records",
+     "peer handles this context holds, connected or not: a closed one stays until "
+     "hixl_peer_release (or hixl_ctx_destroy) once the application has seen it",
+     G},
     {"wait_spin_ns", "time blocking calls spent polling before sleeping (or spinning)", C},
     {"wait_sleeps", "times a blocking call slept in the kernel", C},
     {"wait_sleep_ns", "time blocking calls spent asleep", C},
@@ -204,10 +208,11 @@ static void ctx_values(hixl_ctx_t *ctx, uint64_t *v, bool locked)
   v[k++] = all;
   for (int s = 1; s <= 11; s++)
     v[k++] = atomic_load_explicit(&ctx->cnt.errors[s], memory_order_relaxed);
-  uint64_t fl = 0, up = 0;
+  uint64_t fl = 0, up = 0, records = 0;
   if (!locked)
     pthread_mutex_lock(&ctx->lock);
   for (hixl_peer_t *p = ctx->peers; p; p = p->next) {
+    records++;
     if (p->self)
       continue;
     fl += in_flight(p);
@@ -223,6 +228,7 @@ static void ctx_values(hixl_ctx_t *ctx, uint64_t *v, bool locked)
   v[k++] = atomic_load(&ctx->cnt.disconnects);
   v[k++] = atomic_load(&ctx->cnt.losses);
   v[k++] = up;
+  v[k++] = records;
   v[k++] = t[HIXL_WST_SPIN_NS];
   v[k++] = t[HIXL_WST_SLEEPS];
   v[k++] = t[HIXL_WST_SLEEP_NS];

@@ -878,7 +878,7 @@ hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char 
   if (st == HIXL_OK && (self = hixl__self_peer(ctx)) == NULL)
     st = hixl__err(HIXL_ERR_NOMEM, "hixl_world_create: no memory for a self peer");
   if (self) {
-    hixl__peer_world_own(self, true);
+    hixl__peer_world_own(self);
     atomic_store(&w->peers[rank], self);
   }
   /* Once per pair: rank i connects to every j < i and takes the
@@ -897,7 +897,7 @@ hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char 
                      addrs[j], why);
     }
     if (p)
-      hixl__peer_world_own(p, true);
+      hixl__peer_world_own(p);
     atomic_store(&w->peers[j], p);
   }
   if (st == HIXL_OK && !w->joined && rank + 1 < size) {
@@ -905,7 +905,7 @@ hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char 
     for (int j = rank + 1; j < size && st == HIXL_OK;) {
       hixl_peer_t *p = tagged_up_locked(w, j, NULL);
       if (p) {
-        hixl__peer_world_own(p, true);
+        hixl__peer_world_own(p);
         atomic_store(&w->peers[j++], p);
         continue;
       }
@@ -968,7 +968,7 @@ static void refresh_locked(hixl_world_t *w, int j)
       snprintf(w->addrs[j], 128, "%s", w->join_addr[j]);
     pthread_mutex_unlock(&w->addrs_lock);
   }
-  hixl__peer_world_own(p, true);
+  hixl__peer_world_own(p);
   w->bsent[j] = w->xsent[j] = 0;
   atomic_store(&w->peers[j], p);
   hixl_info("world %08" PRIx32 ": rank %d is back (%s)", w->id, j, p->name);
@@ -978,7 +978,9 @@ hixl_peer_t *hixl_world_peer(hixl_world_t *w, int rank)
 {
   if (w == NULL || rank < 0 || rank >= w->size)
     return NULL;
-  return atomic_load(&w->peers[rank]);
+  hixl_peer_t *p = atomic_load(&w->peers[rank]);
+  hixl__peer_handed(p); /* hixl_world_destroy leaves it to the application */
+  return p;
 }
 
 hixl_status_t hixl_world_wait_rank(hixl_world_t *w, int rank, int timeout_ms, hixl_peer_t **peer_p)
@@ -996,6 +998,7 @@ hixl_status_t hixl_world_wait_rank(hixl_world_t *w, int rank, int timeout_ms, hi
     refresh_locked(w, rank);
     hixl_peer_t *p = atomic_load(&w->peers[rank]);
     if (atomic_load(&p->state) == HIXL_PEER_UP) {
+      hixl__peer_handed(p);
       *peer_p = p;
       break;
     }
@@ -1177,15 +1180,11 @@ void hixl_world_destroy(hixl_world_t *w)
     close(w->lfd);
   for (int j = 0; j < w->size; j++) {
     hixl_peer_t *p = atomic_load(&w->peers[j]);
-    if (p) {
-      hixl_disconnect(p);
-      hixl__peer_world_own(p, false); /* the user's to release now */
-    }
+    if (p)
+      hixl__peer_world_disown(p);
   }
-  for (int k = 0; k < w->n_gone; k++) {
-    hixl_disconnect(w->gone[k]);
-    hixl__peer_world_own(w->gone[k], false);
-  }
+  for (int k = 0; k < w->n_gone; k++)
+    hixl__peer_world_disown(w->gone[k]);
   free(w->gone);
   free(w->addrs);
   free(w->join_addr);

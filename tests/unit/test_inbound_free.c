@@ -17,6 +17,10 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <sys/socket.h>
 #include <cmocka.h>
 
 #include "core.h"
@@ -24,18 +28,20 @@
 #define TIMEOUT_MS 200 /* liveness floor 1 s; release grace 1.4 s */
 #define N_INI 12
 
-static hixl_ctx_t *make(const char *transports)
+static hixl_ctx_t *make_t(const char *transports, int timeout_ms)
 {
   hixl_config_t cfg;
   hixl_config_init(&cfg);
   cfg.transports = transports;
   cfg.listen = "127.0.0.1:0";
-  cfg.timeout_ms = TIMEOUT_MS;
+  cfg.timeout_ms = timeout_ms;
   hixl_ctx_t *c = NULL;
   if (hixl_ctx_create(&cfg, &c) != HIXL_OK)
     fail_msg("hixl_ctx_create(%s): %s", transports, hixl_last_error());
   return c;
 }
+
+static hixl_ctx_t *make(const char *transports) { return make_t(transports, TIMEOUT_MS); }
 
 static unsigned inbound_peers(hixl_ctx_t *ctx)
 {
@@ -216,6 +222,128 @@ static void release_both(const char *transports)
   hixl_ctx_destroy(tgt);
 }
 
+/* ---------------------------------------------------------- worlds */
+
+struct world_arg {
+  hixl_ctx_t *ctx;
+  int rank, size;
+  char rdv[64];
+  hixl_world_t *w;
+  hixl_status_t st;
+};
+
+static void *world_thread(void *arg)
+{
+  struct world_arg *a = arg;
+  a->st = hixl_world_create(a->ctx, a->rank, a->size, a->rdv, &a->w);
+  return NULL;
+}
+
+/* A loopback port nobody holds right now (the contexts are made first). */
+static int some_port(void)
+{
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof(sa);
+  assert_true(fd >= 0);
+  assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+  close(fd);
+  return ntohs(sa.sin_port);
+}
+
+/* Wait up to 20 s for the context to hold want peers. */
+static unsigned settle_all(hixl_ctx_t *ctx, unsigned want)
+{
+  unsigned n = all_peers(ctx);
+  for (int i = 0; i < 400 && n != want; i++) {
+    usleep(50000);
+    n = all_peers(ctx);
+  }
+  return n;
+}
+
+/* A world that fails once its ranks have connected to each other (rank 2
+ * of 3 joins the rendezvous and never connects) leaves no peer behind:
+ * the application never saw them.  And a world that is destroyed leaves
+ * only the peers the application took (hixl_world_peer), which are then
+ * its to release. */
+static void world_release(const char *transports)
+{
+  enum { WT = 2000 }; /* the world's deadline; grace 5 s */
+  hixl_ctx_t *c0 = make_t(transports, WT), *c1 = make_t(transports, WT);
+  int port = some_port();
+  struct world_arg a[2] = {{.ctx = c0, .rank = 0, .size = 3}, {.ctx = c1, .rank = 1, .size = 3}};
+  pthread_t th[2];
+  for (int i = 0; i < 2; i++) {
+    snprintf(a[i].rdv, sizeof(a[i].rdv), "127.0.0.1:%d", port);
+    assert_int_equal(pthread_create(&th[i], NULL, world_thread, &a[i]), 0);
+  }
+  /* Rank 2: joins rank 0's rendezvous under an address nobody serves. */
+  struct sockaddr_in sa = {.sin_family = AF_INET,
+                           .sin_port = htons((uint16_t)port),
+                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  int fd = -1;
+  for (int i = 0; i < 200 && fd < 0; i++) {
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+      close(fd);
+      fd = -1;
+      usleep(10000);
+    }
+  }
+  assert_true(fd >= 0);
+  const char *join = "HIXLW 1 2 3 127.0.0.1:9\n";
+  assert_int_equal(write(fd, join, strlen(join)), (ssize_t)strlen(join));
+  char buf[1024];
+  while (read(fd, buf, sizeof(buf)) > 0)
+    ; /* the table, then rank 0 closes */
+  close(fd);
+  for (int i = 0; i < 2; i++) {
+    pthread_join(th[i], NULL);
+    assert_int_not_equal(a[i].st, HIXL_OK);
+  }
+  unsigned n0 = settle_all(c0, 0), n1 = settle_all(c1, 0);
+  printf("# %s: %u and %u peers left after a failed world (ranks 0, 1)\n", transports, n0, n1);
+  assert_int_equal(n0, 0);
+  assert_int_equal(n1, 0);
+
+  /* A world of 2 that works: rank 0 takes rank 1's peer, rank 1 takes
+   * none. */
+  port = some_port();
+  a[0] = (struct world_arg){.ctx = c0, .rank = 0, .size = 2};
+  a[1] = (struct world_arg){.ctx = c1, .rank = 1, .size = 2};
+  for (int i = 0; i < 2; i++) {
+    snprintf(a[i].rdv, sizeof(a[i].rdv), "127.0.0.1:%d", port);
+    assert_int_equal(pthread_create(&th[i], NULL, world_thread, &a[i]), 0);
+  }
+  for (int i = 0; i < 2; i++) {
+    pthread_join(th[i], NULL);
+    if (a[i].st != HIXL_OK)
+      fail_msg("world rank %d over %s: %s", i, transports, hixl_last_error());
+  }
+  hixl_peer_t *p1 = hixl_world_peer(a[0].w, 1);
+  assert_non_null(p1);
+  hixl_world_destroy(a[0].w);
+  hixl_world_destroy(a[1].w);
+  n0 = settle_all(c0, 1);
+  n1 = settle_all(c1, 0);
+  printf("# %s: %u and %u peers left after hixl_world_destroy (1 taken at rank 0)\n", transports,
+         n0, n1);
+  assert_int_equal(n0, 1);
+  assert_int_equal(n1, 0);
+  assert_int_equal(hixl_peer_release(p1), HIXL_OK);
+  assert_int_equal(settle_all(c0, 0), 0);
+  hixl_ctx_destroy(c0);
+  hixl_ctx_destroy(c1);
+}
+
+static void test_world_shm(void **state)
+{
+  (void)state;
+  world_release("shm");
+}
+
 static void test_release_shm(void **state)
 {
   (void)state;
@@ -258,10 +386,9 @@ int main(void)
    * test's). */
   setenv("HIXL_LAZY", "0", 1);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_shm),
-      cmocka_unit_test(test_fabric),
-      cmocka_unit_test(test_release_shm),
-      cmocka_unit_test(test_release_fabric),
+      cmocka_unit_test(test_shm),         cmocka_unit_test(test_fabric),
+      cmocka_unit_test(test_release_shm), cmocka_unit_test(test_release_fabric),
+      cmocka_unit_test(test_world_shm),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
