@@ -25,6 +25,12 @@
  *    unpacks the target's rkey, puts its 8-byte value into its slot and
  *    fences; the time from connect-returned to fence-done, p50/p99 over all
  *    N.  Then a get of the slot (verified) and an FAA of 1 on the counter.
+ *    --hold-ops: each context waits until every connect of the burst has
+ *    returned before its first operation (timed from then), so that
+ *    connects/s is the burst's alone; by default the first operations of
+ *    the early contexts overlap the later connects, as between real hosts,
+ *    but here on the same CPUs (over fabric each initiator connection's
+ *    first operation clears about 2.3 MB of rxm buffers).
  *  - Idle CPU: with all N connected and quiet, CPU time (getrusage
  *    RUSAGE_SELF, user+sys, every thread) of the target over --idle-s, in
  *    ms of CPU per second, and the same summed over the initiator
@@ -40,7 +46,7 @@
  * Run it (the test suite does not; it takes minutes at N = 4096):
  *
  *   hixl-scale [--transport shm|fabric|verbs] [--peers N[,N,...]] [--procs P]
- *              [--idle-s S] [--timeout-s S] [--smaps DIR]
+ *              [--idle-s S] [--timeout-s S] [--smaps DIR] [--hold-ops]
  *
  * Defaults: shm, peers 16,64,256,1024, 4 initiator processes, 2 s idle, a
  * 300 s watchdog per N (every child is killed past it, or when the machine
@@ -362,7 +368,9 @@ typedef struct proc_slot {
 
 typedef struct shared {
   _Atomic uint32_t phase, ready, burst, idle, turn, put_done, quit;
+  _Atomic uint32_t connected; /* connects returned (ok or not), for --hold-ops */
   int n, procs;
+  bool hold_ops;
   int64_t t_release;
   char addr[256];
   unsigned char blob[HIXL_RKEY_MAX];
@@ -413,6 +421,7 @@ static void record_err(char *dst, size_t cap, _Atomic int *taken, const char *wh
 /* ------------------------------------------------------------- target */
 
 static const char *g_smaps_dir;
+static bool g_hold_ops;
 static const char *g_tp;
 
 static int target_main(void)
@@ -529,10 +538,19 @@ static void *burst_main(void *arg)
   hixl_status_t s = hixl_connect(c->ctx, sh->addr, 30000, &c->peer);
   int64_t t = now_ns();
   conn_done[i] = t;
+  bump_wake(&sh->connected);
   if (s != HIXL_OK) {
     c->peer = NULL;
     fail(c, ST_CONNECT, "hixl_connect", s);
     return NULL;
+  }
+  if (sh->hold_ops) {
+    /* Every connect first (or 30 s, for contexts never made): the burst
+     * alone, its connects not sharing the CPUs with first operations. */
+    uint32_t cur;
+    while ((cur = atomic_load(&sh->connected)) < (uint32_t)sh->n && now_ns() - t < 30000000000LL)
+      futex_wait(&sh->connected, cur, 100);
+    t = now_ns();
   }
   uint64_t off = 8 + 8 * (uint64_t)i, val = SLOT_MAGIC | (uint64_t)i, got = 0, old = 0;
   if ((s = hixl_rmr_unpack(c->peer, sh->blob, sh->blob_len, &c->rmr)) != HIXL_OK) {
@@ -717,6 +735,7 @@ static int run_n(int n, int P, int timeout_s)
   }
   sh->n = n;
   sh->procs = P;
+  sh->hold_ops = g_hold_ops;
   layout(n);
   for (int i = 0; i < PUT_CTXS * PUT_ITERS; i++)
     put_lat[i] = -1;
@@ -944,7 +963,7 @@ static void usage(const char *argv0)
 {
   fprintf(stderr,
           "usage: %s [--transport shm|fabric|verbs] [--peers N[,N,...]] [--procs P] [--idle-s S]\n"
-          "          [--timeout-s S] [--smaps DIR]\n",
+          "          [--timeout-s S] [--smaps DIR] [--hold-ops]\n",
           argv0);
   exit(2);
 }
@@ -967,6 +986,8 @@ int main(int argc, char **argv)
       timeout_s = atoi(argv[++i]);
     else if (strcmp(argv[i], "--smaps") == 0 && i + 1 < argc)
       g_smaps_dir = argv[++i];
+    else if (strcmp(argv[i], "--hold-ops") == 0)
+      g_hold_ops = true;
     else
       usage(argv[0]);
   }
@@ -995,10 +1016,11 @@ int main(int argc, char **argv)
 
   fprintf(stderr,
           "# hixl-scale: transport %s (HIXL_TRANSPORTS=%s%s%s, HIXL_LAZY=%s), %d initiator "
-          "processes, idle %.1f s, RLIMIT_NOFILE %ld, watchdog %d s per N\n",
+          "processes, idle %.1f s, RLIMIT_NOFILE %ld, watchdog %d s per N%s\n",
           tp, tp, strcmp(tp, "fabric") == 0 ? ", HIXL_FABRIC_PROVIDER=" : "",
           strcmp(tp, "fabric") == 0 ? getenv("HIXL_FABRIC_PROVIDER") : "", getenv("HIXL_LAZY"), P,
-          idle_s, nofile, timeout_s);
+          idle_s, nofile, timeout_s,
+          g_hold_ops ? ", first operations held until every connect returned" : "");
   printf("| transport | N | target KiB/peer (RSS) | Pss KiB/peer | fds/peer | maps/peer | target "
          "threads | connects/s | first put p50 / p99 (ms) | idle target CPU ms/s | idle "
          "initiators CPU ms/s | put+fence p50 / p99 (us) | check |\n");
