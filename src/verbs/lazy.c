@@ -83,6 +83,7 @@
  */
 #define _GNU_SOURCE
 #include <endian.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -108,6 +109,35 @@ static void wake_at(vrb_ctx_t *vc, int64_t t)
     vc->wake_ns = t;
 }
 
+/* The FIFOs' next pointer of vp: field at offset off (work_next,
+ * room_next). */
+#define FIFO_NEXT(vp, off) (*(vrb_peer_t **)((char *)(vp) + (off)))
+#define WORK_NEXT offsetof(vrb_peer_t, work_next)
+#define ROOM_NEXT offsetof(vrb_peer_t, room_next)
+
+static void fifo_push(vrb_fifo_t *q, vrb_peer_t *vp, size_t off)
+{
+  FIFO_NEXT(vp, off) = NULL;
+  if (q->tail)
+    FIFO_NEXT(q->tail, off) = vp;
+  else
+    q->head = vp;
+  q->tail = vp;
+}
+
+/* Unlink vp, which is on q. */
+static void fifo_unlink(vrb_fifo_t *q, vrb_peer_t *vp, size_t off)
+{
+  vrb_peer_t **pp = &q->head, *prev = NULL;
+  while (*pp != vp) {
+    prev = *pp;
+    pp = &FIFO_NEXT(*pp, off);
+  }
+  *pp = FIFO_NEXT(vp, off);
+  if (q->tail == vp)
+    q->tail = prev;
+}
+
 /* The room queue (vc->work_lock held): vp waits for room, behind those
  * that waited first (remote: a peer told QP_WAIT, at now); out of it. */
 static void room_q_add_locked(vrb_ctx_t *vc, vrb_peer_t *vp, bool remote, int64_t now)
@@ -120,12 +150,7 @@ static void room_q_add_locked(vrb_ctx_t *vc, vrb_peer_t *vp, bool remote, int64_
     return;
   vp->in_room_q = true;
   vp->room_first_ns = now;
-  vp->room_next = NULL;
-  if (vc->room_tail)
-    vc->room_tail->room_next = vp;
-  else
-    vc->room_head = vp;
-  vc->room_tail = vp;
+  fifo_push(&vc->room, vp, ROOM_NEXT);
 }
 
 static void room_q_del_locked(vrb_ctx_t *vc, vrb_peer_t *vp)
@@ -133,14 +158,7 @@ static void room_q_del_locked(vrb_ctx_t *vc, vrb_peer_t *vp)
   vp->room_remote = false;
   if (!vp->in_room_q)
     return;
-  vrb_peer_t **pp = &vc->room_head, *prev = NULL;
-  while (*pp != vp) {
-    prev = *pp;
-    pp = &(*pp)->room_next;
-  }
-  *pp = vp->room_next;
-  if (vc->room_tail == vp)
-    vc->room_tail = prev;
+  fifo_unlink(&vc->room, vp, ROOM_NEXT);
   vp->in_room_q = false;
 }
 
@@ -159,7 +177,7 @@ static void room_q_del(vrb_ctx_t *vc, vrb_peer_t *vp)
 static int room_ahead_locked(vrb_ctx_t *vc, vrb_peer_t *vp, int64_t now)
 {
   int n = 0;
-  for (vrb_peer_t *w = vc->room_head, *next; w && w != vp; w = next) {
+  for (vrb_peer_t *w = vc->room.head, *next; w && w != vp; w = next) {
     next = w->room_next;
     if (w->room_remote && atomic_load(&w->qs) != VQ_WANT &&
         (now - w->room_told_ns > ROOM_TOLD_NS ||
@@ -203,12 +221,7 @@ static bool work_add_locked(vrb_ctx_t *vc, vrb_peer_t *vp, bool fresh)
     return false;
   if (!vp->on_work) {
     vp->on_work = true;
-    vp->work_next = NULL;
-    if (vc->work_tail)
-      vc->work_tail->work_next = vp;
-    else
-      vc->work_head = vp;
-    vc->work_tail = vp;
+    fifo_push(&vc->work, vp, WORK_NEXT);
   }
   if (fresh)
     vp->pass = 0; /* new work: taken in the thread's current pass */
@@ -219,14 +232,7 @@ static bool work_add_locked(vrb_ctx_t *vc, vrb_peer_t *vp, bool fresh)
 /* Unlink vp from the work list (vc->work_lock held, vp on it). */
 static void work_unlink_locked(vrb_ctx_t *vc, vrb_peer_t *vp)
 {
-  vrb_peer_t **pp = &vc->work_head, *prev = NULL;
-  while (*pp != vp) {
-    prev = *pp;
-    pp = &(*pp)->work_next;
-  }
-  *pp = vp->work_next;
-  if (vc->work_tail == vp)
-    vc->work_tail = prev;
+  fifo_unlink(&vc->work, vp, WORK_NEXT);
   vp->on_work = false;
 }
 
@@ -584,7 +590,7 @@ static void release(vrb_ctx_t *vc, vrb_peer_t *vp)
   lru_del_locked(vc, vp);
   victim_done_locked(vc, vp);
   /* Pairs waiting for room look again now, not at the next 50 ms. */
-  for (vrb_peer_t *w = vc->work_head; w; w = w->work_next)
+  for (vrb_peer_t *w = vc->work.head; w; w = w->work_next)
     w->pass = 0;
   pthread_cond_signal(&vc->work_cond);
   pthread_mutex_unlock(&vc->work_lock);
@@ -841,11 +847,11 @@ static void *worker_main(void *arg)
   uint64_t pass = 1;
   pthread_mutex_lock(&vc->work_lock);
   while (!vc->worker_stop) {
-    vrb_peer_t *vp = vc->work_head;
+    vrb_peer_t *vp = vc->work.head;
     while (vp && vp->pass == pass)
       vp = vp->work_next;
     if (vp == NULL) { /* nothing new this pass */
-      if (vc->work_head) {
+      if (vc->work.head) {
         int64_t now = hixl__now_ns(), until = now + 50 * 1000000LL;
         if (vc->wake_ns && vc->wake_ns < until)
           until = vc->wake_ns > now ? vc->wake_ns : now;

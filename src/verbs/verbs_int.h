@@ -103,6 +103,12 @@ typedef struct vrb_scq {
 
 typedef struct vrb_peer vrb_peer_t;
 
+/* A first-in first-out list of peers linked through a next pointer of
+ * theirs (lazy.c: the set-up thread's work list, the room queue). */
+typedef struct vrb_fifo {
+  vrb_peer_t *head, *tail;
+} vrb_fifo_t;
+
 typedef struct vrb_ctx {
   struct ibv_context *dev;
   struct ibv_pd *pd;
@@ -180,7 +186,7 @@ typedef struct vrb_ctx {
   pthread_t worker;
   bool worker_on, worker_stop;
   vrb_peer_t *busy_vp; /* the peer whose turn runs now (turn_cond: it ended) */
-  vrb_peer_t *work_head, *work_tail;
+  vrb_fifo_t work;     /* peers whose turn is due, linked by work_next */
   bool lazy;
   /* Reclaim (lazy.c): lazy pairs whose QPs are ready, the candidates
    * (work_lock); reclaims under way; the use clock (a pair's last_use is
@@ -195,7 +201,7 @@ typedef struct vrb_ctx {
    * peers told QP_WAIT): a pair may take freed room only when what the
    * pairs ahead of it need is left over, so room a reclaim frees goes to
    * the oldest waiter, not to whichever asks first (work_lock). */
-  vrb_peer_t *room_head, *room_tail;
+  vrb_fifo_t room;        /* linked by room_next */
   uint64_t reclaim_epoch; /* bumped as each reclaim ends (taken back or not) */
   int64_t wake_ns;        /* the set-up thread's: look again by then (0: in 50 ms) */
   _Atomic uint64_t use_clock;
