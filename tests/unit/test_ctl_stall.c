@@ -18,32 +18,13 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "core.h"
 
-static hixl_ctx_t *make(int timeout_ms)
-{
-  hixl_config_t cfg;
-  hixl_config_init(&cfg);
-  cfg.transports = "fabric";
-  cfg.listen = "127.0.0.1:0";
-  cfg.timeout_ms = timeout_ms;
-  hixl_ctx_t *c = NULL;
-  if (hixl_ctx_create(&cfg, &c) != HIXL_OK)
-    fail_msg("hixl_ctx_create: %s", hixl_last_error());
-  return c;
-}
+static hixl_ctx_t *make(int timeout_ms) { return unit_ctx("fabric", timeout_ms, NULL); }
 
-static uint64_t stat_of(hixl_ctx_t *ctx, const char *name)
-{
-  hixl_stat_t s[128];
-  size_t n = sizeof(s) / sizeof(s[0]);
-  assert_int_equal(hixl_ctx_stats(ctx, NULL, s, &n), HIXL_OK);
-  for (size_t i = 0; i < n && i < sizeof(s) / sizeof(s[0]); i++)
-    if (strcmp(s[i].name, name) == 0)
-      return s[i].value;
-  fail_msg("no figure %s", name);
-  return 0;
-}
+static uint64_t stat_of(hixl_ctx_t *ctx, const char *name) { return unit_stat(ctx, NULL, name); }
 
 static void test_stall_is_not_silence(void **state)
 {

@@ -17,6 +17,8 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "core.h"
 #include "wire.h"
 
@@ -33,18 +35,7 @@ hixl_status_t __wrap_hixl__send(hixl_peer_t *peer, hixl_msg_t *m, const int *fds
 
 #define TIMEOUT_MS 1000 /* the floor: a tick of 250 ms */
 
-static hixl_ctx_t *make(const char *transports)
-{
-  hixl_config_t cfg;
-  hixl_config_init(&cfg);
-  cfg.transports = transports;
-  cfg.listen = "127.0.0.1:0";
-  cfg.timeout_ms = TIMEOUT_MS;
-  hixl_ctx_t *c = NULL;
-  if (hixl_ctx_create(&cfg, &c) != HIXL_OK)
-    fail_msg("hixl_ctx_create(%s): %s", transports, hixl_last_error());
-  return c;
-}
+static hixl_ctx_t *make(const char *transports) { return unit_ctx(transports, TIMEOUT_MS, NULL); }
 
 /* Connect, stay idle for six ticks, and return the heartbeats sent
  * meanwhile; the peer must still be up and serve a put and an FAA. */

@@ -28,21 +28,15 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include <hixl.h>
 
 #include "base.h"
 
 static hixl_ctx_t *make(const char *transports, const char *token)
 {
-  hixl_config_t cfg;
-  hixl_config_init(&cfg);
-  cfg.transports = transports;
-  cfg.listen = "127.0.0.1:0";
-  cfg.auth_token = token;
-  hixl_ctx_t *c = NULL;
-  if (hixl_ctx_create(&cfg, &c) != HIXL_OK)
-    fail_msg("hixl_ctx_create: %s", hixl_last_error());
-  return c;
+  return unit_ctx(transports, 0, token);
 }
 
 static void expect(hixl_status_t got, hixl_status_t want, const char *const *words, size_t n)

@@ -23,6 +23,8 @@
 #include <sys/socket.h>
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "core.h"
 
 #define TIMEOUT_MS 200 /* liveness floor 1 s; release grace 1.4 s */
@@ -30,15 +32,7 @@
 
 static hixl_ctx_t *make_t(const char *transports, int timeout_ms)
 {
-  hixl_config_t cfg;
-  hixl_config_init(&cfg);
-  cfg.transports = transports;
-  cfg.listen = "127.0.0.1:0";
-  cfg.timeout_ms = timeout_ms;
-  hixl_ctx_t *c = NULL;
-  if (hixl_ctx_create(&cfg, &c) != HIXL_OK)
-    fail_msg("hixl_ctx_create(%s): %s", transports, hixl_last_error());
-  return c;
+  return unit_ctx(transports, timeout_ms, NULL);
 }
 
 static hixl_ctx_t *make(const char *transports) { return make_t(transports, TIMEOUT_MS); }

@@ -19,6 +19,8 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "core.h"
 
 #ifdef HIXL_HAVE_FABRIC
@@ -33,17 +35,7 @@ static int threads(void)
   return n;
 }
 
-static hixl_ctx_t *make(const char *transports)
-{
-  hixl_config_t cfg;
-  hixl_config_init(&cfg);
-  cfg.transports = transports;
-  cfg.listen = "127.0.0.1:0";
-  hixl_ctx_t *c = NULL;
-  if (hixl_ctx_create(&cfg, &c) != HIXL_OK)
-    fail_msg("hixl_ctx_create(%s): %s", transports, hixl_last_error());
-  return c;
-}
+static hixl_ctx_t *make(const char *transports) { return unit_ctx(transports, 0, NULL); }
 
 static const hixl_transport_ops_t *fabric(void)
 {

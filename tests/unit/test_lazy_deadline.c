@@ -18,6 +18,8 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "core.h"
 
 #define SETUP_DELAY_US 1600000 /* past the 1 s liveness floor */
@@ -45,15 +47,7 @@ static uint32_t fabric_bit(void)
 
 static hixl_ctx_t *make(const char *transports, int timeout_ms)
 {
-  hixl_config_t cfg;
-  hixl_config_init(&cfg);
-  cfg.transports = transports;
-  cfg.listen = "127.0.0.1:0";
-  cfg.timeout_ms = timeout_ms;
-  hixl_ctx_t *c = NULL;
-  if (hixl_ctx_create(&cfg, &c) != HIXL_OK)
-    fail_msg("hixl_ctx_create(%s): %s", transports, hixl_last_error());
-  return c;
+  return unit_ctx(transports, timeout_ms, NULL);
 }
 #endif
 

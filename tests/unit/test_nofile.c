@@ -35,6 +35,8 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include <hixl.h>
 
 static int open_fds(void)
@@ -65,18 +67,7 @@ static void send_address(int fd, hixl_ctx_t *t)
     _exit(4);
 }
 
-static hixl_ctx_t *make(void)
-{
-  hixl_config_t cfg;
-  hixl_config_init(&cfg);
-  cfg.transports = "shm";
-  cfg.listen = "127.0.0.1:0";
-  cfg.timeout_ms = 1500;
-  hixl_ctx_t *c = NULL;
-  if (hixl_ctx_create(&cfg, &c) != HIXL_OK)
-    fail_msg("hixl_ctx_create: %s", hixl_last_error());
-  return c;
-}
+static hixl_ctx_t *make(void) { return unit_ctx("shm", 1500, NULL); }
 
 /* A target with open + extra descriptors at most; its address in addr. */
 static pid_t target(int extra, char *addr, size_t n)

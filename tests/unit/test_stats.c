@@ -20,35 +20,17 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include <hixl.h>
 
 #define MAXS 128
 
-static hixl_ctx_t *make(const char *transports)
-{
-  hixl_config_t cfg;
-  hixl_config_init(&cfg);
-  cfg.transports = transports;
-  cfg.listen = "127.0.0.1:0";
-  cfg.timeout_ms = 1000;
-  hixl_ctx_t *c = NULL;
-  if (hixl_ctx_create(&cfg, &c) != HIXL_OK)
-    fail_msg("hixl_ctx_create(%s): %s", transports, hixl_last_error());
-  return c;
-}
+static hixl_ctx_t *make(const char *transports) { return unit_ctx(transports, 1000, NULL); }
 
-/* The value of the figure called name (the test fails if there is none). */
 static uint64_t stat(hixl_ctx_t *ctx, hixl_peer_t *peer, const char *name)
 {
-  hixl_stat_t s[MAXS];
-  size_t n = MAXS;
-  if (hixl_ctx_stats(ctx, peer, s, &n) != HIXL_OK)
-    fail_msg("hixl_ctx_stats: %s", hixl_last_error());
-  for (size_t i = 0; i < n && i < MAXS; i++)
-    if (strcmp(s[i].name, name) == 0)
-      return s[i].value;
-  fail_msg("no figure %s", name);
-  return 0;
+  return unit_stat(ctx, peer, name);
 }
 
 typedef struct kv {
