@@ -424,7 +424,8 @@ hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char 
  * hixl_world_destroy a peer this (or hixl_world_wait_rank, or a
  * notification) returned is the application's: hixl_peer_release frees it.
  * The world's peers the application never got are freed by
- * hixl_world_destroy itself (and by a hixl_world_create that fails). */
+ * hixl_world_destroy itself (and by a hixl_world_create that fails), each
+ * once the rmrs hixl_world_exchange made of it are released. */
 hixl_peer_t *hixl_world_peer(hixl_world_t *w, int rank);
 int hixl_world_rank(const hixl_world_t *w);
 int hixl_world_size(const hixl_world_t *w);
@@ -451,8 +452,8 @@ hixl_status_t hixl_world_exchange(hixl_world_t *w, hixl_mr_t *mr, hixl_rmr_t **r
  * Errors: INVALID, TIMEOUT (still lost). */
 hixl_status_t hixl_world_wait_rank(hixl_world_t *w, int rank, int timeout_ms, hixl_peer_t **peer_p);
 /* Disconnect the world's peers; those the application never got (see
- * hixl_world_peer) and holds no rmr of are freed after the release grace,
- * the others are left to hixl_peer_release. */
+ * hixl_world_peer) are freed after the release grace (and after their
+ * rmrs are released), the others are left to hixl_peer_release. */
 void hixl_world_destroy(hixl_world_t *w);
 
 #if defined(__GNUC__)

@@ -2577,7 +2577,7 @@ static void world_forget_peers(WorldObject *w, PyObject *list, hixl_peer_t **out
   Py_ssize_t n = list ? PyList_GET_SIZE(list) : 0;
   for (Py_ssize_t i = 0; i < n; i++) {
     PeerObject *p = (PeerObject *)PyList_GET_ITEM(list, i);
-    if (p->peer) {
+    if (p && p->peer) { /* NULL: World() failed before making it */
       hixl_peer_t *hp = p->peer;
       if (out)
         out[(*n_out)++] = hp;

@@ -281,22 +281,25 @@ def test_closing_a_world_frees_its_peers():
     # over, whether the program used them or not: worlds made and closed
     # in a loop do not pile up handles.
     from test_module import free_port
-    ctxs = [hixl.Context(timeout_ms=1000) for _ in range(2)]   # grace 3 s
+    ctxs = [hixl.Context(timeout_ms=5000) for _ in range(2)]   # grace 11 s
     try:
         for rnd in range(3):
             rdv = f"127.0.0.1:{free_port()}"
             worlds, rmrs = [None, None], [None, None]
 
             def make(r):
-                worlds[r] = hixl.World(ctxs[r], r, 2, rdv)
-                if rnd == 2:                    # the exchange's Rmrs, released below
-                    rmrs[r] = worlds[r].exchange(ctxs[r].alloc(64))
+                try:
+                    worlds[r] = hixl.World(ctxs[r], r, 2, rdv)
+                    if rnd == 2:                # the exchange's Rmrs, released below
+                        rmrs[r] = worlds[r].exchange(ctxs[r].alloc(64))
+                except hixl.Error as e:         # shown by the assert below
+                    worlds[r] = e
             ts = [threading.Thread(target=make, args=(r,)) for r in range(2)]
             for t in ts:
                 t.start()
             for t in ts:
                 t.join()
-            assert all(worlds), worlds
+            assert all(isinstance(w, hixl.World) for w in worlds), worlds
             assert all(c.stats()["peer_records"] >= 2 for c in ctxs)   # a rank, and self
             if rnd >= 1:
                 worlds[0].peer(1).notify(rnd)
@@ -305,7 +308,7 @@ def test_closing_a_world_frees_its_peers():
                 for x in rmrs[r] or ():
                     x.release()
                 worlds[r].close()
-            assert [_records_settle(c, 0) for c in ctxs] == [0, 0]
+        assert [_records_settle(c, 0, limit=60) for c in ctxs] == [0, 0]
     finally:
         for c in ctxs:
             c.close()

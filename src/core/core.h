@@ -103,8 +103,8 @@ void hixl__peers_unpin(hixl_ctx_t *ctx, hixl_peer_t **snap, size_t n);
 void hixl__peer_world_own(hixl_peer_t *p);
 /* The world is done with p: disconnect it, and release it too when the
  * application never saw its handle (hixl_world_peer, hixl_world_wait_rank,
- * a notification) and holds none of its rmrs; otherwise it is the
- * application's to release. */
+ * a notification), freed once its rmrs (a world's exchange) are gone;
+ * otherwise it is the application's to release. */
 void hixl__peer_world_disown(hixl_peer_t *p);
 /* Sleep on ctx->cond (ctx->lock held) until signalled, deadline, or cap_ms:
  * the one timed wait of control calls and world rendezvous. */

@@ -774,7 +774,8 @@ static int64_t visit_locked(hixl_ctx_t *ctx, hixl_peer_t *p, int64_t now)
   /* Or released by the user (hixl_peer_release), once the grace after its
    * end is over: an operation issued before may have been in the
    * transport until then. */
-  bool let_go = atomic_load(&p->released) && p->ops == &hixl__closed_ops && !p->tp_kept;
+  bool let_go =
+      atomic_load(&p->released) && p->ops == &hixl__closed_ops && !p->tp_kept && p->rmrs == NULL;
   if (st >= HIXL_PEER_LOST && let_go && now - p->lost_ns <= RELEASE_GRACE_NS(ctx))
     return p->lost_ns + RELEASE_GRACE_NS(ctx) + 1;
   if (st >= HIXL_PEER_LOST && (unseen || let_go) && !p->tp_kept) {

@@ -405,6 +405,10 @@ void hixl_rmr_release(hixl_rmr_t *rmr)
   peer->ops->rmr_detach(rmr);
   rmr->magic = HIXL_MAGIC_DEAD;
   hixl__quarantine_locked(ctx, rmr);
+  /* A peer a world released with rmrs held (hixl__peer_world_disown) is
+   * freed once the last goes: housekeeping looks at it again. */
+  if (peer->rmrs == NULL && atomic_load(&peer->released))
+    ctx->hk[peer->hk_idx].due_ns = 0;
   pthread_mutex_unlock(&ctx->lock);
 }
 

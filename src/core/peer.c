@@ -344,18 +344,27 @@ hixl_status_t hixl_peer_release(hixl_peer_t *peer)
 void hixl__peer_world_disown(hixl_peer_t *p)
 {
   hixl_ctx_t *ctx = p->ctx;
-  /* Disconnected first: that drops its notifications not yet taken, under
-   * the consumers' lock, so that none can carry the handle out after the
-   * look at handed below (a consumer marks it under that lock). */
+  /* Disconnected first: nothing more comes from it, and its notifications
+   * not yet taken are dropped.  A consumer that took one just before
+   * marks the peer handed under the consumers' lock (notif.c), which
+   * hixl__inbox_forget skips when it finds nothing left: pass through
+   * that lock, so the look at handed below comes after any such. */
   hixl_disconnect(p);
+  pthread_mutex_lock(&ctx->notif.lock);
+  pthread_mutex_unlock(&ctx->notif.lock);
+  /* All in one hold of the lock: housekeeping never sees the peer neither
+   * the world's nor released (it would free a never-handed inbound one at
+   * once, under our feet).  Released with rmrs still held (a world's
+   * exchange made them; the application has no handle to release it
+   * with): freed once the last goes (hixl_rmr_release). */
   pthread_mutex_lock(&ctx->lock);
-  atomic_store(&p->world_owned, false);
-  bool mine = !atomic_load(&p->handed) && p->rmrs == NULL && !atomic_load(&p->releasing);
-  if (mine)
+  if (!atomic_load(&p->handed) && !atomic_load(&p->releasing)) {
     atomic_store(&p->releasing, true);
+    atomic_store(&p->released, true); /* closed by hixl_disconnect above */
+    ctx->hk[p->hk_idx].due_ns = 0;
+  }
+  atomic_store(&p->world_owned, false);
   pthread_mutex_unlock(&ctx->lock);
-  if (mine)
-    release_claimed(p);
 }
 
 void hixl__peer_world_own(hixl_peer_t *p) { atomic_store(&p->world_owned, true); }

@@ -979,7 +979,8 @@ hixl_peer_t *hixl_world_peer(hixl_world_t *w, int rank)
   if (w == NULL || rank < 0 || rank >= w->size)
     return NULL;
   hixl_peer_t *p = atomic_load(&w->peers[rank]);
-  hixl__peer_handed(p); /* hixl_world_destroy leaves it to the application */
+  if (p)
+    hixl__peer_handed(p); /* hixl_world_destroy leaves it to the application */
   return p;
 }
 
