@@ -934,8 +934,12 @@ hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char 
   }
   free(addrs);
   if (st != HIXL_OK) {
+    /* The teardown's own failures (a BYE to a rank gone meanwhile) must
+     * not replace why the world could not be made. */
+    char why[HIXL_ERR_MAX];
+    snprintf(why, sizeof(why), "%s", hixl_last_error());
     hixl_world_destroy(w);
-    return st;
+    return hixl__err(st, "%s", why);
   }
   *world_p = w;
   return HIXL_OK;
