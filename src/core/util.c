@@ -304,9 +304,11 @@ const char *hixl__nofile_hint(char *buf, size_t n)
   struct rlimit rl;
   if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
     rl.rlim_cur = rl.rlim_max = 0;
+  /* What to raise it by: each shm or fabric peer holds 2 (docs/scale.md:
+   * descriptor limits), and an shm bind passes 3 more for a moment. */
   snprintf(buf, n,
-           "the process is at its descriptor limit, RLIMIT_NOFILE %llu (hard %llu): raise it "
-           "(ulimit -n; systemd: LimitNOFILE=); what each peer holds: docs/scale.md",
+           "the process is at its descriptor limit, RLIMIT_NOFILE %llu (hard %llu): raise it by 2 "
+           "per peer, 3 free while one binds (ulimit -n; systemd: LimitNOFILE=)",
            (unsigned long long)rl.rlim_cur, (unsigned long long)rl.rlim_max);
   return buf;
 }
