@@ -30,7 +30,7 @@
  *    connects/s is the burst's alone; by default the first operations of
  *    the early contexts overlap the later connects, as between real hosts,
  *    but here on the same CPUs (over fabric each initiator connection's
- *    first operation clears about 2.3 MB of rxm buffers).
+ *    first operation clears about 2.3 MB of rxm buffers, once per context).
  *  - Idle CPU: with all N connected and quiet, CPU time (getrusage
  *    RUSAGE_SELF, user+sys, every thread) of the target over --idle-s, in
  *    ms of CPU per second, and the same summed over the initiator
