@@ -150,6 +150,9 @@ run world "$build/tests/conformance" verbs world  # 4 ranks, all on rxe0
 # The same with room for one QP per rank: every rank talks to 3 others, all
 # full at once, asking each other across (QP_WAIT, idle pairs reclaimed).
 run world+budget1 env HIXL_VERBS_MAX_QPS=1 "$build/tests/conformance" verbs world
+# A rank killed and started again joins the running world (lazy QPs to the
+# newcomer, the old rank's pairs lost).
+run world_elastic "$build/tests/conformance" verbs world_elastic
 run badinput "$build/tests/badinput" verbs
 run peer_death "$build/tests/peer_death" verbs
 # hixl-perf over verbs (target on rxe1): the tests the shm suite runs, and
