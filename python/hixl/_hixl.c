@@ -2546,9 +2546,13 @@ static int World_init(WorldObject *w, PyObject *args, PyObject *kw)
   w->w = hw;
   w->peers = peers;
   for (int i = 0; i < n; i++) {
-    PyObject *p = peer_wrap(c, hixl_world_peer(hw, i), 0, 1);
+    /* A notification taken on another thread while the world was made
+     * may have made the Peer already: the same one, so that no other
+     * Peer names a handle World.close releases. */
+    PyObject *p = peer_lookup(c, hixl_world_peer(hw, i));
     if (p == NULL)
       return -1;
+    ((PeerObject *)p)->world = 1;
     PyList_SET_ITEM(peers, i, p);
   }
   return 0;
@@ -2599,7 +2603,7 @@ static int world_sync(WorldObject *w)
   for (Py_ssize_t i = 0; i < n; i++) {
     PeerObject *old = (PeerObject *)PyList_GET_ITEM(w->peers, i);
     hixl_peer_t *hp = hixl_world_peer(w->w, (int)i);
-    if (hp == NULL || hp == old->peer)
+    if (old == NULL || hp == NULL || hp == old->peer) /* old NULL: World() failed */
       continue;
     if (w->gone == NULL && (w->gone = PyList_New(0)) == NULL)
       return -1;
