@@ -290,23 +290,6 @@ hixl_status_t hixl_disconnect(hixl_peer_t *peer)
   return HIXL_OK;
 }
 
-/* The second half of a release, once claimed (releasing set): disconnect
- * and hand the record to the control thread. */
-static void release_claimed(hixl_peer_t *peer)
-{
-  hixl_ctx_t *ctx = peer->ctx;
-  say_bye(peer);
-  pthread_mutex_lock(&ctx->lock);
-  disconnect_locked(peer);
-  /* Its notifications not yet taken went with peer_close.  The control
-   * thread frees the record once the grace after its end is over (an
-   * operation that passed its state check before it may still be in the
-   * transport until then). */
-  atomic_store(&peer->released, true);
-  ctx->hk[peer->hk_idx].due_ns = 0;
-  pthread_mutex_unlock(&ctx->lock);
-}
-
 hixl_status_t hixl_peer_release(hixl_peer_t *peer)
 {
   if (peer == NULL || peer->magic != HIXL_MAGIC_PEER)
@@ -337,7 +320,16 @@ hixl_status_t hixl_peer_release(hixl_peer_t *peer)
   pthread_mutex_unlock(&ctx->lock);
   if (st != HIXL_OK)
     return st;
-  release_claimed(peer);
+  say_bye(peer);
+  pthread_mutex_lock(&ctx->lock);
+  disconnect_locked(peer);
+  /* Its notifications not yet taken went with peer_close.  The control
+   * thread frees the record once the grace after its end is over (an
+   * operation that passed its state check before it may still be in the
+   * transport until then). */
+  atomic_store(&peer->released, true);
+  ctx->hk[peer->hk_idx].due_ns = 0;
+  pthread_mutex_unlock(&ctx->lock);
   return HIXL_OK;
 }
 
