@@ -370,7 +370,6 @@ typedef struct shared {
   _Atomic uint32_t phase, ready, burst, idle, turn, put_done, quit;
   _Atomic uint32_t connected; /* connects returned (ok or not), for --hold-ops */
   int n, procs;
-  bool hold_ops;
   int64_t t_release;
   char addr[256];
   unsigned char blob[HIXL_RKEY_MAX];
@@ -544,7 +543,7 @@ static void *burst_main(void *arg)
     fail(c, ST_CONNECT, "hixl_connect", s);
     return NULL;
   }
-  if (sh->hold_ops) {
+  if (g_hold_ops) { /* set before the initiators were forked */
     /* Every connect first (or 30 s, for contexts never made): the burst
      * alone, its connects not sharing the CPUs with first operations. */
     uint32_t cur;
@@ -735,7 +734,6 @@ static int run_n(int n, int P, int timeout_s)
   }
   sh->n = n;
   sh->procs = P;
-  sh->hold_ops = g_hold_ops;
   layout(n);
   for (int i = 0; i < PUT_CTXS * PUT_ITERS; i++)
     put_lat[i] = -1;
