@@ -37,25 +37,35 @@ static hixl_ctx_t *make_t(const char *transports, int timeout_ms)
 
 static hixl_ctx_t *make(const char *transports) { return make_t(transports, TIMEOUT_MS); }
 
-static unsigned inbound_peers(hixl_ctx_t *ctx)
+/* The context's peer records: the inbound ones only, or all. */
+static unsigned peers_of(hixl_ctx_t *ctx, bool inbound_only)
 {
   unsigned n = 0;
   pthread_mutex_lock(&ctx->lock);
   for (hixl_peer_t *p = ctx->peers; p; p = p->next)
-    n += p->inbound;
+    n += !inbound_only || p->inbound;
   pthread_mutex_unlock(&ctx->lock);
   return n;
 }
 
-/* Wait up to 15 s for the target to hold want inbound peers. */
-static unsigned settle(hixl_ctx_t *ctx, unsigned want)
+static unsigned inbound_peers(hixl_ctx_t *ctx) { return peers_of(ctx, true); }
+static unsigned all_peers(hixl_ctx_t *ctx) { return peers_of(ctx, false); }
+
+/* Wait up to s seconds for count(ctx) to be want; what it is then. */
+static unsigned settle_by(hixl_ctx_t *ctx, unsigned (*count)(hixl_ctx_t *), unsigned want, int s)
 {
-  unsigned n = inbound_peers(ctx);
-  for (int i = 0; i < 300 && n != want; i++) {
+  unsigned n = count(ctx);
+  for (int i = 0; i < 20 * s && n != want; i++) {
     usleep(50000);
-    n = inbound_peers(ctx);
+    n = count(ctx);
   }
   return n;
+}
+
+/* Up to 15 s for the target to hold want inbound peers. */
+static unsigned settle(hixl_ctx_t *ctx, unsigned want)
+{
+  return settle_by(ctx, inbound_peers, want, 15);
 }
 
 static void churn(const char *transports)
@@ -127,16 +137,6 @@ static void churn(const char *transports)
   assert_int_equal(left, 0);
   hixl_mr_dereg(mr);
   hixl_ctx_destroy(tgt);
-}
-
-static unsigned all_peers(hixl_ctx_t *ctx)
-{
-  unsigned n = 0;
-  pthread_mutex_lock(&ctx->lock);
-  for (hixl_peer_t *p = ctx->peers; p; p = p->next)
-    n++;
-  pthread_mutex_unlock(&ctx->lock);
-  return n;
 }
 
 /* hixl_peer_release on both ends of live connections: the initiator's own
@@ -252,15 +252,10 @@ static int some_port(void)
   return ntohs(sa.sin_port);
 }
 
-/* Wait up to 40 s for the context to hold want peers. */
+/* Up to 40 s for the context to hold want peers. */
 static unsigned settle_all(hixl_ctx_t *ctx, unsigned want)
 {
-  unsigned n = all_peers(ctx);
-  for (int i = 0; i < 800 && n != want; i++) {
-    usleep(50000);
-    n = all_peers(ctx);
-  }
-  return n;
+  return settle_by(ctx, all_peers, want, 40);
 }
 
 /* A world that fails once its ranks have connected to each other (rank 2
