@@ -122,6 +122,10 @@ static const stat_def_t ctx_defs[] = {
     {"wait_spin_ns", "time blocking calls spent polling before sleeping (or spinning)", C},
     {"wait_sleeps", "times a blocking call slept in the kernel", C},
     {"wait_sleep_ns", "time blocking calls spent asleep", C},
+    {"wait_budget_ns",
+     "how long a blocking call polls now before it sleeps (HIXL_WAIT=adaptive): the wake-up "
+     "latency measured recently, or how soon events came after a sleep began, 1-50 us",
+     G},
     {"notifications_queued", "notifications arrived and not yet taken, from every peer", G},
     /* The transports' figures, HIXL_XST_* order. */
     {"rcache_hits", "registration cache: unregistered buffers found already registered", C},
@@ -232,6 +236,7 @@ static void ctx_values(hixl_ctx_t *ctx, uint64_t *v, bool locked)
   v[k++] = t[HIXL_WST_SPIN_NS];
   v[k++] = t[HIXL_WST_SLEEPS];
   v[k++] = t[HIXL_WST_SLEEP_NS];
+  v[k++] = (uint64_t)atomic_load_explicit(&ctx->spin_ns, memory_order_relaxed);
   v[k++] = queued_all(ctx);
   uint64_t xs[HIXL_XST_N] = {0};
   uint32_t ready = atomic_load(&ctx->tp_ready);

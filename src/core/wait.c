@@ -169,12 +169,17 @@ void hixl__wake_all(hixl_ctx_t *ctx)
   pthread_mutex_unlock(&ctx->wait_lock);
 }
 
+/* This thread's last sleep gave the budget a sample (drain_last): a wake-up
+ * with no stamp then feeds it from how soon its event came instead. */
+static __thread bool sampled;
+
 void hixl__wait_sample(hixl_ctx_t *ctx, int64_t wake_ns)
 {
   /* A hostile local peer may send any timestamp: the clamp bounds what it
    * can do to the budget. */
   if (wake_ns <= 0 || wake_ns > 10000000)
     return;
+  sampled = true;
   if (wake_ns < SPIN_MIN_NS)
     wake_ns = SPIN_MIN_NS;
   if (wake_ns > SPIN_MAX_NS)
@@ -212,8 +217,13 @@ static __thread struct {
   unsigned fired; /* bit 0: our eventfd (or wake_word); bit 1 + i: transport i's */
   bool word;      /* the sleep was on words */
   int64_t slept_ns, woke_ns;
+  int64_t spun_ns;      /* the poll phase before it, when it was the wait's first sleep */
   hixl_futile_t futile; /* sleeps in a row that woke (or did not sleep) for nothing */
 } last;
+
+/* How long the poll phase that just gave up polled; 0 once the wait has
+ * slept (only its first sleep follows a poll phase). */
+static __thread int64_t spin_before;
 
 static void futile_reset(void) { last.futile = (hixl_futile_t){0}; }
 
@@ -221,6 +231,7 @@ static void drain_last(hixl_ctx_t *ctx)
 {
   if (last.ctx != ctx || last.fired == 0)
     return;
+  sampled = false;
   if (last.fired & 1) {
     uint64_t v;
     if (last.word || read(thread_efd(), &v, sizeof(v)) == (ssize_t)sizeof(v)) {
@@ -234,6 +245,17 @@ static void drain_last(hixl_ctx_t *ctx)
   for (size_t t = 0; t < hixl__n_transports; t++)
     if (last.fired & (2u << t))
       hixl__transports[t]->ack_event(ctx, last.woke_ns, last.word);
+  /* A transport's descriptor woke us with no time of its event (fabric,
+   * verbs: the provider's or the kernel's, not a peer's stamp).  When the
+   * event came within SPIN_MAX_NS of the sleep, polling for as long as the
+   * whole wait took would have caught it without the wake-up: sample
+   * that.  Without this the budget stayed at SPIN_INIT_NS while fabric's
+   * replies came just after it, so every ping-pong reply paid a wake-up
+   * (half round trips 1.5-2x longer).  A peer that times its events to
+   * land there can raise the budget to SPIN_MAX_NS, no further. */
+  int64_t slept = last.woke_ns - last.slept_ns;
+  if (!sampled && (last.fired & ~1u) && last.spun_ns > 0 && slept >= 0 && slept < SPIN_MAX_NS)
+    hixl__wait_sample(ctx, last.spun_ns + slept);
   last.fired = 0;
 }
 
@@ -411,7 +433,9 @@ static bool sleep_once(hixl_ctx_t *ctx, int64_t deadline, int cap_ms, unsigned f
     last.fired = fired;
     last.word = s.words;
     last.slept_ns = slept_ns;
+    last.spun_ns = spin_before;
   }
+  spin_before = 0;
   /* Woken by a transport (or not armed) again and again, and still not
    * done: a transport fd that stays readable for work that needs a
    * descriptor we cannot get (the fabric provider's listening socket at
@@ -441,6 +465,7 @@ static bool poll_phase(hixl_ctx_t *ctx, int64_t deadline, unsigned flags, hixl_w
                        void *arg, hixl_status_t *st)
 {
   *st = HIXL_OK;
+  spin_before = 0;
   if (fn(arg))
     return true;
   if (deadline != INT64_MAX && hixl__expired(deadline)) {
@@ -474,6 +499,7 @@ static bool poll_phase(hixl_ctx_t *ctx, int64_t deadline, unsigned flags, hixl_w
       cpu_relax();
     }
     spun(ctx, t0, t1, false);
+    spin_before = t1 - t0;
   }
   return false;
 }

@@ -1596,6 +1596,54 @@ static void test_sleep(void **state)
   hixl_ctx_destroy(ctx);
 }
 
+/* The adaptive budget (docs/waiting.md) learns from wake-ups that carry no
+ * time of their event, a transport's descriptor (fabric's wait fd, verbs'
+ * completion channels): a reply that comes soon after the waiter slept
+ * raises it, so that polling catches the next one without a wake-up.
+ * Before, only stamped wake-ups (local, shm peers) fed it; over fabric it
+ * stayed at its start (20 us) while replies came just after, and every
+ * reply of a ping-pong paid a wake-up (half round trips 1.5-2x longer).
+ * A ping-pong of ECHO_ROUNDS notifications must lift it past 25 us at
+ * some point (measured here: 31-43 us at most; without the fix it never
+ * moved from 20.0); under load a reply may come too late to teach
+ * anything (the waiter slept longer than the top), so the count is
+ * generous.  Not over shm or self: replies there come within
+ * the first microseconds, and polling catches them. */
+#define ECHO_ROUNDS 4000u
+static void test_wait_budget(void **state)
+{
+  (void)state;
+  if (is_self() || strcmp(g_transport, "shm") == 0)
+    fail_msg("wait_budget is for transports that wake a waiter by a descriptor");
+  hixl_ctx_t *ctx = test_ctx(0, NULL);
+  target_t t;
+  target_start(&t, ctx, NULL, 0);
+  hixl_peer_t *peer = connect_to(ctx, &t);
+  uint64_t start = ctx_stat(ctx, "wait_budget_ns"), top = start;
+  target_send(&t, "echo %u", ECHO_ROUNDS);
+  for (uint32_t i = 0; i < ECHO_ROUNDS; i++) {
+    EXPECT_OK(hixl_notify(peer, i, 0, NULL));
+    hixl_notif_t n;
+    EXPECT_OK(hixl_notif_wait(ctx, &n, 30000));
+    if (n.peer != peer || n.imm != i || n.len != 0)
+      fail_msg("reply %u: imm %u len %zu", i, n.imm, n.len);
+    uint64_t b = ctx_stat(ctx, "wait_budget_ns");
+    top = b > top ? b : top;
+  }
+  char resp[256];
+  if (!target_reply(&t, resp, sizeof(resp)) || strncmp(resp, "ok ", 3) != 0)
+    fail_msg("echo: %s", resp);
+  printf("# wait budget %.1f us at the start, at most %.1f us over %u round trips\n", start / 1e3,
+         top / 1e3, ECHO_ROUNDS);
+  if (top <= 25000)
+    fail_msg("the wait budget never rose past 25 us (%.1f at most): replies woken by "
+             "a descriptor taught it nothing",
+             top / 1e3);
+  hixl_disconnect(peer);
+  target_stop(&t);
+  hixl_ctx_destroy(ctx);
+}
+
 /* A target asleep in hixl_notif_wait while its peers come and go: each
  * peer that connects during the sleep, and each that stays after another
  * left, must wake it with its notification.  Over shm the sleeper watches
@@ -1672,7 +1720,7 @@ int main(int argc, char **argv)
       cmocka_unit_test(test_qp_lru),        cmocka_unit_test(test_remap),
       cmocka_unit_test(test_flood),         cmocka_unit_test(test_choice),
       cmocka_unit_test(test_sleep),         cmocka_unit_test(test_wake_peers),
-      cmocka_unit_test(test_memlock),
+      cmocka_unit_test(test_memlock),       cmocka_unit_test(test_wait_budget),
   };
   cases_options(CASES(tests), argc, argv);
   if (argc != 3) {
