@@ -31,8 +31,9 @@
 /* ------------------------------------------------------------- errors */
 
 /* The longest hixl_last_error() message, with its NUL: room for a
- * message and its hint.  A caller that wraps the last error copies it into
- * a buffer this size first (hixl__err must not read what it writes). */
+ * message and its hint.  hixl__err may be passed hixl_last_error() to wrap
+ * it; a caller that makes other calls before it wraps the error copies it
+ * into a buffer this size first. */
 #define HIXL_ERR_MAX 1024
 
 /* Record a detailed message for this thread and return st (st < 0). */

@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "core.h"
 
@@ -32,10 +33,14 @@ const char *hixl_last_error(void) { return last_error; }
 
 hixl_status_t hixl__err(hixl_status_t st, const char *fmt, ...)
 {
+  /* Formatted apart first: an argument may be hixl_last_error() itself
+   * (a caller that puts its context before the error it got). */
+  char buf[HIXL_ERR_MAX];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(last_error, sizeof(last_error), fmt, ap);
+  vsnprintf(buf, sizeof(buf), fmt, ap);
   va_end(ap);
+  memcpy(last_error, buf, sizeof(buf));
   hixl_debug("%s: %s", hixl_strerror(st), last_error);
   return st;
 }

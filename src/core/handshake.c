@@ -564,9 +564,7 @@ static hixl_status_t connect_once(hixl_ctx_t *ctx, const char *addr, int64_t dea
   /* A lazy transport's first peer: set it up now (the target has). */
   *set_up = !(atomic_load(&ctx->tp_ready) & (1u << ops->id));
   if ((st = hixl__tp_need(ctx, ops)) != HIXL_OK) {
-    char why[HIXL_ERR_MAX];
-    snprintf(why, sizeof(why), "%s", hixl_last_error());
-    st = hixl__err(st, "connecting to %s: %s", addr, why);
+    st = hixl__err(st, "connecting to %s: %s", addr, hixl_last_error());
     goto fail;
   }
   p->ops = ops;
@@ -623,9 +621,8 @@ hixl_status_t hixl__connect_tagged(hixl_ctx_t *ctx, const char *addr, int timeou
    * its accept, so that trickling bytes buys nothing: its liveness period)
    * and may drop us for.  Then once more, now quick (docs/scale.md). */
   if (st == HIXL_ERR_PEER_LOST && set_up && !hixl__expired(deadline)) {
-    char why[256];
-    snprintf(why, sizeof(why), "%s", hixl_last_error());
-    hixl_info("connecting to %s: %s (while we set up our transport); once more", addr, why);
+    hixl_info("connecting to %s: %s (while we set up our transport); once more", addr,
+              hixl_last_error());
     set_up = false;
     st = connect_once(ctx, addr, deadline, tag, peer_p, &set_up);
   }

@@ -317,11 +317,8 @@ static hixl_status_t metrics_start(hixl_ctx_t *ctx, const char *spec)
 {
   char host[128], port[16];
   hixl_status_t st = hixl__parse_hostport(spec, host, sizeof(host), port, sizeof(port));
-  if (st != HIXL_OK) {
-    char why[256]; /* not hixl_last_error() itself: hixl__err writes over it */
-    snprintf(why, sizeof(why), "%s", hixl_last_error());
-    return hixl__err(HIXL_ERR_INVALID, "HIXL_METRICS: %s", why);
-  }
+  if (st != HIXL_OK)
+    return hixl__err(HIXL_ERR_INVALID, "HIXL_METRICS: %s", hixl_last_error());
   struct addrinfo hints = {
       .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
   struct addrinfo *res;

@@ -357,11 +357,8 @@ static hixl_status_t check_batch(const char *fn, hixl_peer_t *peer, const hixl_x
       st = hixl__err(HIXL_ERR_INVALID, "%s: NULL local buffer", fn);
     if (st == HIXL_OK && hixl_unlikely(dev_any()))
       st = hixl__dev_check_local(fn, xfers[i].local, xfers[i].len);
-    if (st != HIXL_OK) {
-      char msg[HIXL_ERR_MAX];
-      snprintf(msg, sizeof(msg), "%s", hixl_last_error());
-      return hixl__err(st, "%s (batch element %zu of %zu)", msg, i, n);
-    }
+    if (st != HIXL_OK)
+      return hixl__err(st, "%s (batch element %zu of %zu)", hixl_last_error(), i, n);
     total += xfers[i].len;
   }
   *total_p = total;

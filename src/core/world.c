@@ -635,11 +635,8 @@ static hixl_status_t rendezvous_store(hixl_world_t *w, const char *host, const c
                      proto);
   hixl_store_t *s;
   hixl_status_t st = hixl__store_connect(host, port, dialect, deadline, &s);
-  if (st != HIXL_OK) {
-    char why[HIXL_ERR_MAX];
-    snprintf(why, sizeof(why), "%s", hixl_last_error());
-    return hixl__err(st, "hixl_world_create: %s", why);
-  }
+  if (st != HIXL_OK)
+    return hixl__err(st, "hixl_world_create: %s", hixl_last_error());
   const char *store = hixl__store_name(s);
   char run[64], restart[24], key[STORE_KEY_CAP + 32], base[STORE_KEY_CAP];
   key_part(run, sizeof(run), getenv("TORCHELASTIC_RUN_ID"), "-");
@@ -777,11 +774,8 @@ out:
     store_offset = gen - local;
     pthread_mutex_unlock(&store_gen_lock);
   }
-  if (st != HIXL_OK && strncmp(hixl_last_error(), "hixl_world_create", 17) != 0) {
-    char why[HIXL_ERR_MAX];
-    snprintf(why, sizeof(why), "%s", hixl_last_error());
-    st = hixl__err(st, "hixl_world_create: %s", why);
-  }
+  if (st != HIXL_OK && strncmp(hixl_last_error(), "hixl_world_create", 17) != 0)
+    st = hixl__err(st, "hixl_world_create: %s", hixl_last_error());
   free(table);
   free(kp);
   free(keys);
@@ -890,12 +884,9 @@ hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char 
       continue;
     hixl_peer_t *p = NULL;
     st = hixl__connect_tagged(ctx, addrs[j], ms_left(deadline), tag_of(w->id, rank), &p);
-    if (st != HIXL_OK && w->joined) {
-      char why[HIXL_ERR_MAX];
-      snprintf(why, sizeof(why), "%s", hixl_last_error());
+    if (st != HIXL_OK && w->joined)
       st = hixl__err(st, "hixl_world_create: coming back as rank %d, rank %d (%s): %s", rank, j,
-                     addrs[j], why);
-    }
+                     addrs[j], hixl_last_error());
     if (p)
       hixl__peer_world_own(p);
     atomic_store(&w->peers[j], p);
