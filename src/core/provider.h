@@ -224,6 +224,7 @@ enum {
   HIXL_XST_PINNED_BYTES,         /* memory registered with (pinned by) the device now */
   HIXL_XST_QPS,                  /* queue pairs held now (the verbs budget's count) */
   HIXL_XST_QPS_RECLAIMED,        /* idle pairs whose queue pairs were taken back for room */
+  HIXL_XST_MRS,                  /* memory registrations with the device now */
   HIXL_XST_N
 };
 

@@ -135,7 +135,8 @@ static const stat_def_t ctx_defs[] = {
      "registration cache: entries dropped because their memory was unmapped or remapped", C},
     {"pinned_bytes",
      "host memory registered with (pinned by) an RDMA device now: host regions, the "
-     "registration cache, bounce and receive buffers",
+     "registration cache, bounce and receive buffers, peers' atomic results (the bytes its "
+     "registration budget bounds)",
      G},
     {"qps",
      "RDMA queue pairs this context holds now, the count its QP budget bounds (a pair whose QPs "
@@ -145,6 +146,11 @@ static const stat_def_t ctx_defs[] = {
      "times an idle peer's RDMA queue pairs were taken down to make room under a QP budget "
      "(this context's or the peer's), least recently used first; made again on their next use",
      C},
+    {"mrs",
+     "memory registrations with an RDMA device now (host and device regions, the registration "
+     "cache's entries, the context's own buffers, peers' atomic results): the count its "
+     "registration budget bounds",
+     G},
 };
 static const stat_def_t peer_defs[] = {
     HIXL_OPSTATS(HIXL_X)

@@ -52,11 +52,13 @@ struct vrb_rent {
   uintptr_t start, end;
   struct ibv_mr *mr;
   _Atomic int refs;        /* one for being in the cache, one per user */
+  vrb_pins_t *pins;        /* counted in its context's budget until deregistered */
   vrb_rent_t *prev, *next; /* LRU, most recent first */
 };
 
 struct vrb_rcache {
   struct ibv_pd *pd;
+  vrb_pins_t *pins;
   pthread_mutex_t lock;
   vrb_rent_t **v; /* sorted by start */
   size_t n, cap;
@@ -89,6 +91,7 @@ void hixl__vrb_rcache_put(vrb_rent_t *e)
 {
   if (atomic_fetch_sub(&e->refs, 1) == 1) {
     ibv_dereg_mr(e->mr);
+    hixl__vrb_unpin(e->pins, e->end - e->start);
     free(e);
   }
 }
@@ -219,7 +222,7 @@ static void *monitor_main(void *arg)
 
 /* ------------------------------------------------------------ cache */
 
-vrb_rcache_t *hixl__vrb_rcache_new(struct ibv_pd *pd)
+vrb_rcache_t *hixl__vrb_rcache_new(struct ibv_pd *pd, vrb_pins_t *pins)
 {
   const char *e = getenv("HIXL_VERBS_RCACHE");
   if (e && strcmp(e, "0") == 0)
@@ -245,6 +248,7 @@ vrb_rcache_t *hixl__vrb_rcache_new(struct ibv_pd *pd)
   if (rc == NULL)
     goto fail;
   rc->pd = pd;
+  rc->pins = pins;
   rc->uffd = fd;
   rc->stop_fd = eventfd(0, EFD_CLOEXEC);
   rc->max_bytes = 1ul << 30;
@@ -318,25 +322,40 @@ vrb_rent_t *hixl__vrb_rcache_get(vrb_rcache_t *rc, const void *p, size_t len, ui
     drop(rc, find(rc, old->start));
     atomic_fetch_add_explicit(&rc->evicted, 1, memory_order_relaxed);
   }
+  /* And while the context's registration budget has no room: idle
+   * entries go (an entry still in flight keeps its room until it retires);
+   * with none left, the buffer is bounced (NULL), never refused. */
+  while (!hixl__vrb_pin_try(rc->pins, e - s)) {
+    vrb_rent_t *old = rc->lru_tail;
+    while (old && atomic_load(&old->refs) > 1)
+      old = old->prev;
+    if (old == NULL) {
+      pthread_mutex_unlock(&rc->lock);
+      return NULL;
+    }
+    drop(rc, find(rc, old->start));
+    atomic_fetch_add_explicit(&rc->evicted, 1, memory_order_relaxed);
+  }
   vrb_rent_t *ent = NULL;
   if (rc->n == rc->cap) {
     size_t cap = rc->cap ? rc->cap * 2 : 64;
     vrb_rent_t **v = realloc(rc->v, cap * sizeof(*v));
     if (v == NULL)
-      goto out;
+      goto unpin;
     rc->v = v;
     rc->cap = cap;
   }
   ent = calloc(1, sizeof(*ent));
   if (ent == NULL)
-    goto out;
+    goto unpin;
   ent->start = s;
   ent->end = e;
+  ent->pins = rc->pins;
   ent->mr = ibv_reg_mr(rc->pd, (void *)s, e - s, IBV_ACCESS_LOCAL_WRITE);
   if (ent->mr == NULL) { /* read-only or unpinnable memory: bounce it */
     free(ent);
     ent = NULL;
-    goto out;
+    goto unpin;
   }
   struct uffdio_register reg = {.range = {.start = s, .len = e - s},
                                 .mode = UFFDIO_REGISTER_MODE_MISSING};
@@ -347,7 +366,7 @@ vrb_rent_t *hixl__vrb_rcache_get(vrb_rcache_t *rc, const void *p, size_t len, ui
     ibv_dereg_mr(ent->mr);
     free(ent);
     ent = NULL;
-    goto out;
+    goto unpin;
   }
   atomic_init(&ent->refs, 2); /* the cache's and the caller's */
   i = find(rc, s);
@@ -357,9 +376,12 @@ vrb_rent_t *hixl__vrb_rcache_get(vrb_rcache_t *rc, const void *p, size_t len, ui
   rc->bytes += e - s;
   lru_front(rc, ent);
   *lkey_p = ent->mr->lkey;
-out:
   pthread_mutex_unlock(&rc->lock);
   return ent;
+unpin:
+  hixl__vrb_unpin(rc->pins, e - s);
+  pthread_mutex_unlock(&rc->lock);
+  return NULL;
 }
 
 void hixl__vrb_rcache_stats(vrb_rcache_t *rc, uint64_t out[5])

@@ -131,6 +131,7 @@ static hixl_status_t open_device(hixl_ctx_t *ctx, vrb_ctx_t *vc)
       vc->lid = pa.lid;
       vc->max_cqe = da.max_cqe;
       vc->max_qps = da.max_qp;
+      vc->pins.dev_max_mrs = da.max_mr > 0 ? (uint32_t)da.max_mr : UINT32_MAX;
       vc->mtu = pa.active_mtu;
       ibv_query_gid(dev, p, gi, &vc->gid);
       snprintf(vc->name, sizeof(vc->name), "%s:%u", ibv_get_device_name(list[i]), p);
@@ -211,6 +212,8 @@ static void vrb_ctx_fini(hixl_ctx_t *ctx)
   ctx->tp_fd[HIXL_TP_VERBS] = -1;
 }
 
+static hixl_status_t pins_init(vrb_pins_t *p); /* with the regions, below */
+
 static hixl_status_t vrb_ctx_init(hixl_ctx_t *ctx)
 {
   vrb_ctx_t *vc = calloc(1, sizeof(*vc));
@@ -231,7 +234,7 @@ static hixl_status_t vrb_ctx_init(hixl_ctx_t *ctx)
   vc->ev_fd = -1;
   ctx->tp[HIXL_TP_VERBS] = vc;
   hixl_status_t st = open_device(ctx, vc);
-  if (st != HIXL_OK)
+  if (st != HIXL_OK || (st = pins_init(&vc->pins)) != HIXL_OK)
     goto fail;
 #ifdef HIXL_HAVE_RDMACM
   /* rdma_cm ids carry librdmacm's own device contexts, and a QP must be
@@ -255,6 +258,12 @@ static hixl_status_t vrb_ctx_init(hixl_ctx_t *ctx)
   vc->rcq = vc->rch ? ibv_create_cq(vc->dev, VRB_CQ_DEPTH, NULL, vc->rch, 0) : NULL;
   struct ibv_srq_init_attr sa = {.attr = {.max_wr = VRB_SRQ_DEPTH, .max_sge = 1}};
   vc->srq = vc->rcq ? ibv_create_srq(vc->pd, &sa) : NULL;
+  /* The context's own buffers come first in its registration budget. */
+  if ((st = hixl__vrb_pin(&vc->pins, VRB_SRQ_DEPTH * VRB_RECV_SIZE, "the receive buffers")) !=
+          HIXL_OK ||
+      (st = hixl__vrb_pin(&vc->pins, (uint64_t)VRB_BOUNCE_COUNT * VRB_BOUNCE_SIZE,
+                          "the bounce buffers")) != HIXL_OK)
+    goto fail;
   vc->rbufs = calloc(VRB_SRQ_DEPTH, VRB_RECV_SIZE);
   errno = 0; /* a provider that fails without setting it: no stale ENOMEM */
   vc->rbufs_mr = vc->srq && vc->rbufs ? ibv_reg_mr(vc->pd, vc->rbufs, VRB_SRQ_DEPTH * VRB_RECV_SIZE,
@@ -336,7 +345,7 @@ static hixl_status_t vrb_ctx_init(hixl_ctx_t *ctx)
     goto fail;
   }
   ctx->tp_fd[HIXL_TP_VERBS] = vc->ev_fd;
-  vc->rcache = hixl__vrb_rcache_new(vc->pd);
+  vc->rcache = hixl__vrb_rcache_new(vc->pd, &vc->pins);
   long chunk = VRB_READ_CHUNK;
   const char *e = getenv("HIXL_VERBS_READ_CHUNK");
   if (e && hixl__parse_int(e, 4096, VRB_MAX_WR_LEN, &chunk) != 0) {
@@ -372,6 +381,75 @@ static hixl_status_t vrb_probe(hixl_ctx_t *ctx)
 }
 
 /* ------------------------------------------------------------ regions */
+
+/* The registration budget (vrb_pins_t): HIXL_VERBS_MAX_PINNED, bytes, and
+ * HIXL_VERBS_MAX_MRS, at most the device's max_mr. */
+static hixl_status_t pins_init(vrb_pins_t *p)
+{
+  long v;
+  const char *e = getenv("HIXL_VERBS_MAX_PINNED");
+  p->max_bytes = UINT64_MAX;
+  if (e && *e) {
+    if (hixl__parse_int(e, 1, 1L << 50, &v) != 0)
+      return hixl__err(HIXL_ERR_INVALID, "HIXL_VERBS_MAX_PINNED=\"%.32s\": expected bytes, 1..2^50",
+                       e);
+    p->max_bytes = (uint64_t)v;
+  }
+  if (p->dev_max_mrs == 0)
+    p->dev_max_mrs = UINT32_MAX;
+  p->max_mrs = p->dev_max_mrs;
+  e = getenv("HIXL_VERBS_MAX_MRS");
+  if (e && *e) {
+    if (hixl__parse_int(e, 1, 1L << 31, &v) != 0)
+      return hixl__err(HIXL_ERR_INVALID, "HIXL_VERBS_MAX_MRS=\"%.32s\": expected 1..2^31", e);
+    if ((uint64_t)v < p->max_mrs)
+      p->max_mrs = (uint32_t)v;
+  }
+  return HIXL_OK;
+}
+
+bool hixl__vrb_pin_try(vrb_pins_t *p, uint64_t bytes)
+{
+  uint32_t m = atomic_load_explicit(&p->mrs, memory_order_relaxed);
+  do {
+    if (m >= p->max_mrs)
+      return false;
+  } while (!atomic_compare_exchange_weak(&p->mrs, &m, m + 1));
+  uint64_t b = atomic_load_explicit(&p->bytes, memory_order_relaxed);
+  do {
+    if (bytes > p->max_bytes || b > p->max_bytes - bytes) {
+      atomic_fetch_sub(&p->mrs, 1);
+      return false;
+    }
+  } while (!atomic_compare_exchange_weak(&p->bytes, &b, b + bytes));
+  return true;
+}
+
+hixl_status_t hixl__vrb_pin(vrb_pins_t *p, uint64_t bytes, const char *what)
+{
+  if (hixl__vrb_pin_try(p, bytes))
+    return HIXL_OK;
+  uint32_t m = atomic_load(&p->mrs);
+  if (m >= p->max_mrs)
+    return hixl__err(HIXL_ERR_NOMEM,
+                     "verbs: %s: this context has %u memory registrations, its limit (%s%u); "
+                     "deregister regions or raise it",
+                     what, m,
+                     p->max_mrs < p->dev_max_mrs ? "HIXL_VERBS_MAX_MRS=" : "the device's max_mr ",
+                     p->max_mrs);
+  return hixl__err(HIXL_ERR_NOMEM,
+                   "verbs: %s: pinning %llu KiB more would take this context past "
+                   "HIXL_VERBS_MAX_PINNED=%llu (%llu KiB pinned now: its own buffers, host "
+                   "regions, the registration cache, peers' atomic results)",
+                   what, (unsigned long long)(bytes >> 10), (unsigned long long)p->max_bytes,
+                   (unsigned long long)(atomic_load(&p->bytes) >> 10));
+}
+
+void hixl__vrb_unpin(vrb_pins_t *p, uint64_t bytes)
+{
+  atomic_fetch_sub(&p->mrs, 1);
+  atomic_fetch_sub(&p->bytes, bytes);
+}
 
 /* Device memory for the NIC, addressed by its device address (the iova),
  * so that peers and the send path use the same addresses as for host
@@ -417,11 +495,18 @@ static hixl_status_t vrb_mr_reg(hixl_mr_t *mr)
   if (mr->access & HIXL_ACCESS_ATOMIC)
     acc |= IBV_ACCESS_REMOTE_ATOMIC;
   struct ibv_mr *m;
+  uint64_t pinned = mr->device >= 0 ? 0 : mr->len; /* device memory pins no host pages */
+  hixl_status_t st = hixl__vrb_pin(&vc->pins, pinned, "registering a region");
+  if (st != HIXL_OK)
+    return st;
   if (mr->device >= 0) {
     m = reg_device(vc, mr, acc);
-    if (m == NULL)
+    if (m == NULL) {
+      hixl__vrb_unpin(&vc->pins, 0);
       return HIXL_OK; /* staged locally; verbs peers are told UNSUPPORTED */
+    }
   } else if ((errno = 0, m = ibv_reg_mr(vc->pd, mr->addr, mr->len, acc)) == NULL) {
+    hixl__vrb_unpin(&vc->pins, pinned);
     return hixl__vrb_reg_err(vc, "registering a region", mr->addr, mr->len);
   }
   /* Into the sorted local-key index the send path searches. */
@@ -432,6 +517,7 @@ static hixl_status_t vrb_mr_reg(hixl_mr_t *mr)
     if (v == NULL) {
       pthread_rwlock_unlock(&vc->lreg_lock);
       ibv_dereg_mr(m);
+      hixl__vrb_unpin(&vc->pins, pinned);
       return hixl__err(HIXL_ERR_NOMEM, "verbs: no memory for the region index");
     }
     vc->lregs = v;
@@ -446,8 +532,6 @@ static hixl_status_t vrb_mr_reg(hixl_mr_t *mr)
   vc->lregs[i] = (vrb_lreg_t){s, s + mr->len, m->lkey};
   vc->n_lregs++;
   pthread_rwlock_unlock(&vc->lreg_lock);
-  if (mr->device < 0) /* device memory pins no host pages */
-    atomic_fetch_add_explicit(&vc->lreg_bytes, mr->len, memory_order_relaxed);
   mr->tp[HIXL_TP_VERBS] = m;
   return HIXL_OK;
 }
@@ -466,9 +550,8 @@ static void vrb_mr_dereg(hixl_mr_t *mr)
       break;
     }
   pthread_rwlock_unlock(&vc->lreg_lock);
-  if (mr->device < 0)
-    atomic_fetch_sub_explicit(&vc->lreg_bytes, mr->len, memory_order_relaxed);
   ibv_dereg_mr(m);
+  hixl__vrb_unpin(&vc->pins, mr->device < 0 ? mr->len : 0);
   mr->tp[HIXL_TP_VERBS] = NULL;
 }
 
@@ -489,12 +572,8 @@ static void vrb_stats(hixl_ctx_t *ctx, uint64_t xs[HIXL_XST_N])
   xs[HIXL_XST_RCACHE_MISSES] += rc[1];
   xs[HIXL_XST_RCACHE_EVICTIONS] += rc[2];
   xs[HIXL_XST_RCACHE_INVALIDATIONS] += rc[3];
-  uint64_t pinned = rc[4] + atomic_load_explicit(&vc->lreg_bytes, memory_order_relaxed);
-  if (vc->bounce_mr)
-    pinned += (uint64_t)VRB_BOUNCE_COUNT * VRB_BOUNCE_SIZE;
-  if (vc->rbufs_mr)
-    pinned += (uint64_t)VRB_SRQ_DEPTH * VRB_RECV_SIZE;
-  xs[HIXL_XST_PINNED_BYTES] += pinned;
+  xs[HIXL_XST_PINNED_BYTES] += atomic_load_explicit(&vc->pins.bytes, memory_order_relaxed);
+  xs[HIXL_XST_MRS] += atomic_load_explicit(&vc->pins.mrs, memory_order_relaxed);
   xs[HIXL_XST_QPS] += (uint64_t)atomic_load_explicit(&vc->n_qps, memory_order_relaxed);
   xs[HIXL_XST_QPS_RECLAIMED] += atomic_load_explicit(&vc->n_reclaimed, memory_order_relaxed);
 }
@@ -601,8 +680,10 @@ static void vp_free(vrb_peer_t *vp)
     rdma_destroy_event_channel(vp->cm_ch);
 #endif
   qps_uncount(vp);
-  if (vp->amo_mr)
+  if (vp->amo_mr) {
+    hixl__vrb_unpin(&VC(vp->peer->ctx)->pins, vp->amo_mr->length);
     ibv_dereg_mr(vp->amo_mr);
+  }
   free(vp->amo);
   while (vp->op_free) {
     vrb_op_t *o = vp->op_free;
@@ -704,9 +785,15 @@ static hixl_status_t qps_count(vrb_peer_t *vp)
     size_t amo_bytes = sizeof(uint64_t) * VRB_SQ_DEPTH * (size_t)nq;
     if (vp->amo == NULL)
       vp->amo = aligned_alloc(64, amo_bytes);
+    hixl_status_t st = hixl__vrb_pin(&vc->pins, amo_bytes, "a peer's atomic results");
+    if (st != HIXL_OK) {
+      qps_uncount(vp);
+      return st;
+    }
     if (vp->amo)
       vp->amo_mr = ibv_reg_mr(vc->pd, vp->amo, amo_bytes, IBV_ACCESS_LOCAL_WRITE);
     if (vp->amo_mr == NULL) {
+      hixl__vrb_unpin(&vc->pins, amo_bytes);
       qps_uncount(vp);
       return hixl__vrb_err(HIXL_ERR_NOMEM, "registering a peer's atomic results", 0);
     }

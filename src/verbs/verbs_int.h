@@ -87,6 +87,24 @@ typedef HIXL_MSG_VIEW(qpn, psn, kind, mtu, lid, nqps, gen, status) vrb_lazy_msg_
 enum { VRB_WR_PUT, VRB_WR_GET, VRB_WR_AMO, VRB_WR_SEND };
 
 typedef struct vrb_rcache vrb_rcache_t;
+/* The registration budget (docs/verbs.md): the memory this context has
+ * registered with the device (pinned) and how many registrations, its own
+ * buffers, host regions, the cache's entries and peers' atomic results
+ * together, each at most its limit: HIXL_VERBS_MAX_PINNED (bytes; none by
+ * default, RLIMIT_MEMLOCK is the kernel's) and HIXL_VERBS_MAX_MRS (the
+ * device's max_mr unless less is asked for). */
+typedef struct vrb_pins {
+  _Atomic uint64_t bytes;
+  _Atomic uint32_t mrs;
+  uint64_t max_bytes;
+  uint32_t max_mrs, dev_max_mrs;
+} vrb_pins_t;
+/* Count one registration of bytes against the budget: false, counting
+ * nothing, past either limit. */
+bool hixl__vrb_pin_try(vrb_pins_t *p, uint64_t bytes);
+/* The same, or NOMEM saying which limit and what `what` needed. */
+hixl_status_t hixl__vrb_pin(vrb_pins_t *p, uint64_t bytes, const char *what);
+void hixl__vrb_unpin(vrb_pins_t *p, uint64_t bytes);
 typedef struct vrb_rent vrb_rent_t;
 
 /* One hixl region as the send path needs it: sorted by start. */
@@ -138,7 +156,7 @@ typedef struct vrb_ctx {
   pthread_mutex_t cq_lock; /* scqs: adding, resizing, counting QPs */
   /* Local keys of hixl regions, sorted by start (readers: every op). */
   pthread_rwlock_t lreg_lock;
-  _Atomic uint64_t lreg_bytes; /* host bytes of the regions in lregs (pinned_bytes) */
+  vrb_pins_t pins; /* what this context has registered, against its budget */
   vrb_lreg_t *lregs;
   size_t n_lregs, cap_lregs;
   vrb_rcache_t *rcache;
@@ -423,7 +441,7 @@ void hixl__vrb_cm_events(hixl_ctx_t *ctx);
 
 /* rcache.c */
 /* NULL when the cache cannot be kept safe here (no userfaultfd). */
-vrb_rcache_t *hixl__vrb_rcache_new(struct ibv_pd *pd);
+vrb_rcache_t *hixl__vrb_rcache_new(struct ibv_pd *pd, vrb_pins_t *pins);
 void hixl__vrb_rcache_free(vrb_rcache_t *rc);
 /* A cache entry covering [p, p+len) with a reference for the caller, or NULL
  * (use bounce buffers).  *lkey_p: its local key. */

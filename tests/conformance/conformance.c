@@ -832,6 +832,90 @@ static void test_qp_budget(void **state)
 
 static uint64_t ctx_stat(hixl_ctx_t *ctx, const char *name);
 
+/* The registration budget (HIXL_VERBS_MAX_PINNED, HIXL_VERBS_MAX_MRS;
+ * verbs only: run by tests/rxe).  A context whose budget holds its own
+ * buffers (2 MiB + 32 KiB, 2 registrations), one peer's atomic results
+ * and 1 MiB more: a 512 KiB region registers, a 1 MiB one is refused
+ * naming the variable, a 1 MiB put from unregistered memory still lands
+ * (bounced: the cache finds no room), pinned_bytes never passes the
+ * budget, and once the first region goes the second fits.  Then a
+ * context with room for 2 registrations past its own: the third region is
+ * refused naming HIXL_VERBS_MAX_MRS, and "mrs" counts 4. */
+static void test_pin_budget(void **state)
+{
+  (void)state;
+  if (strcmp(g_transport, "verbs") != 0)
+    fail_msg("pin_budget is a verbs case (HIXL_VERBS_MAX_PINNED, HIXL_VERBS_MAX_MRS)");
+  enum { KIB = 1024, MIB = 1024 * 1024 };
+  const uint64_t own = 2 * MIB + 32 * KIB, budget = own + MIB + 64 * KIB;
+  hixl_ctx_t *tctx = test_ctx(0, NULL);
+  target_t t;
+  target_start(&t, tctx, NULL, 0); /* its process keeps the environment it had */
+  char v[32];
+  snprintf(v, sizeof(v), "%llu", (unsigned long long)budget);
+  setenv("HIXL_VERBS_MAX_PINNED", v, 1);
+  hixl_ctx_t *ctx = test_ctx(0, NULL);
+  hixl_peer_t *peer = connect_to(ctx, &t); /* sets verbs up, under the budget */
+  hixl_rmr_t *rmr = lookup(peer, "alloc");
+  uint8_t *a = aligned_alloc(4096, 512 * KIB), *b = aligned_alloc(4096, MIB);
+  uint8_t *src = aligned_alloc(4096, MIB);
+  assert_non_null(a);
+  assert_non_null(b);
+  assert_non_null(src);
+  hixl_mr_t *ma = NULL, *mb = NULL;
+  EXPECT_OK(hixl_mr_reg(ctx, a, 512 * KIB, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &ma));
+  EXPECT_ST(HIXL_ERR_NOMEM, hixl_mr_reg(ctx, b, MIB, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &mb));
+  if (strstr(hixl_last_error(), "HIXL_VERBS_MAX_PINNED") == NULL)
+    fail_msg("the refusal does not name the budget: %s", hixl_last_error());
+  assert_null(mb);
+  for (size_t i = 0; i < MIB; i++)
+    src[i] = (uint8_t)(i * 7 + 3);
+  hixl_req_t *req = NULL;
+  EXPECT_OK(hixl_put(peer, src, MIB, rmr, 4096, 0, &req));
+  EXPECT_OK(hixl_req_wait(req, 30000));
+  hixl_req_free(req);
+  if (target_hash(&t, "alloc", 4096, MIB) != hash_bytes(src, MIB))
+    fail_msg("a bounced put under the budget did not land");
+  uint64_t pinned = ctx_stat(ctx, "pinned_bytes");
+  printf("# pinned %llu KiB of a %llu KiB budget, %llu registrations\n",
+         (unsigned long long)pinned / KIB, (unsigned long long)budget / KIB,
+         (unsigned long long)ctx_stat(ctx, "mrs"));
+  if (pinned > budget || pinned < own + 512 * KIB)
+    fail_msg("pinned_bytes %llu outside [%llu, %llu]", (unsigned long long)pinned,
+             (unsigned long long)(own + 512 * KIB), (unsigned long long)budget);
+  EXPECT_OK(hixl_mr_dereg(ma));
+  EXPECT_OK(hixl_mr_reg(ctx, b, MIB, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &mb));
+  EXPECT_OK(hixl_mr_dereg(mb));
+  unsetenv("HIXL_VERBS_MAX_PINNED");
+
+  setenv("HIXL_VERBS_MAX_MRS", "4", 1);
+  hixl_ctx_t *few = test_ctx(0, NULL);
+  hixl_peer_t *p2 = connect_to(few, &t); /* lazy: no atomic results yet */
+  hixl_mr_t *m[3] = {NULL, NULL, NULL};
+  EXPECT_OK(hixl_mr_reg(few, a, 4096, HIXL_ACCESS_READ, &m[0]));
+  EXPECT_OK(hixl_mr_reg(few, b, 4096, HIXL_ACCESS_READ, &m[1]));
+  EXPECT_ST(HIXL_ERR_NOMEM, hixl_mr_reg(few, src, 4096, HIXL_ACCESS_READ, &m[2]));
+  if (strstr(hixl_last_error(), "HIXL_VERBS_MAX_MRS") == NULL)
+    fail_msg("the refusal does not name the limit: %s", hixl_last_error());
+  if (ctx_stat(few, "mrs") != 4)
+    fail_msg("mrs is %llu, expected 4", (unsigned long long)ctx_stat(few, "mrs"));
+  EXPECT_OK(hixl_mr_dereg(m[0]));
+  EXPECT_OK(hixl_mr_reg(few, src, 4096, HIXL_ACCESS_READ, &m[2]));
+  EXPECT_OK(hixl_mr_dereg(m[1]));
+  EXPECT_OK(hixl_mr_dereg(m[2]));
+  unsetenv("HIXL_VERBS_MAX_MRS");
+  hixl_disconnect(p2);
+  hixl_ctx_destroy(few);
+  hixl_rmr_release(rmr);
+  hixl_disconnect(peer);
+  hixl_ctx_destroy(ctx);
+  target_stop(&t);
+  hixl_ctx_destroy(tctx);
+  free(a);
+  free(b);
+  free(src);
+}
+
 /* Lazy QPs (HIXL_VERBS_LAZY=1; verbs only: run by tests/rxe).  A target with room
  * for 3 QPs takes 6 peers, none of which holds a QP until it moves data:
  * the first 3 put, get, add and notify; the 4th's put fails with the
@@ -1721,6 +1805,7 @@ int main(int argc, char **argv)
       cmocka_unit_test(test_flood),         cmocka_unit_test(test_choice),
       cmocka_unit_test(test_sleep),         cmocka_unit_test(test_wake_peers),
       cmocka_unit_test(test_memlock),       cmocka_unit_test(test_wait_budget),
+      cmocka_unit_test(test_pin_budget),
   };
   cases_options(CASES(tests), argc, argv);
   if (argc != 3) {
