@@ -673,8 +673,10 @@ static void vp_free(vrb_peer_t *vp)
    * peer_close, and QPNs are reused). */
   rmap_del(VC(vp->peer->ctx), vp->peer);
   qps_destroy(vp);
-  for (int i = 0; i < vp->nq; i++)
+  for (int i = 0; i < vp->nq; i++) {
+    free(vp->qps[i]->wqe);
     free(vp->qps[i]);
+  }
 #ifdef HIXL_HAVE_RDMACM
   if (vp->cm_ch)
     rdma_destroy_event_channel(vp->cm_ch);
@@ -772,6 +774,15 @@ static hixl_status_t qps_count(vrb_peer_t *vp)
   if (vp->lazy)
     atomic_fetch_add(&vc->n_lazy_qps, nq);
   vp->qps_counted = nq;
+  for (int i = 0; i < nq && in_use + ahead + nq <= vc->max_qps; i++) {
+    vrb_qp_t *q = vp->qps[i];
+    if (q->wqe == NULL && (q->wqe = calloc(VRB_SQ_DEPTH, sizeof(*q->wqe))) == NULL) {
+      qps_uncount(vp);
+      return hixl__err(HIXL_ERR_NOMEM, "verbs: no memory for a peer's work requests");
+    }
+    for (int k = 0; k < VRB_SQ_DEPTH; k++)
+      q->wqe[k].q = q;
+  }
   if (in_use + ahead + nq > vc->max_qps) {
     qps_uncount(vp);
     return hixl__err(HIXL_ERR_AGAIN,
@@ -865,8 +876,6 @@ static hixl_status_t vp_new(hixl_peer_t *peer, int nq, int mode, vrb_peer_t **vp
     vp->qps[vp->nq++] = q;
     q->vp = vp;
     q->index = (uint32_t)i;
-    for (int k = 0; k < VRB_SQ_DEPTH; k++)
-      q->wqe[k].q = q;
   }
   hixl_status_t st = HIXL_OK;
   if (mode == VP_INBAND)

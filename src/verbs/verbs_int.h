@@ -283,7 +283,11 @@ struct vrb_qp {
   uint64_t *amo;          /* VRB_SQ_DEPTH atomic result words (vp->amo_mr) */
   struct vrb_qp *bw_next; /* in vc's bounce waiters (vc->bounce_lock) */
   bool bw_waiting;
-  vrb_wqe_t wqe[VRB_SQ_DEPTH];
+  /* VRB_SQ_DEPTH descriptors (10 KiB): made with the QPs the first time
+   * (qps_count), so that a lazy pair that never moves data has none, and
+   * kept until the peer is freed (a completion of QPs taken down may still
+   * sit in the shared CQ, naming one by its wr_id). */
+  vrb_wqe_t *wqe;
 };
 
 struct vrb_peer {
