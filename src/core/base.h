@@ -82,6 +82,10 @@ const char *hixl__strerror_fd(int err, char *buf, size_t n);
  * an fd whose work cannot be done without one: a provider's listening
  * socket whose accept fails stays readable. */
 bool hixl__fd_exhausted(int any_fd);
+/* How many descriptors the process can still open, counted up to need (at
+ * most 16) by duplicating any_fd, an open one, and closing the copies: a
+ * check before work that needs need of them at once. */
+int hixl__fd_room(int any_fd, int need);
 /* Such a loop's run of futile wake-ups (woken, nothing it could do):
  * hixl__futile_step counts one round and, only while the process is out
  * of descriptors (asked again every HIXL_FUTILE_WAKEUPS futile rounds),

@@ -276,6 +276,18 @@ bool hixl__fd_exhausted(int any_fd)
   return errno == EMFILE || errno == ENFILE;
 }
 
+int hixl__fd_room(int any_fd, int need)
+{
+  int fds[16], n = 0;
+  if (need > 16)
+    need = 16;
+  while (n < need && (fds[n] = fcntl(any_fd, F_DUPFD_CLOEXEC, 0)) >= 0)
+    n++;
+  for (int i = 0; i < n; i++)
+    close(fds[i]);
+  return n;
+}
+
 bool hixl__futile_step(hixl_futile_t *f, bool futile, int any_fd)
 {
   if (!futile) {
@@ -305,10 +317,11 @@ const char *hixl__nofile_hint(char *buf, size_t n)
   if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
     rl.rlim_cur = rl.rlim_max = 0;
   /* What to raise it by: each shm or fabric peer holds 2 (docs/scale.md:
-   * descriptor limits), and an shm bind passes 3 more for a moment. */
+   * descriptor limits), and an shm bind takes up to 6 more for a moment
+   * (the target's: the TCP connection, the 3 passed to it, its own 3). */
   snprintf(buf, n,
            "the process is at its descriptor limit, RLIMIT_NOFILE %llu (hard %llu): raise it by 2 "
-           "per peer, 3 free while one binds (ulimit -n; systemd: LimitNOFILE=)",
+           "per peer, with 6 more free while one binds (ulimit -n; systemd: LimitNOFILE=)",
            (unsigned long long)rl.rlim_cur, (unsigned long long)rl.rlim_max);
   return buf;
 }

@@ -367,10 +367,15 @@ static hixl_status_t map_theirs(shm_peer_t *sp, const int *fds, const char *who)
 {
   struct stat stb;
   if (fstat(fds[2], &stb) != 0 || !S_ISFIFO(stb.st_mode) ||
-      (fcntl(fds[2], F_GETFL) & O_ACCMODE) != O_WRONLY ||
-      (sp->bell_w = fcntl(fds[2], F_DUPFD_CLOEXEC, 0)) < 0)
+      (fcntl(fds[2], F_GETFL) & O_ACCMODE) != O_WRONLY)
     return hixl__err(HIXL_ERR_TRANSPORT, "shm: the doorbell %s passed is not a pipe's write end",
                      who);
+  if ((sp->bell_w = fcntl(fds[2], F_DUPFD_CLOEXEC, 0)) < 0) {
+    char why[300];
+    return hixl__err(errno == EMFILE || errno == ENFILE ? HIXL_ERR_NOMEM : HIXL_ERR_TRANSPORT,
+                     "shm: keeping the doorbell of %s: %s", who,
+                     hixl__strerror_fd(errno, why, sizeof(why)));
+  }
   sp->table = map_fd(fds[0], SHM_TABLE_BYTES, PROT_READ);
   sp->bell = sp->table
                  ? (const shm_bell_t *)(const void *)((const uint8_t *)sp->table + SHM_TAGS_BYTES)
@@ -387,9 +392,25 @@ static hixl_status_t map_theirs(shm_peer_t *sp, const int *fds, const char *who)
   return HIXL_OK;
 }
 
+/* Descriptors a bind takes at once, beyond the connection's own: our
+ * inbox's memfd, the unix socket, the target's 3 passed back (mapped, then
+ * closed) and the copy of its doorbell we keep.  2 stay: the socket and
+ * the doorbell; the TCP connection goes. */
+#define SHM_BIND_FDS 6
+
 static hixl_status_t shm_connect(hixl_peer_t *peer, const hixl_msg_t *ack, int64_t deadline)
 {
   hixl_ctx_t *ctx = peer->ctx;
+  /* Checked first: short of them, the kernel would fail one step or
+   * another, or silently drop the target's descriptors on their way. */
+  int room = hixl__fd_room(peer->fd, SHM_BIND_FDS);
+  if (room < SHM_BIND_FDS) {
+    char hint[200];
+    return hixl__err(HIXL_ERR_NOMEM,
+                     "shm: binding with %s takes %d free descriptors for a moment and this "
+                     "process has %d: %s",
+                     peer->name, SHM_BIND_FDS, room, hixl__nofile_hint(hint, sizeof(hint)));
+  }
   shm_peer_t *sp = shm_peer_new(ctx, 1); /* its pid: below */
   if (sp == NULL)
     return hixl__err(HIXL_ERR_NOMEM, "shm: no memory");

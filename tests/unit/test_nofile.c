@@ -152,6 +152,73 @@ static void test_limit_is_named(void **state)
   assert_int_equal(ok, 1); /* with room, it connects */
 }
 
+/* An initiator at its own limit (open + extra in a child, its context
+ * and shm made before the limit) connecting to a target with room: each
+ * failure names RLIMIT_NOFILE; some step fails in the check before the
+ * bind, saying how many descriptors it takes and how many the process
+ * has; with room it connects.  The child sends back its status and
+ * hixl_last_error(). */
+static int connect_at(const char *addr, int extra, char *err, size_t n)
+{
+  int pfd[2];
+  assert_int_equal(pipe(pfd), 0);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    close(pfd[0]);
+    setenv("HIXL_LAZY", "0", 1);
+    hixl_ctx_t *c = make();
+    limit_to(extra);
+    hixl_peer_t *p = NULL;
+    hixl_status_t st = hixl_connect(c, addr, 3000, &p);
+    char msg[600];
+    int k = snprintf(msg, sizeof(msg), "%d %s", (int)st, st == HIXL_OK ? "" : hixl_last_error());
+    if (write(pfd[1], msg, (size_t)k + 1) < 0)
+      _exit(4);
+    _exit(0);
+  }
+  close(pfd[1]);
+  char buf[600];
+  ssize_t k = read(pfd[0], buf, sizeof(buf) - 1);
+  close(pfd[0]);
+  waitpid(pid, NULL, 0);
+  if (k <= 0)
+    fail_msg("the initiator at open+%d said nothing", extra);
+  buf[k] = 0;
+  const char *sp = strchr(buf, ' ');
+  snprintf(err, n, "%s", sp ? sp + 1 : "");
+  return atoi(buf);
+}
+
+static void test_initiator_limit_is_named(void **state)
+{
+  (void)state;
+  char addr[128];
+  pid_t tpid = target(1000, addr, sizeof(addr));
+  assert_true(tpid > 0);
+  int checked = 0, ok = 0;
+  for (int extra = 0; extra <= 12 && ok == 0; extra++) {
+    char err[600];
+    int st = connect_at(addr, extra, err, sizeof(err));
+    if (st == HIXL_OK) {
+      ok++;
+      continue;
+    }
+    print_message("initiator at open+%d: %s\n", extra, err);
+    if (strstr(err, "RLIMIT_NOFILE") == NULL)
+      fail_msg("at open+%d the error does not name the limit: %s", extra, err);
+    if (strstr(err, "takes 6 free descriptors for a moment and this process has")) {
+      assert_int_equal(st, HIXL_ERR_NOMEM);
+      checked++;
+    }
+  }
+  kill(tpid, SIGKILL);
+  waitpid(tpid, NULL, 0);
+  assert_true(checked > 0); /* the check before the bind was reached, and said so */
+  assert_int_equal(ok, 1);  /* with room, it connects */
+}
+
 /* A context whose fabric set-up (HIXL_LAZY=0: at hixl_ctx_create) runs
  * out of descriptors, in a child at open + extra: every failure that says
  * "Too many open files" must also name RLIMIT_NOFILE, and with room it
@@ -368,6 +435,7 @@ int main(void)
 {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_limit_is_named),
+      cmocka_unit_test(test_initiator_limit_is_named),
       cmocka_unit_test(test_fabric_limit_is_named),
       cmocka_unit_test(test_fabric_at_limit_does_not_spin),
   };
