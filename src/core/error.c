@@ -40,7 +40,7 @@ hixl_status_t hixl__err(hixl_status_t st, const char *fmt, ...)
   va_start(ap, fmt);
   vsnprintf(buf, sizeof(buf), fmt, ap);
   va_end(ap);
-  memcpy(last_error, buf, sizeof(buf));
+  memcpy(last_error, buf, strlen(buf) + 1);
   hixl_debug("%s: %s", hixl_strerror(st), last_error);
   return st;
 }

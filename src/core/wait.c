@@ -251,11 +251,15 @@ static void drain_last(hixl_ctx_t *ctx)
    * whole wait took would have caught it without the wake-up: sample
    * that.  Without this the budget stayed at SPIN_INIT_NS while fabric's
    * replies came just after it, so every ping-pong reply paid a wake-up
-   * (half round trips 1.5-2x longer).  A peer that times its events to
-   * land there can raise the budget to SPIN_MAX_NS, no further. */
+   * (half round trips 1.5-2x longer).  An event that came later than
+   * that would not have been caught by any budget: the polling was
+   * wasted, and the budget goes back toward its start (else it could only
+   * ever rise: every such sample is above the budget that ran out).  A
+   * peer that times its events to land just after the budget can hold it
+   * at SPIN_MAX_NS, no further. */
   int64_t slept = last.woke_ns - last.slept_ns;
-  if (!sampled && (last.fired & ~1u) && last.spun_ns > 0 && slept >= 0 && slept < SPIN_MAX_NS)
-    hixl__wait_sample(ctx, last.spun_ns + slept);
+  if (!sampled && (last.fired & ~1u) && last.spun_ns > 0 && slept >= 0)
+    hixl__wait_sample(ctx, slept < SPIN_MAX_NS ? last.spun_ns + slept : SPIN_INIT_NS);
   last.fired = 0;
 }
 

@@ -416,13 +416,15 @@ static void target_serve(target_state_t *ts)
                  r1.ru_nvcsw - r0.ru_nvcsw);
       else
         snprintf(resp, sizeof(resp), "bad: %s", hixl_last_error());
-    } else if (strcmp(cmd, "echo") == 0 && sscanf(line, "%31s %llu", cmd, &a) == 2) {
+    } else if (strcmp(cmd, "echo") == 0 && sscanf(line, "%31s %llu %llu", cmd, &a, &b) >= 2) {
       /* Answer a notifications, each with a notification of the same imm
-       * to its sender (a ping-pong's far side). */
+       * to its sender (a ping-pong's far side), b us after it came. */
       snprintf(resp, sizeof(resp), "ok %llu", a);
       for (unsigned long long i = 0; i < a; i++) {
         hixl_notif_t nf;
         hixl_status_t st = hixl_notif_wait(ts->ctx, &nf, 30000);
+        if (st == HIXL_OK && b > 0)
+          usleep((useconds_t)(b < 1000000 ? b : 1000000));
         if (st == HIXL_OK)
           st = hixl_notify(nf.peer, nf.imm, 0, NULL);
         if (st != HIXL_OK) {
