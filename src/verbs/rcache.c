@@ -149,6 +149,57 @@ static void drop(vrb_rcache_t *rc, size_t i)
   hixl__vrb_rcache_put(e);
 }
 
+/* Drop the least recently used entry nobody uses (lock held): its
+ * registration goes now.  false when every entry is in use. */
+static bool evict_idle(vrb_rcache_t *rc)
+{
+  vrb_rent_t *old = rc->lru_tail;
+  while (old && atomic_load(&old->refs) > 1)
+    old = old->prev;
+  if (old == NULL)
+    return false;
+  drop(rc, find(rc, old->start));
+  atomic_fetch_add_explicit(&rc->evicted, 1, memory_order_relaxed);
+  return true;
+}
+
+/* Would dropping every idle entry make room in the budget for a
+ * registration of bytes (lock held)?  If not, none is dropped for it. */
+static bool idle_would_do(vrb_rcache_t *rc, uint64_t bytes)
+{
+  uint64_t idle = 0;
+  uint32_t n = 0;
+  for (vrb_rent_t *x = rc->lru_head; x; x = x->next)
+    if (atomic_load(&x->refs) == 1) {
+      idle += x->end - x->start;
+      n++;
+    }
+  const vrb_pins_t *p = rc->pins;
+  uint64_t b = atomic_load(&p->bytes), m = atomic_load(&p->mrs);
+  b = b > idle ? b - idle : 0;
+  m = m > n ? m - n : 0;
+  return m + 1 <= p->max_mrs && bytes <= p->max_bytes && b <= p->max_bytes - bytes;
+}
+
+/* Count a registration of bytes in the budget, dropping idle entries for
+ * it when that makes enough room (lock held): hixl__vrb_pin_try's result. */
+static int pin_locked(vrb_rcache_t *rc, uint64_t bytes)
+{
+  int pin = hixl__vrb_pin_try(rc->pins, bytes);
+  if (pin != VRB_PIN_OK && idle_would_do(rc, bytes))
+    while ((pin = hixl__vrb_pin_try(rc->pins, bytes)) != VRB_PIN_OK && evict_idle(rc))
+      ;
+  return pin;
+}
+
+int hixl__vrb_rcache_pin(vrb_rcache_t *rc, uint64_t bytes)
+{
+  pthread_mutex_lock(&rc->lock);
+  int pin = pin_locked(rc, bytes);
+  pthread_mutex_unlock(&rc->lock);
+  return pin;
+}
+
 /* Drop every entry overlapping [s, e) (lock held). */
 static size_t drop_range(vrb_rcache_t *rc, uintptr_t s, uintptr_t e)
 {
@@ -323,18 +374,12 @@ vrb_rent_t *hixl__vrb_rcache_get(vrb_rcache_t *rc, const void *p, size_t len, ui
     atomic_fetch_add_explicit(&rc->evicted, 1, memory_order_relaxed);
   }
   /* And while the context's registration budget has no room: idle
-   * entries go (an entry still in flight keeps its room until it retires);
-   * with none left, the buffer is bounced (NULL), never refused. */
-  while (!hixl__vrb_pin_try(rc->pins, e - s)) {
-    vrb_rent_t *old = rc->lru_tail;
-    while (old && atomic_load(&old->refs) > 1)
-      old = old->prev;
-    if (old == NULL) {
-      pthread_mutex_unlock(&rc->lock);
-      return NULL;
-    }
-    drop(rc, find(rc, old->start));
-    atomic_fetch_add_explicit(&rc->evicted, 1, memory_order_relaxed);
+   * entries go (an entry still in flight keeps its room until it retires),
+   * unless all of them would not make enough; then the buffer is bounced
+   * (NULL), never refused. */
+  if (pin_locked(rc, e - s) != VRB_PIN_OK) {
+    pthread_mutex_unlock(&rc->lock);
+    return NULL;
   }
   vrb_rent_t *ent = NULL;
   if (rc->n == rc->cap) {

@@ -346,6 +346,7 @@ static hixl_status_t vrb_ctx_init(hixl_ctx_t *ctx)
   }
   ctx->tp_fd[HIXL_TP_VERBS] = vc->ev_fd;
   vc->rcache = hixl__vrb_rcache_new(vc->pd, &vc->pins);
+  vc->pins.rcache = vc->rcache;
   long chunk = VRB_READ_CHUNK;
   const char *e = getenv("HIXL_VERBS_READ_CHUNK");
   if (e && hixl__parse_int(e, 4096, VRB_MAX_WR_LEN, &chunk) != 0) {
@@ -408,29 +409,34 @@ static hixl_status_t pins_init(vrb_pins_t *p)
   return HIXL_OK;
 }
 
-bool hixl__vrb_pin_try(vrb_pins_t *p, uint64_t bytes)
+int hixl__vrb_pin_try(vrb_pins_t *p, uint64_t bytes)
 {
   uint32_t m = atomic_load_explicit(&p->mrs, memory_order_relaxed);
   do {
     if (m >= p->max_mrs)
-      return false;
+      return VRB_PIN_MRS;
   } while (!atomic_compare_exchange_weak(&p->mrs, &m, m + 1));
   uint64_t b = atomic_load_explicit(&p->bytes, memory_order_relaxed);
   do {
     if (bytes > p->max_bytes || b > p->max_bytes - bytes) {
       atomic_fetch_sub(&p->mrs, 1);
-      return false;
+      return VRB_PIN_BYTES;
     }
   } while (!atomic_compare_exchange_weak(&p->bytes, &b, b + bytes));
-  return true;
+  return VRB_PIN_OK;
 }
 
 hixl_status_t hixl__vrb_pin(vrb_pins_t *p, uint64_t bytes, const char *what)
 {
-  if (hixl__vrb_pin_try(p, bytes))
+  /* The cache's idle entries are room held for speed only: they give way
+   * to a region or a peer's atomic results. */
+  int why = hixl__vrb_pin_try(p, bytes);
+  if (why != VRB_PIN_OK && p->rcache)
+    why = hixl__vrb_rcache_pin(p->rcache, bytes);
+  if (why == VRB_PIN_OK)
     return HIXL_OK;
   uint32_t m = atomic_load(&p->mrs);
-  if (m >= p->max_mrs)
+  if (why == VRB_PIN_MRS)
     return hixl__err(HIXL_ERR_NOMEM,
                      "verbs: %s: this context has %u memory registrations, its limit (%s%u); "
                      "deregister regions or raise it",
@@ -774,15 +780,6 @@ static hixl_status_t qps_count(vrb_peer_t *vp)
   if (vp->lazy)
     atomic_fetch_add(&vc->n_lazy_qps, nq);
   vp->qps_counted = nq;
-  for (int i = 0; i < nq && in_use + ahead + nq <= vc->max_qps; i++) {
-    vrb_qp_t *q = vp->qps[i];
-    if (q->wqe == NULL && (q->wqe = calloc(VRB_SQ_DEPTH, sizeof(*q->wqe))) == NULL) {
-      qps_uncount(vp);
-      return hixl__err(HIXL_ERR_NOMEM, "verbs: no memory for a peer's work requests");
-    }
-    for (int k = 0; k < VRB_SQ_DEPTH; k++)
-      q->wqe[k].q = q;
-  }
   if (in_use + ahead + nq > vc->max_qps) {
     qps_uncount(vp);
     return hixl__err(HIXL_ERR_AGAIN,
@@ -817,6 +814,15 @@ static hixl_status_t qps_count(vrb_peer_t *vp)
     return HIXL_ERR_NOMEM;
   }
   vp->cq_reserved = nq;
+  for (int i = 0; i < nq; i++) {
+    vrb_qp_t *q = vp->qps[i];
+    if (q->wqe == NULL && (q->wqe = calloc(VRB_SQ_DEPTH, sizeof(*q->wqe))) == NULL) {
+      qps_uncount(vp);
+      return hixl__err(HIXL_ERR_NOMEM, "verbs: no memory for a peer's work requests");
+    }
+    for (int k = 0; k < VRB_SQ_DEPTH; k++)
+      q->wqe[k].q = q;
+  }
   return HIXL_OK;
 }
 
@@ -848,9 +854,18 @@ hixl_status_t hixl__vrb_qps_make(vrb_peer_t *vp)
 
 void hixl__vrb_qps_unmake(vrb_peer_t *vp)
 {
-  rmap_retire(VC(vp->peer->ctx), vp->peer);
+  vrb_ctx_t *vc = VC(vp->peer->ctx);
+  rmap_retire(vc, vp->peer);
   qps_destroy(vp);
   qps_uncount(vp);
+  /* Its atomic results' registration goes with its QPs (nothing is posted
+   * on them now), so that idle pairs hold none; the memory stays for the
+   * next QPs, registered again then. */
+  if (vp->amo_mr) {
+    hixl__vrb_unpin(&vc->pins, vp->amo_mr->length);
+    ibv_dereg_mr(vp->amo_mr);
+    vp->amo_mr = NULL;
+  }
 }
 
 /* How a peer's QPs come: made now and connected in the bind (in-band),

@@ -98,11 +98,15 @@ typedef struct vrb_pins {
   _Atomic uint32_t mrs;
   uint64_t max_bytes;
   uint32_t max_mrs, dev_max_mrs;
+  vrb_rcache_t *rcache; /* whose idle entries give way to a registration */
 } vrb_pins_t;
-/* Count one registration of bytes against the budget: false, counting
- * nothing, past either limit. */
-bool hixl__vrb_pin_try(vrb_pins_t *p, uint64_t bytes);
-/* The same, or NOMEM saying which limit and what `what` needed. */
+enum { VRB_PIN_OK, VRB_PIN_MRS, VRB_PIN_BYTES };
+/* Count one registration of bytes against the budget: VRB_PIN_OK, or which
+ * limit it would pass (nothing counted). */
+int hixl__vrb_pin_try(vrb_pins_t *p, uint64_t bytes);
+/* The same, the registration cache's idle entries giving way when that
+ * makes room (hixl__vrb_rcache_pin); else NOMEM saying which limit and
+ * what `what` needed. */
 hixl_status_t hixl__vrb_pin(vrb_pins_t *p, uint64_t bytes, const char *what);
 void hixl__vrb_unpin(vrb_pins_t *p, uint64_t bytes);
 typedef struct vrb_rent vrb_rent_t;
@@ -446,6 +450,10 @@ void hixl__vrb_cm_events(hixl_ctx_t *ctx);
 /* rcache.c */
 /* NULL when the cache cannot be kept safe here (no userfaultfd). */
 vrb_rcache_t *hixl__vrb_rcache_new(struct ibv_pd *pd, vrb_pins_t *pins);
+/* hixl__vrb_pin_try, after dropping the cache's idle entries (least
+ * recently used first) when that makes enough room; none dropped when it
+ * would not. */
+int hixl__vrb_rcache_pin(vrb_rcache_t *rc, uint64_t bytes);
 void hixl__vrb_rcache_free(vrb_rcache_t *rc);
 /* A cache entry covering [p, p+len) with a reference for the caller, or NULL
  * (use bounce buffers).  *lkey_p: its local key. */

@@ -835,19 +835,35 @@ static uint64_t ctx_stat(hixl_ctx_t *ctx, const char *name);
 /* The registration budget (HIXL_VERBS_MAX_PINNED, HIXL_VERBS_MAX_MRS;
  * verbs only: run by tests/rxe).  A context whose budget holds its own
  * buffers (2 MiB + 32 KiB, 2 registrations), one peer's atomic results
- * and 1 MiB more: a 512 KiB region registers, a 1 MiB one is refused
- * naming the variable, a 1 MiB put from unregistered memory still lands
- * (bounced: the cache finds no room), pinned_bytes never passes the
- * budget, and once the first region goes the second fits.  Then a
- * context with room for 2 registrations past its own: the third region is
- * refused naming HIXL_VERBS_MAX_MRS, and "mrs" counts 4. */
+ * and 1 MiB more:
+ *   - a 256 KiB put from unregistered memory is cached (pinned);
+ *   - a 512 KiB region registers; a 1 MiB one is refused naming the
+ *     variable, and the cache keeps its idle entry (dropping it would not
+ *     have made enough room);
+ *   - a 1 MiB put from unregistered memory lands all the same (bounced);
+ *   - with the 512 KiB region gone, the 1 MiB one registers: the cache's
+ *     idle entry gives way (one eviction);
+ *   - at every step pinned_bytes is exactly what was registered and never
+ *     past the budget, and after the deregistrations pinned_bytes and mrs
+ *     are back to the context's own plus the peer's atomic results.
+ * Then a context with room for 2 registrations past its own: the third
+ * region is refused naming HIXL_VERBS_MAX_MRS, and "mrs" counts 4. */
+static void pinned_is(hixl_ctx_t *ctx, uint64_t want, uint64_t budget, const char *when)
+{
+  uint64_t got = ctx_stat(ctx, "pinned_bytes");
+  if (got != want || got > budget)
+    fail_msg("%s: pinned_bytes %llu, expected %llu (budget %llu)", when, (unsigned long long)got,
+             (unsigned long long)want, (unsigned long long)budget);
+}
+
 static void test_pin_budget(void **state)
 {
   (void)state;
   if (strcmp(g_transport, "verbs") != 0)
     fail_msg("pin_budget is a verbs case (HIXL_VERBS_MAX_PINNED, HIXL_VERBS_MAX_MRS)");
-  enum { KIB = 1024, MIB = 1024 * 1024 };
+  enum { KIB = 1024, MIB = 1024 * 1024, AMO = 2 * KIB };
   const uint64_t own = 2 * MIB + 32 * KIB, budget = own + MIB + 64 * KIB;
+  const unsigned rw = HIXL_ACCESS_READ | HIXL_ACCESS_WRITE;
   hixl_ctx_t *tctx = test_ctx(0, NULL);
   target_t t;
   target_start(&t, tctx, NULL, 0); /* its process keeps the environment it had */
@@ -856,41 +872,60 @@ static void test_pin_budget(void **state)
   setenv("HIXL_VERBS_MAX_PINNED", v, 1);
   hixl_ctx_t *ctx = test_ctx(0, NULL);
   hixl_peer_t *peer = connect_to(ctx, &t); /* sets verbs up, under the budget */
+  unsetenv("HIXL_VERBS_MAX_PINNED");
   hixl_rmr_t *rmr = lookup(peer, "alloc");
+  uint64_t mrs0 = ctx_stat(ctx, "mrs");
+  pinned_is(ctx, own, budget, "connected");
   uint8_t *a = aligned_alloc(4096, 512 * KIB), *b = aligned_alloc(4096, MIB);
-  uint8_t *src = aligned_alloc(4096, MIB);
+  uint8_t *small = aligned_alloc(4096, 256 * KIB), *src = aligned_alloc(4096, MIB);
   assert_non_null(a);
   assert_non_null(b);
+  assert_non_null(small);
   assert_non_null(src);
+  for (size_t i = 0; i < MIB; i++)
+    src[i] = (uint8_t)(i * 7 + 3);
+  memcpy(small, src + 5, 256 * KIB);
+  EXPECT_OK(hixl_put(peer, small, 256 * KIB, rmr, 0, 0, NULL));
+  EXPECT_OK(hixl_fence(ctx, peer, 30000));
+  if (target_hash(&t, "alloc", 0, 256 * KIB) != hash_bytes(small, 256 * KIB))
+    fail_msg("a cached put under the budget did not land");
+  pinned_is(ctx, own + AMO + 256 * KIB, budget, "a 256 KiB buffer cached");
   hixl_mr_t *ma = NULL, *mb = NULL;
-  EXPECT_OK(hixl_mr_reg(ctx, a, 512 * KIB, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &ma));
-  EXPECT_ST(HIXL_ERR_NOMEM, hixl_mr_reg(ctx, b, MIB, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &mb));
+  EXPECT_OK(hixl_mr_reg(ctx, a, 512 * KIB, rw, &ma));
+  uint64_t ev = ctx_stat(ctx, "rcache_evictions");
+  EXPECT_ST(HIXL_ERR_NOMEM, hixl_mr_reg(ctx, b, MIB, rw, &mb));
   if (strstr(hixl_last_error(), "HIXL_VERBS_MAX_PINNED") == NULL)
     fail_msg("the refusal does not name the budget: %s", hixl_last_error());
   assert_null(mb);
-  for (size_t i = 0; i < MIB; i++)
-    src[i] = (uint8_t)(i * 7 + 3);
+  if (ctx_stat(ctx, "rcache_evictions") != ev)
+    fail_msg("the cache dropped an entry for a region that would not fit anyway");
+  pinned_is(ctx, own + AMO + 256 * KIB + 512 * KIB, budget, "a 1 MiB region refused");
   hixl_req_t *req = NULL;
   EXPECT_OK(hixl_put(peer, src, MIB, rmr, 4096, 0, &req));
   EXPECT_OK(hixl_req_wait(req, 30000));
   hixl_req_free(req);
   if (target_hash(&t, "alloc", 4096, MIB) != hash_bytes(src, MIB))
     fail_msg("a bounced put under the budget did not land");
-  uint64_t pinned = ctx_stat(ctx, "pinned_bytes");
-  printf("# pinned %llu KiB of a %llu KiB budget, %llu registrations\n",
-         (unsigned long long)pinned / KIB, (unsigned long long)budget / KIB,
-         (unsigned long long)ctx_stat(ctx, "mrs"));
-  if (pinned > budget || pinned < own + 512 * KIB)
-    fail_msg("pinned_bytes %llu outside [%llu, %llu]", (unsigned long long)pinned,
-             (unsigned long long)(own + 512 * KIB), (unsigned long long)budget);
+  pinned_is(ctx, own + AMO + 256 * KIB + 512 * KIB, budget, "a 1 MiB put bounced");
   EXPECT_OK(hixl_mr_dereg(ma));
-  EXPECT_OK(hixl_mr_reg(ctx, b, MIB, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &mb));
+  EXPECT_OK(hixl_mr_reg(ctx, b, MIB, rw, &mb)); /* the cache's idle entry gives way */
+  if (ctx_stat(ctx, "rcache_evictions") != ev + 1)
+    fail_msg("registering past the budget did not take the cache's idle entry (%llu evictions)",
+             (unsigned long long)(ctx_stat(ctx, "rcache_evictions") - ev));
+  pinned_is(ctx, own + AMO + MIB, budget, "a 1 MiB region in the cache's room");
   EXPECT_OK(hixl_mr_dereg(mb));
-  unsetenv("HIXL_VERBS_MAX_PINNED");
+  pinned_is(ctx, own + AMO, budget, "everything deregistered");
+  if (ctx_stat(ctx, "mrs") != mrs0 + 1)
+    fail_msg("mrs is %llu after the deregistrations, expected %llu (ours and the atomic results)",
+             (unsigned long long)ctx_stat(ctx, "mrs"), (unsigned long long)mrs0 + 1);
+  printf("# pinned %llu KiB of a %llu KiB budget at most, %llu registrations at rest\n",
+         (unsigned long long)(own + AMO + 256 * KIB + 512 * KIB) / KIB,
+         (unsigned long long)budget / KIB, (unsigned long long)ctx_stat(ctx, "mrs"));
 
   setenv("HIXL_VERBS_MAX_MRS", "4", 1);
   hixl_ctx_t *few = test_ctx(0, NULL);
   hixl_peer_t *p2 = connect_to(few, &t); /* lazy: no atomic results yet */
+  unsetenv("HIXL_VERBS_MAX_MRS");
   hixl_mr_t *m[3] = {NULL, NULL, NULL};
   EXPECT_OK(hixl_mr_reg(few, a, 4096, HIXL_ACCESS_READ, &m[0]));
   EXPECT_OK(hixl_mr_reg(few, b, 4096, HIXL_ACCESS_READ, &m[1]));
@@ -903,7 +938,9 @@ static void test_pin_budget(void **state)
   EXPECT_OK(hixl_mr_reg(few, src, 4096, HIXL_ACCESS_READ, &m[2]));
   EXPECT_OK(hixl_mr_dereg(m[1]));
   EXPECT_OK(hixl_mr_dereg(m[2]));
-  unsetenv("HIXL_VERBS_MAX_MRS");
+  if (ctx_stat(few, "mrs") != 2)
+    fail_msg("mrs is %llu after the deregistrations, expected 2",
+             (unsigned long long)ctx_stat(few, "mrs"));
   hixl_disconnect(p2);
   hixl_ctx_destroy(few);
   hixl_rmr_release(rmr);
@@ -913,6 +950,7 @@ static void test_pin_budget(void **state)
   hixl_ctx_destroy(tctx);
   free(a);
   free(b);
+  free(small);
   free(src);
 }
 
@@ -944,13 +982,13 @@ static void test_qp_lazy(void **state)
    * slot without its 10 KiB of work-request descriptors, which come with
    * the QPs (17.5 KiB when they came at connect). */
   peers[0] = connect_to(ctx, &t);
-  size_t heap0 = mallinfo2().uordblks;
+  long long heap0 = (long long)mallinfo2().uordblks;
   for (int i = 1; i < NP; i++)
     peers[i] = connect_to(ctx, &t);
-  size_t per = (mallinfo2().uordblks - heap0) / (NP - 1);
-  printf("# %zu bytes of heap per connected pair without QPs\n", per);
+  long long per = ((long long)mallinfo2().uordblks - heap0) / (NP - 1);
+  printf("# %lld bytes of heap per connected pair without QPs\n", per);
   if (per > 12 * 1024)
-    fail_msg("a connected pair without QPs costs %zu bytes of heap, more than 12 KiB", per);
+    fail_msg("a connected pair without QPs costs %lld bytes of heap, more than 12 KiB", per);
   for (int i = 0; i < NP; i++)
     rmrs[i] = lookup(peers[i], "reg");
   assert_int_equal(ctx_stat(ctx, "qps"), 0); /* connected, no QP yet */
@@ -1699,24 +1737,21 @@ static void test_sleep(void **state)
  * stayed at its start (20 us) while replies came just after, and every
  * reply of a ping-pong paid a wake-up (half round trips 1.5-2x longer).
  * A ping-pong of ECHO_ROUNDS notifications must lift it past 25 us at
- * some point (measured here: 31-43 us at most; without the fix it never
- * moved from 20.0); under load a reply may come too late to teach
- * anything (the waiter slept longer than the top), so the count is
- * generous.  Not over shm or self: replies there come within
- * the first microseconds, and polling catches them. */
+ * some point (measured here: 31-50 us at most; without the rule it never
+ * moved from 20.0) and never past its top, 50 us; under load a reply may
+ * come too late to teach anything, so the count is generous.  Then
+ * replies 2 ms late: polling could not have caught them, and the budget
+ * must fall at least halfway back to its start, give or take 2 us (it
+ * could only rise in the rule's first version).  Not over shm or self: replies there come
+ * within the first microseconds, and polling catches them. */
 #define ECHO_ROUNDS 4000u
-static void test_wait_budget(void **state)
+#define SLOW_ROUNDS 60u
+static uint64_t echo_rounds(hixl_ctx_t *ctx, hixl_peer_t *peer, target_t *t, unsigned rounds,
+                            unsigned delay_us)
 {
-  (void)state;
-  if (is_self() || strcmp(g_transport, "shm") == 0)
-    fail_msg("wait_budget is for transports that wake a waiter by a descriptor");
-  hixl_ctx_t *ctx = test_ctx(0, NULL);
-  target_t t;
-  target_start(&t, ctx, NULL, 0);
-  hixl_peer_t *peer = connect_to(ctx, &t);
-  uint64_t start = ctx_stat(ctx, "wait_budget_ns"), top = start;
-  target_send(&t, "echo %u", ECHO_ROUNDS);
-  for (uint32_t i = 0; i < ECHO_ROUNDS; i++) {
+  uint64_t top = 0;
+  target_send(t, "echo %u %u", rounds, delay_us);
+  for (uint32_t i = 0; i < rounds; i++) {
     EXPECT_OK(hixl_notify(peer, i, 0, NULL));
     hixl_notif_t n;
     EXPECT_OK(hixl_notif_wait(ctx, &n, 30000));
@@ -1726,14 +1761,38 @@ static void test_wait_budget(void **state)
     top = b > top ? b : top;
   }
   char resp[256];
-  if (!target_reply(&t, resp, sizeof(resp)) || strncmp(resp, "ok ", 3) != 0)
+  if (!target_reply(t, resp, sizeof(resp)) || strncmp(resp, "ok ", 3) != 0)
     fail_msg("echo: %s", resp);
-  printf("# wait budget %.1f us at the start, at most %.1f us over %u round trips\n", start / 1e3,
-         top / 1e3, ECHO_ROUNDS);
+  return top;
+}
+
+static void test_wait_budget(void **state)
+{
+  (void)state;
+  if (is_self() || strcmp(g_transport, "shm") == 0)
+    fail_msg("wait_budget is for transports that wake a waiter by a descriptor");
+  hixl_ctx_t *ctx = test_ctx(0, NULL);
+  target_t t;
+  target_start(&t, ctx, NULL, 0);
+  hixl_peer_t *peer = connect_to(ctx, &t);
+  uint64_t start = ctx_stat(ctx, "wait_budget_ns");
+  uint64_t top = echo_rounds(ctx, peer, &t, ECHO_ROUNDS, 0);
+  uint64_t high = ctx_stat(ctx, "wait_budget_ns");
+  echo_rounds(ctx, peer, &t, SLOW_ROUNDS, 2000);
+  uint64_t end = ctx_stat(ctx, "wait_budget_ns");
+  printf("# wait budget %.1f us at the start, at most %.1f us over %u round trips (%.1f at "
+         "their end), %.1f after %u replies 2 ms late\n",
+         start / 1e3, top / 1e3, ECHO_ROUNDS, high / 1e3, end / 1e3, SLOW_ROUNDS);
   if (top <= 25000)
     fail_msg("the wait budget never rose past 25 us (%.1f at most): replies woken by "
              "a descriptor taught it nothing",
              top / 1e3);
+  if (top > 50000)
+    fail_msg("the wait budget passed its top: %.1f us", top / 1e3);
+  if (end > start + (high > start ? high - start : 0) / 2 + 2000) /* 2 us: stamped samples */
+    fail_msg("late replies did not bring the budget back toward its start: %.1f us after "
+             "them, %.1f before",
+             end / 1e3, high / 1e3);
   hixl_disconnect(peer);
   target_stop(&t);
   hixl_ctx_destroy(ctx);
