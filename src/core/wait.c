@@ -222,7 +222,9 @@ static __thread struct {
 } last;
 
 /* How long the poll phase that just gave up polled; 0 once the wait has
- * slept (only its first sleep follows a poll phase). */
+ * slept (only its first sleep follows a poll phase).  Set only where a
+ * poll phase gives up, which a sleep always follows, and cleared by that
+ * sleep: the fast path (the event is there at once) touches no TLS. */
 static __thread int64_t spin_before;
 
 static void futile_reset(void) { last.futile = (hixl_futile_t){0}; }
@@ -469,7 +471,6 @@ static bool poll_phase(hixl_ctx_t *ctx, int64_t deadline, unsigned flags, hixl_w
                        void *arg, hixl_status_t *st)
 {
   *st = HIXL_OK;
-  spin_before = 0;
   if (fn(arg))
     return true;
   if (deadline != INT64_MAX && hixl__expired(deadline)) {
