@@ -152,13 +152,11 @@ static void test_limit_is_named(void **state)
   assert_int_equal(ok, 1); /* with room, it connects */
 }
 
-/* An initiator at its own limit (open + extra in a child, its context
- * and shm made before the limit) connecting to a target with room: each
- * failure names RLIMIT_NOFILE; some step fails in the check before the
- * bind, saying how many descriptors it takes and how many the process
- * has; with room it connects.  The child sends back its status and
- * hixl_last_error(). */
-static int connect_at(const char *addr, int extra, char *err, size_t n)
+/* Run fn(arg, extra) in a child with HIXL_LAZY=0 (its transports set up
+ * at hixl_ctx_create), gone with us; fn sets the limit where it needs it.
+ * Returns the child's status, its hixl_last_error() in err. */
+static int in_child(hixl_status_t (*fn)(const void *arg, int extra), const void *arg, int extra,
+                    char *err, size_t n)
 {
   int pfd[2];
   assert_int_equal(pipe(pfd), 0);
@@ -168,15 +166,12 @@ static int connect_at(const char *addr, int extra, char *err, size_t n)
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     close(pfd[0]);
     setenv("HIXL_LAZY", "0", 1);
-    hixl_ctx_t *c = make();
-    limit_to(extra);
-    hixl_peer_t *p = NULL;
-    hixl_status_t st = hixl_connect(c, addr, 3000, &p);
+    hixl_status_t st = fn(arg, extra);
     char msg[600];
     int k = snprintf(msg, sizeof(msg), "%d %s", (int)st, st == HIXL_OK ? "" : hixl_last_error());
     if (write(pfd[1], msg, (size_t)k + 1) < 0)
       _exit(4);
-    _exit(0);
+    _exit(0); /* no destroy: the process goes */
   }
   close(pfd[1]);
   char buf[600];
@@ -184,11 +179,24 @@ static int connect_at(const char *addr, int extra, char *err, size_t n)
   close(pfd[0]);
   waitpid(pid, NULL, 0);
   if (k <= 0)
-    fail_msg("the initiator at open+%d said nothing", extra);
+    fail_msg("the child at open+%d said nothing", extra);
   buf[k] = 0;
   const char *sp = strchr(buf, ' ');
   snprintf(err, n, "%s", sp ? sp + 1 : "");
   return atoi(buf);
+}
+
+/* An initiator at its own limit (open + extra in a child, its context
+ * and shm made before the limit) connecting to a target with room: each
+ * failure names RLIMIT_NOFILE; some step fails in the check before the
+ * bind, saying how many descriptors it takes and how many the process
+ * has; with room it connects. */
+static hixl_status_t connect_limited(const void *addr, int extra)
+{
+  hixl_ctx_t *c = make();
+  limit_to(extra);
+  hixl_peer_t *p = NULL;
+  return hixl_connect(c, addr, 3000, &p);
 }
 
 static void test_initiator_limit_is_named(void **state)
@@ -200,7 +208,7 @@ static void test_initiator_limit_is_named(void **state)
   int checked = 0, ok = 0;
   for (int extra = 0; extra <= 12 && ok == 0; extra++) {
     char err[600];
-    int st = connect_at(addr, extra, err, sizeof(err));
+    int st = in_child(connect_limited, addr, extra, err, sizeof(err));
     if (st == HIXL_OK) {
       ok++;
       continue;
@@ -222,42 +230,17 @@ static void test_initiator_limit_is_named(void **state)
 /* A context whose fabric set-up (HIXL_LAZY=0: at hixl_ctx_create) runs
  * out of descriptors, in a child at open + extra: every failure that says
  * "Too many open files" must also name RLIMIT_NOFILE, and with room it
- * is created.  The child sends back its status and hixl_last_error(). */
-static int fabric_create_at(int extra, char *err, size_t n)
+ * is created. */
+static hixl_status_t fabric_create_limited(const void *arg, int extra)
 {
-  int pfd[2];
-  assert_int_equal(pipe(pfd), 0);
-  pid_t pid = fork();
-  assert_true(pid >= 0);
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    close(pfd[0]);
-    setenv("HIXL_LAZY", "0", 1);
-    limit_to(extra);
-    hixl_config_t cfg;
-    hixl_config_init(&cfg);
-    cfg.transports = "fabric";
-    cfg.listen = "127.0.0.1:0";
-    hixl_ctx_t *c = NULL;
-    hixl_status_t st = hixl_ctx_create(&cfg, &c);
-    char msg[600];
-    int k = snprintf(msg, sizeof(msg), "%d %s", (int)st, st == HIXL_OK ? "" : hixl_last_error());
-    if (write(pfd[1], msg, (size_t)k + 1) < 0)
-      _exit(4);
-    _exit(0); /* no destroy: the process goes */
-  }
-  close(pfd[1]);
-  char buf[600];
-  ssize_t k = read(pfd[0], buf, sizeof(buf) - 1);
-  close(pfd[0]);
-  waitpid(pid, NULL, 0);
-  if (k <= 0)
-    fail_msg("the child at open+%d said nothing", extra);
-  buf[k] = 0;
-  int st = atoi(buf);
-  const char *sp = strchr(buf, ' ');
-  snprintf(err, n, "%s", sp ? sp + 1 : "");
-  return st;
+  (void)arg;
+  limit_to(extra);
+  hixl_config_t cfg;
+  hixl_config_init(&cfg);
+  cfg.transports = "fabric";
+  cfg.listen = "127.0.0.1:0";
+  hixl_ctx_t *c = NULL;
+  return hixl_ctx_create(&cfg, &c);
 }
 
 static void test_fabric_limit_is_named(void **state)
@@ -270,7 +253,7 @@ static void test_fabric_limit_is_named(void **state)
   int named = 0, ok = 0;
   for (int extra = 0; extra <= 60 && ok == 0; extra++) {
     char err[600];
-    int st = fabric_create_at(extra, err, sizeof(err));
+    int st = in_child(fabric_create_limited, NULL, extra, err, sizeof(err));
     if (st == HIXL_OK) {
       ok++;
       continue;
