@@ -226,8 +226,9 @@ hixl_status_t hixl_disconnect(hixl_peer_t *peer);
  * transport could not finish an operation to it, the handle is kept as
  * before (a warning says so).  Errors: INVALID (NULL; released already;
  * it still has rmrs; a rank's peer, which its world owns until
- * hixl_world_destroy); a freed handle is caught only while its memory has
- * not been reused.  On error nothing changes. */
+ * hixl_world_destroy or until the rank comes back); a freed handle is
+ * caught only while its memory has not been reused.  On error nothing
+ * changes. */
 hixl_status_t hixl_peer_release(hixl_peer_t *peer);
 /* "self", "shm", "verbs" or "fabric" ("closed" after hixl_disconnect);
  * NULL for a NULL peer. */
@@ -419,8 +420,11 @@ hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char 
                                 hixl_world_t **world_p);
 /* The peer for rank (own rank: a self peer); NULL if out of range.  A rank
  * that is lost and has come back (below) gets a new peer once
- * hixl_world_wait_rank has taken it: this returns it from then on; the old
- * one stays valid, answering PEER_LOST, until hixl_world_destroy.  After
+ * hixl_world_wait_rank has taken it: this returns it from then on, and the
+ * old one is no longer the world's.  If the application got the old one
+ * (from this, hixl_world_wait_rank or a notification) it stays valid,
+ * answering PEER_LOST, until hixl_peer_release; otherwise it is freed after
+ * the release grace (2 x timeout + 1 s).  After
  * hixl_world_destroy a peer this (or hixl_world_wait_rank, or a
  * notification) returned is the application's: hixl_peer_release frees it.
  * The world's peers the application never got are freed by

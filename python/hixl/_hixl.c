@@ -238,7 +238,6 @@ typedef struct {
   PyObject_HEAD CtxObject *ctx;
   hixl_world_t *w; /* NULL once closed */
   PyObject *peers; /* list of Peer, index = rank */
-  PyObject *gone;  /* Peers of ranks that came back since: closed with the World */
   int owns_ctx;    /* created by World(): closed with it */
   int busy;        /* threads in barrier / exchange without the GIL */
 } WorldObject;
@@ -2596,7 +2595,10 @@ static void world_forget_peers(WorldObject *w, PyObject *list, hixl_peer_t **out
 }
 
 /* A rank that came back has a new hixl peer: its Peer replaces the old
- * one in w->peers (the old one, still valid and lost, moves to w->gone). */
+ * one in w->peers.  The old handle is no longer the world's
+ * (hixl_world_wait_rank let go of it): its Peer becomes an ordinary one,
+ * still valid and lost, released when the application drops it or closes
+ * it, so that a rank that comes back again and again leaves nothing. */
 static int world_sync(WorldObject *w)
 {
   Py_ssize_t n = PyList_GET_SIZE(w->peers);
@@ -2605,16 +2607,12 @@ static int world_sync(WorldObject *w)
     hixl_peer_t *hp = hixl_world_peer(w->w, (int)i);
     if (old == NULL || hp == NULL || hp == old->peer) /* old NULL: World() failed */
       continue;
-    if (w->gone == NULL && (w->gone = PyList_New(0)) == NULL)
-      return -1;
     PeerObject *p = (PeerObject *)peer_lookup(w->ctx, hp); /* a notification may have made it */
     if (p == NULL)
       return -1;
     p->world = 1;
-    if (PyList_Append(w->gone, (PyObject *)old) < 0) {
-      Py_DECREF(p);
-      return -1;
-    }
+    old->world = 0;
+    old->owned = 1;
     PyList_SetItem(w->peers, i, (PyObject *)p); /* steals p, drops the list's old reference */
   }
   return 0;
@@ -2628,11 +2626,10 @@ static void world_close(WorldObject *w)
     PyErr_Clear();
   hixl_world_t *hw = w->w;
   w->w = NULL;
-  size_t cap = (size_t)PyList_GET_SIZE(w->peers) + (w->gone ? (size_t)PyList_GET_SIZE(w->gone) : 0);
+  size_t cap = (size_t)PyList_GET_SIZE(w->peers);
   hixl_peer_t **hps = PyMem_Malloc(cap ? cap * sizeof(*hps) : 1); /* NULL: none released */
   size_t n_hps = 0;
   world_forget_peers(w, w->peers, hps, &n_hps);
-  world_forget_peers(w, w->gone, hps, &n_hps);
   wait_idle(&w->busy); /* barrier / exchange of other threads */
   if (w->ctx->ctx) {
     CtxObject *c = w->ctx;
@@ -2678,7 +2675,6 @@ static PyObject *World_close(WorldObject *w, PyObject *u)
 static int World_traverse(WorldObject *w, visitproc visit, void *arg)
 {
   Py_VISIT(w->peers);
-  Py_VISIT(w->gone);
   return 0;
 }
 
@@ -2686,7 +2682,6 @@ static int World_clear(WorldObject *w)
 {
   world_close(w);
   Py_CLEAR(w->peers);
-  Py_CLEAR(w->gone);
   return 0;
 }
 

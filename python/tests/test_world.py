@@ -63,6 +63,7 @@ RANK = textwrap.dedent(r"""
         raise SystemExit("put through the old peer passed")
     except hixl.PeerLostError:
         pass
+    old.close()                                   # no longer the world's: ours to close
     again = w.exchange(reg)
     if rank and victim == 0:
         steps(again, 40)

@@ -779,6 +779,8 @@ static int64_t visit_locked(hixl_ctx_t *ctx, hixl_peer_t *p, int64_t now)
   if (st >= HIXL_PEER_LOST && let_go && now - p->lost_ns <= RELEASE_GRACE_NS(ctx))
     return p->lost_ns + RELEASE_GRACE_NS(ctx) + 1;
   if (st >= HIXL_PEER_LOST && (unseen || let_go) && !p->tp_kept) {
+    if (now <= p->hold_ns)
+      return p->hold_ns + 1;
     /* A thread walks a snapshot that holds it, outside the lock
      * (hixl__peers_pin): free it a little later. */
     if (p->pins != 0)

@@ -451,6 +451,10 @@ struct hixl_peer {
    * refuses it and housekeeping keeps it until hixl_world_destroy, which
    * releases it itself unless handed (hixl__peer_world_disown). */
   _Atomic bool world_owned;
+  /* Not freed before this (0: no hold): a world replaced it as a rank's
+   * peer, and hixl_world_peer, which reads the rank's peer without a lock,
+   * may have loaded it just before (world.c: refresh_locked). */
+  int64_t hold_ns;
   bool self;
   bool unix_pending;         /* an accepted unix connection not yet bound to its peer */
   _Atomic bool used;         /* an operation was issued (fence reports loss only then) */

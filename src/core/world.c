@@ -36,7 +36,7 @@
 #include <unistd.h>
 
 #include "config.h"
-#include "core.h"
+#include "conn.h"
 #include "store.h"
 
 #define WORLD_JOINS 4 /* join connections rank 0 serves at once */
@@ -63,9 +63,7 @@ struct hixl_world {
    * of ranks counts its own, so a rank that comes back starts at 0 with
    * every other (ctx->lock). */
   uint64_t *bsent, *xsent;
-  bool *skipped;      /* per rank: lost when the barrier or exchange began, not sent to */
-  hixl_peer_t **gone; /* replaced peers, kept valid until hixl_world_destroy */
-  int n_gone, cap_gone;
+  bool *skipped; /* per rank: lost when the barrier or exchange began, not sent to */
   /* Rank 0 meeting by listening: the listener stays open for ranks that
    * come back, served by the control thread (join_cb), with the table of
    * every rank's current address. */
@@ -938,25 +936,25 @@ hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char 
 
 /* Rank j's peer is not up: take the connection of its new process, if it
  * came back (ctx->lock held; hixl_world_wait_rank only, never during a
- * collective).  The old peer stays valid (PEER_LOST) until
- * hixl_world_destroy: the application may still hold it. */
-static void refresh_locked(hixl_world_t *w, int j)
+ * collective).  Returns the peer it replaced, for the caller to let go of
+ * outside the lock (hixl__peer_world_disown): the world keeps nothing of
+ * it, so a rank that comes back again and again costs nothing that stays
+ * (it kept each old one, 1.7 KiB, until hixl_world_destroy).  The
+ * application may hold the old one (hixl_world_peer, a notification):
+ * then it is the application's, answering PEER_LOST until
+ * hixl_peer_release, like any peer it was handed.  Never handed, it is
+ * freed -- but not within the release grace: hixl_world_peer reads
+ * peers[j] without a lock and may have loaded the old one just before the
+ * store below, to mark it handed and return it. */
+static hixl_peer_t *refresh_locked(hixl_world_t *w, int j)
 {
   hixl_peer_t *cur = atomic_load(&w->peers[j]);
   if (w->in_coll || j == w->rank || cur == NULL || atomic_load(&cur->state) == HIXL_PEER_UP)
-    return;
+    return NULL;
   hixl_peer_t *p = tagged_up_locked(w, j, cur);
   if (p == NULL)
-    return;
-  if (w->n_gone == w->cap_gone) {
-    int cap = w->cap_gone ? 2 * w->cap_gone : 4;
-    hixl_peer_t **g = realloc(w->gone, (size_t)cap * sizeof(*g));
-    if (g == NULL)
-      return; /* no memory to keep the old one: stay with it, try again later */
-    w->gone = g;
-    w->cap_gone = cap;
-  }
-  w->gone[w->n_gone++] = cur;
+    return NULL;
+  cur->hold_ns = hixl__now_ns() + RELEASE_GRACE_NS(w->ctx);
   if (w->join_addr) { /* rank 0: the table now gives the rank's new address */
     pthread_mutex_lock(&w->addrs_lock);
     if (w->join_addr[j][0])
@@ -967,6 +965,7 @@ static void refresh_locked(hixl_world_t *w, int j)
   w->bsent[j] = w->xsent[j] = 0;
   atomic_store(&w->peers[j], p);
   hixl_info("world %08" PRIx32 ": rank %d is back (%s)", w->id, j, p->name);
+  return cur;
 }
 
 hixl_peer_t *hixl_world_peer(hixl_world_t *w, int rank)
@@ -991,7 +990,13 @@ hixl_status_t hixl_world_wait_rank(hixl_world_t *w, int rank, int timeout_ms, hi
   hixl_status_t st = HIXL_OK;
   pthread_mutex_lock(&ctx->lock);
   for (;;) {
-    refresh_locked(w, rank);
+    hixl_peer_t *old = refresh_locked(w, rank);
+    if (old) { /* the world's no more: disown takes ctx->lock itself */
+      pthread_mutex_unlock(&ctx->lock);
+      hixl__peer_world_disown(old);
+      pthread_mutex_lock(&ctx->lock);
+      continue;
+    }
     hixl_peer_t *p = atomic_load(&w->peers[rank]);
     if (atomic_load(&p->state) == HIXL_PEER_UP) {
       hixl__peer_handed(p);
@@ -1179,9 +1184,6 @@ void hixl_world_destroy(hixl_world_t *w)
     if (p)
       hixl__peer_world_disown(p);
   }
-  for (int k = 0; k < w->n_gone; k++)
-    hixl__peer_world_disown(w->gone[k]);
-  free(w->gone);
   free(w->addrs);
   free(w->join_addr);
   pthread_mutex_destroy(&w->addrs_lock);

@@ -558,7 +558,10 @@ static void test_world(void **state)
 /* An elastic world: rank 2 of a parameter-server-like world dies in the
  * middle of its steps (SIGKILL), the others see PEER_LOST, a new process
  * comes back as rank 2, and all three go on; every increment and every
- * byte is checked at the PS (rank 0). */
+ * byte is checked at the PS (rank 0).  The replaced peer is no longer the
+ * world's: rank 0, which holds it, releases it at once; rank 1, which
+ * never took it, finds it freed after the release grace (the world kept
+ * it until hixl_world_destroy, 1.7 KiB each time a rank came back). */
 enum { EW_SIZE = 3, EW_STEPS = 200, EW_KILL_AT = 50, EW_SLOT = 4096 };
 
 struct ew {
@@ -584,12 +587,26 @@ static void ew_steps(hixl_ctx_t *ctx, hixl_world_t *w, hixl_rmr_t *ps, int rank,
   }
 }
 
+/* hixl_ctx_stats' peer_records: the peer handles ctx holds. */
+static uint64_t ew_records(hixl_ctx_t *ctx)
+{
+  hixl_stat_t s[128];
+  size_t n = sizeof(s) / sizeof(s[0]);
+  EXPECT_OK(hixl_ctx_stats(ctx, NULL, s, &n));
+  for (size_t i = 0; i < n && i < sizeof(s) / sizeof(s[0]); i++)
+    if (strcmp(s[i].name, "peer_records") == 0)
+      return s[i].value;
+  die("hixl_ctx_stats has no figure peer_records");
+}
+
 static int ew_rank(void *arg, int rank)
 {
   struct ew *e = arg;
   char rdv[32];
   snprintf(rdv, sizeof(rdv), "127.0.0.1:%d", e->port);
-  hixl_ctx_t *ctx = test_ctx(0, NULL);
+  /* Rank 1 waits for the replaced peer's release grace (2 x timeout + 1 s):
+   * a shorter timeout keeps that to 5 s. */
+  hixl_ctx_t *ctx = test_ctx(rank == 1 ? 2000 : 0, NULL);
   hixl_world_t *w;
   EXPECT_OK(hixl_world_create(ctx, rank, EW_SIZE, rdv, &w));
   uint64_t *mem;
@@ -617,7 +634,7 @@ static int ew_rank(void *arg, int rank)
    * then waited for its barrier while it waited for rank 0's exchange). */
   if (rank == 1)
     usleep(2000000);
-  hixl_peer_t *old = hixl_world_peer(w, 2);
+  hixl_peer_t *old = rank == 1 ? NULL : hixl_world_peer(w, 2);
   EXPECT_ST(HIXL_ERR_PEER_LOST, hixl_world_barrier(w));
   if (strstr(hixl_last_error(), "rank 2 is lost") == NULL)
     die("rank %d: barrier error \"%s\" does not name rank 2", rank, hixl_last_error());
@@ -625,8 +642,16 @@ static int ew_rank(void *arg, int rank)
   EXPECT_OK(hixl_world_wait_rank(w, 2, 30000, &back));
   if (back == old || hixl_world_peer(w, 2) != back)
     die("rank %d: rank 2 came back, but its peer is the old one", rank);
-  uint64_t v = 1;
-  EXPECT_ST(HIXL_ERR_PEER_LOST, hixl_put(old, &v, 8, rmrs[2], 0, 0, NULL));
+  uint64_t records = ew_records(ctx);
+  if (old) {
+    uint64_t v = 1;
+    EXPECT_ST(HIXL_ERR_PEER_LOST, hixl_put(old, &v, 8, rmrs[2], 0, 0, NULL));
+    /* The application's now, not the world's: it may let it go. */
+    EXPECT_ST(HIXL_ERR_INVALID, hixl_peer_release(old)); /* rmrs[2] still names it */
+    hixl_rmr_release(rmrs[2]);
+    rmrs[2] = NULL;
+    EXPECT_OK(hixl_peer_release(old));
+  }
   EXPECT_OK(hixl_world_exchange(w, mr, again));
   if (rank > 0)
     ew_steps(ctx, w, again[0], rank, 2, EW_STEPS / 2, false);
@@ -643,6 +668,14 @@ static int ew_rank(void *arg, int rank)
   EXPECT_OK(hixl_world_barrier(w)); /* checked: the workers may go */
   for (int r = 0; r < EW_SIZE; r++)
     hixl_rmr_release(rmrs[r]);
+  if (rank == 1) { /* the old peer, never handed, goes after the grace */
+    for (int i = 0; i < 600 && ew_records(ctx) >= records; i++) /* 30 s */
+      usleep(50000);
+    if (ew_records(ctx) >= records)
+      die("rank 1: %llu peer records 30 s after rank 2 came back, %llu then: the replaced "
+          "peer was kept",
+          (unsigned long long)ew_records(ctx), (unsigned long long)records);
+  }
 out:
   for (int r = 0; r < EW_SIZE; r++)
     hixl_rmr_release(again[r]);
