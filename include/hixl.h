@@ -424,7 +424,8 @@ hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char 
  * old one is no longer the world's.  If the application got the old one
  * (from this, hixl_world_wait_rank or a notification) it stays valid,
  * answering PEER_LOST, until hixl_peer_release; otherwise it is freed after
- * the release grace (2 x timeout + 1 s).  After
+ * the release grace (2 x timeout + 1 s), once the rmrs hixl_world_exchange
+ * made of it are released.  After
  * hixl_world_destroy a peer this (or hixl_world_wait_rank, or a
  * notification) returned is the application's: hixl_peer_release frees it.
  * The world's peers the application never got are freed by

@@ -63,7 +63,8 @@ RANK = textwrap.dedent(r"""
         raise SystemExit("put through the old peer passed")
     except hixl.PeerLostError:
         pass
-    old.close()                                   # no longer the world's: ours to close
+    rmrs[victim].release()                        # then the old peer, no longer the world's,
+    old.close()                                   # is ours to close, and its handle goes
     again = w.exchange(reg)
     if rank and victim == 0:
         steps(again, 40)

@@ -306,7 +306,7 @@ hixl_status_t hixl_peer_release(hixl_peer_t *peer)
   if (atomic_load(&peer->world_owned))
     st = hixl__err(HIXL_ERR_INVALID,
                    "hixl_peer_release: peer %s is a rank of a world, which owns it "
-                   "(hixl_world_destroy lets it go)",
+                   "(hixl_world_destroy, or the rank coming back, lets it go)",
                    peer->name);
   else if (atomic_load(&peer->releasing))
     st = hixl__err(HIXL_ERR_INVALID, "hixl_peer_release: peer %s was released already", peer->name);

@@ -942,10 +942,12 @@ hixl_status_t hixl_world_create(hixl_ctx_t *ctx, int rank, int size, const char 
  * (it kept each old one, 1.7 KiB, until hixl_world_destroy).  The
  * application may hold the old one (hixl_world_peer, a notification):
  * then it is the application's, answering PEER_LOST until
- * hixl_peer_release, like any peer it was handed.  Never handed, it is
- * freed -- but not within the release grace: hixl_world_peer reads
- * peers[j] without a lock and may have loaded the old one just before the
- * store below, to mark it handed and return it. */
+ * hixl_peer_release, like any peer it was handed (which it may do from
+ * here on: no longer world_owned).  Never handed, it is freed -- but not
+ * within the release grace: hixl_world_peer reads peers[j] without a lock
+ * and may have loaded the old one just before the store below; it marks
+ * it handed and, finding peers[j] changed, returns the new one instead
+ * (hold_ns keeps its store off freed memory). */
 static hixl_peer_t *refresh_locked(hixl_world_t *w, int j)
 {
   hixl_peer_t *cur = atomic_load(&w->peers[j]);
@@ -964,6 +966,7 @@ static hixl_peer_t *refresh_locked(hixl_world_t *w, int j)
   hixl__peer_world_own(p);
   w->bsent[j] = w->xsent[j] = 0;
   atomic_store(&w->peers[j], p);
+  atomic_store(&cur->world_owned, false);
   hixl_info("world %08" PRIx32 ": rank %d is back (%s)", w->id, j, p->name);
   return cur;
 }
@@ -972,10 +975,22 @@ hixl_peer_t *hixl_world_peer(hixl_world_t *w, int rank)
 {
   if (w == NULL || rank < 0 || rank >= w->size)
     return NULL;
-  hixl_peer_t *p = atomic_load(&w->peers[rank]);
-  if (p)
-    hixl__peer_handed(p); /* hixl_world_destroy leaves it to the application */
-  return p;
+  /* Marked handed (hixl_world_destroy and hixl_world_wait_rank's
+   * replacement leave it to the application), then checked still the
+   * rank's: both seq_cst, so when the check finds it, the replacement's
+   * store comes later, and so does hixl__peer_world_disown's look at
+   * handed (it will not free it).  Replaced meanwhile: the new one.  (The
+   * old one, marked after that look, is then kept as if handed: a leak of
+   * one record, only in this race.) */
+  for (;;) {
+    hixl_peer_t *p = atomic_load(&w->peers[rank]);
+    if (p == NULL)
+      return NULL;
+    if (!atomic_load(&p->handed))
+      atomic_store(&p->handed, true);
+    if (atomic_load(&w->peers[rank]) == p)
+      return p;
+  }
 }
 
 hixl_status_t hixl_world_wait_rank(hixl_world_t *w, int rank, int timeout_ms, hixl_peer_t **peer_p)
