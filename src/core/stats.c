@@ -151,6 +151,10 @@ static const stat_def_t ctx_defs[] = {
      "cache's entries, the context's own buffers, peers' atomic results): the count its "
      "registration budget bounds",
      G},
+    {"qp_setups_limited",
+     "peers' requests for RDMA queue pairs told to wait because the peer asked more often than "
+     "its set-up rate allows (each request makes queue pairs and may take back idle ones)",
+     C},
 };
 static const stat_def_t peer_defs[] = {
     HIXL_OPSTATS(HIXL_X)

@@ -79,7 +79,10 @@
  * Every field of these messages is the peer's word: QP counts, blob
  * lengths, MTUs and generations are checked; a message in a state that
  * does not expect it, or for another generation, is dropped; a peer that
- * floods them faster than they are answered is cut off.
+ * floods them faster than they are answered is cut off.  Its requests are
+ * served at its set-up rate (setup_rate_ok): each makes QPs and may take
+ * back other pairs', and it could otherwise ask, give them back
+ * (QP_QUIESCE) and ask again without bound.
  */
 #define _GNU_SOURCE
 #include <endian.h>
@@ -91,6 +94,10 @@
 
 static void *worker_main(void *arg);
 
+/* A peer's requests for QPs served at once before its set-up rate
+ * (HIXL_VERBS_SETUP_INTERVAL_MS) applies: a pair reclaimed now and then,
+ * or both sides wanting at once, never waits for it. */
+#define VRB_SETUP_BURST 8
 /* Reclaims under way at once, at most (a context short of room for many
  * pairs at once takes back this many idle ones per round). */
 #define RECLAIM_MAX 16
@@ -206,6 +213,7 @@ static void room_reset(vrb_peer_t *vp)
   vp->room_since_ns = 0;
   vp->retry_ns = 0;
   vp->n_waits = 0;
+  vp->wait_limited = false;
 }
 
 /* vp needs the set-up thread (vc->work_lock held): queued, and the thread
@@ -524,10 +532,43 @@ static hixl_status_t connect_to(vrb_ctx_t *vc, vrb_peer_t *vp, const struct vrb_
                            in->gid);
 }
 
+/* The peer's set-up rate (a generic cell rate algorithm: a burst of
+ * VRB_SETUP_BURST, then one per setup_ival_ns): true and counted when its
+ * request may make QPs now.  Every request it makes us serve creates QPs
+ * and may take back another pair's idle ones; a peer asking for QPs and
+ * giving them back (QP_QUIESCE) in a loop would otherwise churn both
+ * without bound, every other pair's included. */
+static bool setup_rate_ok(vrb_ctx_t *vc, vrb_peer_t *vp, int64_t now)
+{
+  int64_t t = vc->setup_ival_ns;
+  if (t == 0)
+    return true;
+  int64_t tat = vp->setup_tat > now ? vp->setup_tat : now;
+  if (tat - now > (VRB_SETUP_BURST - 1) * t)
+    return false;
+  vp->setup_tat = tat + t;
+  return true;
+}
+
 /* Accept the peer's request in: our QPs (made now unless have) connected
- * to its, QP_ACCEPT back; or a refusal that says why. */
+ * to its, QP_ACCEPT back; or a refusal that says why; or, past its set-up
+ * rate, QP_WAIT (it asks again after its backoff, 5-80 ms). */
 static void accept_req(vrb_ctx_t *vc, vrb_peer_t *vp, const struct vrb_in *in, bool have)
 {
+  if (!have && !setup_rate_ok(vc, vp, hixl__now_ns())) {
+    /* Not queued for room either: a peer held back by its rate must not
+     * hold up those behind it, nor have them take back pairs for it.  Our
+     * own set-up on this pair (we want QPs too) keeps its place. */
+    if (atomic_load(&vp->qs) != VQ_WANT)
+      room_q_del(vc, vp);
+    vp->gen = in->gen;
+    atomic_fetch_add_explicit(&vc->n_setups_limited, 1, memory_order_relaxed);
+    hixl_debug("verbs: %s asks for QPs more often than HIXL_VERBS_SETUP_INTERVAL_MS allows: wait",
+               vp->peer->name);
+    lz_send(vc, vp, VRB_KIND_QP_WAIT, HIXL_ERR_AGAIN,
+            "QP set-ups too frequent (HIXL_VERBS_SETUP_INTERVAL_MS)");
+    return;
+  }
   hixl_status_t st = have ? HIXL_OK : hixl__vrb_qps_make(vp);
   if (st == HIXL_OK && !have)
     room_q_del(vc, vp); /* the room it waited for, taken */
@@ -706,6 +747,7 @@ static void on_msg(vrb_ctx_t *vc, vrb_peer_t *vp, const struct vrb_in *in)
         vp->room_since_ns = vp->since_ns;
       int shift = vp->n_waits < 4 ? vp->n_waits : 4;
       vp->n_waits++;
+      vp->wait_limited = in->status != 0; /* its set-up rate, not its budget */
       int64_t d = RETRY_NS << shift;
       vp->retry_ns = now + d / 2 + (int64_t)(hixl__random64() % (uint64_t)d);
       hixl__vrb_qps_unmake(vp);
@@ -795,11 +837,18 @@ static bool step(hixl_ctx_t *ctx, vrb_ctx_t *vc, vrb_peer_t *vp, const struct vr
   if (qs == VQ_WANT) {
     int64_t wait_ns = hixl__issue_wait_ms(ctx) * 1000000LL;
     if (vp->room_since_ns && now - vp->room_since_ns >= wait_ns) {
-      give_up(vp, hixl__err(HIXL_ERR_AGAIN,
-                            "verbs: no room for QPs to %s within %lld ms: %s's QP budget "
-                            "(HIXL_VERBS_MAX_QPS) stayed full, with no idle pair to take back",
-                            vp->peer->name, (long long)(wait_ns / 1000000),
-                            vp->n_waits ? "its" : "our"));
+      if (vp->wait_limited)
+        give_up(vp, hixl__err(HIXL_ERR_AGAIN,
+                              "verbs: no QPs to %s within %lld ms: it limits how often a peer may "
+                              "ask it for QPs (its HIXL_VERBS_SETUP_INTERVAL_MS), and we asked "
+                              "too often",
+                              vp->peer->name, (long long)(wait_ns / 1000000)));
+      else
+        give_up(vp, hixl__err(HIXL_ERR_AGAIN,
+                              "verbs: no room for QPs to %s within %lld ms: %s's QP budget "
+                              "(HIXL_VERBS_MAX_QPS) stayed full, with no idle pair to take back",
+                              vp->peer->name, (long long)(wait_ns / 1000000),
+                              vp->n_waits ? "its" : "our"));
       return false;
     }
     if (vp->retry_ns && now < vp->retry_ns) { /* a QP_WAIT said: later */

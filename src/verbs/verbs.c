@@ -361,6 +361,11 @@ static hixl_status_t vrb_ctx_init(hixl_ctx_t *ctx)
    * when the budget is full and another pair needs some; 0 refuses that
    * pair instead (docs/scale.md, "Reclaiming idle QPs"). */
   vc->reclaim = hixl__env_int("HIXL_VERBS_RECLAIM", 0, 1, 1) != 0;
+  /* HIXL_VERBS_SETUP_INTERVAL_MS: a peer's requests for QPs beyond a
+   * burst are served one per this (default 50 ms; 0: no limit), so that
+   * no peer makes us create QPs, or take back other pairs', without
+   * bound (lazy.c, accept_req). */
+  vc->setup_ival_ns = hixl__env_int("HIXL_VERBS_SETUP_INTERVAL_MS", 0, 3600000, 50) * 1000000LL;
   hixl_info("verbs: %s gid index %d mtu %d, registration cache %s", vc->name, vc->gid_index,
             128 << vc->mtu, vc->rcache ? "on" : "off");
   return HIXL_OK;
@@ -582,6 +587,8 @@ static void vrb_stats(hixl_ctx_t *ctx, uint64_t xs[HIXL_XST_N])
   xs[HIXL_XST_MRS] += atomic_load_explicit(&vc->pins.mrs, memory_order_relaxed);
   xs[HIXL_XST_QPS] += (uint64_t)atomic_load_explicit(&vc->n_qps, memory_order_relaxed);
   xs[HIXL_XST_QPS_RECLAIMED] += atomic_load_explicit(&vc->n_reclaimed, memory_order_relaxed);
+  xs[HIXL_XST_QP_SETUPS_LIMITED] +=
+      atomic_load_explicit(&vc->n_setups_limited, memory_order_relaxed);
 }
 
 static bool vrb_mr_key(const hixl_mr_t *mr, uint64_t key[2])

@@ -228,6 +228,12 @@ typedef struct vrb_ctx {
   int64_t wake_ns;        /* the set-up thread's: look again by then (0: in 50 ms) */
   _Atomic uint64_t use_clock;
   _Atomic uint64_t n_reclaimed;
+  /* A peer's requests for QPs are served at most VRB_SETUP_BURST at once,
+   * then one per setup_ival_ns (HIXL_VERBS_SETUP_INTERVAL_MS; 0: no
+   * limit): each makes QPs and may take back other pairs' (lazy.c,
+   * accept_req).  Requests told to wait for it (a figure). */
+  int64_t setup_ival_ns;
+  _Atomic uint64_t n_setups_limited;
   /* Receive completions that found a peer's notification ring full: kept
    * (their buffers not reposted, which throttles senders through RNR) and
    * retried at the next tick, in order.  The peer is the one the QP map
@@ -317,6 +323,7 @@ struct vrb_peer {
   bool on_work;        /* in vc's work list */
   uint64_t pass;       /* the set-up thread's pass that last took it */
   int64_t reaccept_ns; /* when we last made QPs again for a repeated request */
+  int64_t setup_tat;   /* the peer's set-up rate: its next request's due time (GCRA) */
   vrb_peer_t *work_next;
   uint32_t psn;      /* our QPs' first PSN */
   uint64_t gen;      /* the request the QPs being made belong to */
@@ -334,7 +341,8 @@ struct vrb_peer {
   uint64_t room_epoch;
   int64_t retry_ns, room_since_ns;
   int n_waits;
-  bool victim_late; /* QUIESCING past its deadline (no longer counted) */
+  bool wait_limited; /* a QP_WAIT of this set-up was the peer's set-up rate, not its budget */
+  bool victim_late;  /* QUIESCING past its deadline (no longer counted) */
   /* In vc's room queue (work_lock) since room_first_ns; told QP_WAIT (the
    * peer asks again) last at room_told_ns: a peer that stops asking, or
    * has waited its whole deadline, leaves the queue. */

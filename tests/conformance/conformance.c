@@ -560,8 +560,9 @@ static void test_world(void **state)
  * comes back as rank 2, and all three go on; every increment and every
  * byte is checked at the PS (rank 0).  The replaced peer is no longer the
  * world's: rank 0, which holds it, releases it at once; rank 1, which
- * never took it, finds it freed after the release grace (the world kept
- * it until hixl_world_destroy, 1.7 KiB each time a rank came back). */
+ * never took it, finds it freed once the rmrs the first exchange made of
+ * it are released and the release grace is over (the world kept it until
+ * hixl_world_destroy, 1.7 KiB each time a rank came back). */
 enum { EW_SIZE = 3, EW_STEPS = 200, EW_KILL_AT = 50, EW_SLOT = 4096 };
 
 struct ew {
@@ -605,8 +606,8 @@ static int ew_rank(void *arg, int rank)
   char rdv[32];
   snprintf(rdv, sizeof(rdv), "127.0.0.1:%d", e->port);
   /* Rank 1 waits for the replaced peer's release grace (2 x timeout + 1 s):
-   * a shorter timeout keeps that to 5 s. */
-  hixl_ctx_t *ctx = test_ctx(rank == 1 ? 2000 : 0, NULL);
+   * a shorter timeout keeps that to 7 s. */
+  hixl_ctx_t *ctx = test_ctx(rank == 1 ? 3000 : 0, NULL);
   hixl_world_t *w;
   EXPECT_OK(hixl_world_create(ctx, rank, EW_SIZE, rdv, &w));
   uint64_t *mem;
@@ -668,7 +669,7 @@ static int ew_rank(void *arg, int rank)
   EXPECT_OK(hixl_world_barrier(w)); /* checked: the workers may go */
   for (int r = 0; r < EW_SIZE; r++)
     hixl_rmr_release(rmrs[r]);
-  if (rank == 1) { /* the old peer, never handed, goes after the grace */
+  if (rank == 1) { /* the old peer, never handed, goes: its rmrs went, and the grace */
     for (int i = 0; i < 600 && ew_records(ctx) >= records; i++) /* 30 s */
       usleep(50000);
     if (ew_records(ctx) >= records)
@@ -1286,6 +1287,97 @@ static void test_qp_lru(void **state)
   }
   assert_int_equal(ctx_stat(ctx, "qps"), 0);
   free(vals);
+  target_stop(&t);
+  hixl_ctx_destroy(ctx);
+  unsetenv("HIXL_VERBS_LAZY");
+}
+
+/* A peer's set-up rate (HIXL_VERBS_SETUP_INTERVAL_MS; verbs only: run by
+ * tests/rxe).  Our context has room for one QP and two peers to the
+ * target, and alternates puts between them: each put takes our other
+ * pair's QPs back (QP_QUIESCE) and asks the target for new ones, the loop
+ * a hostile peer would run to make the target create QPs, and take back
+ * other pairs', without bound.  The target serves a burst of 8 requests
+ * per peer, then one per interval: set to an hour here, so whatever the
+ * machine's speed, each peer's 9th set-up is told to wait until our
+ * deadline and its put fails, naming the limit.  The target's figure
+ * counts those waits; another peer is served meanwhile, and every
+ * successful put's bytes are there. */
+static void test_qp_rate(void **state)
+{
+  (void)state;
+  if (strcmp(g_transport, "verbs") != 0)
+    fail_msg("qp_rate is a verbs case (HIXL_VERBS_SETUP_INTERVAL_MS)");
+  setenv("HIXL_VERBS_LAZY", "1", 1);
+  setenv("HIXL_VERBS_SETUP_INTERVAL_MS", "3600000", 1); /* the target's */
+  hixl_ctx_t *ctx = test_ctx(2000, NULL);               /* set-up deadline 5 s */
+  target_t t;
+  target_start(&t, ctx, NULL, 0);
+  unsetenv("HIXL_VERBS_SETUP_INTERVAL_MS");
+  setenv("HIXL_VERBS_MAX_QPS", "1", 1); /* ours: read at the first connect */
+  hixl_peer_t *p[2];
+  hixl_rmr_t *r[2];
+  for (int i = 0; i < 2; i++) {
+    p[i] = connect_to(ctx, &t);
+    r[i] = lookup(p[i], "alloc");
+  }
+  unsetenv("HIXL_VERBS_MAX_QPS");
+  /* 6 rounds: 6 set-ups per peer, within the burst (2 to spare for a
+   * request repeated on a slow machine). */
+  uint64_t v[2][16];
+  int round = 0, held = -1;
+  for (; round < 6; round++)
+    for (int i = 0; i < 2; i++) {
+      v[i][round] = 0x5e70000000ull | (uint64_t)(i << 8 | round);
+      EXPECT_OK(hixl_put(p[i], &v[i][round], 8, r[i], 300000 + 8 * (16 * i + round), 0, NULL));
+      EXPECT_OK(hixl_fence(ctx, p[i], 30000));
+    }
+  assert_int_equal(target_stat(&t, "qp_setups_limited"), 0);
+  assert_true(ctx_stat(ctx, "qps_reclaimed") >= 10); /* our budget of 1 at work */
+  /* On: peer 0's 9th set-up at the latest is held back. */
+  hixl_status_t st = HIXL_OK;
+  char why[512] = "";
+  for (; round < 12 && st == HIXL_OK; round++)
+    for (int i = 0; i < 2 && st == HIXL_OK; i++) {
+      v[i][round] = 0x5e70000000ull | (uint64_t)(i << 8 | round);
+      hixl_req_t *q = NULL;
+      st = hixl_put(p[i], &v[i][round], 8, r[i], 300000 + 8 * (16 * i + round), 0, &q);
+      if (st == HIXL_OK)
+        st = hixl_req_wait(q, 30000);
+      snprintf(why, sizeof(why), "%s", hixl_last_error());
+      hixl_req_free(q);
+      if (st != HIXL_OK && round > 8)
+        fail_msg("round %d, peer %d: %s (%s); expected a 9th set-up to be held back", round, i,
+                 hixl_strerror(st), why);
+      if (st != HIXL_OK)
+        held = round;
+    }
+  if (st != HIXL_ERR_AGAIN || strstr(why, "HIXL_VERBS_SETUP_INTERVAL_MS") == NULL)
+    fail_msg("12 rounds of set-ups: %s (%s); expected AGAIN naming the set-up rate",
+             hixl_strerror(st), why);
+  printf("# held back at round %d: %s\n", held, why);
+  uint64_t limited = target_stat(&t, "qp_setups_limited");
+  assert_true(limited >= 1);
+  /* Another peer (another context, its own rate) is served, and every
+   * put that succeeded landed. */
+  hixl_ctx_t *other = test_ctx(0, NULL);
+  hixl_peer_t *op = connect_to(other, &t);
+  hixl_rmr_t *orm = lookup(op, "alloc");
+  uint64_t back[32];
+  EXPECT_OK(hixl_get(op, back, sizeof(back), orm, 300000, 0, NULL));
+  EXPECT_OK(hixl_fence(other, op, 30000));
+  for (int i = 0; i < 2; i++)
+    for (int k = 0; k < held; k++)
+      if (back[16 * i + k] != v[i][k])
+        fail_msg("peer %d's put of round %d: %#llx at the target, %#llx put", i, k,
+                 (unsigned long long)back[16 * i + k], (unsigned long long)v[i][k]);
+  hixl_rmr_release(orm);
+  hixl_disconnect(op);
+  hixl_ctx_destroy(other);
+  for (int i = 0; i < 2; i++) {
+    hixl_rmr_release(r[i]);
+    hixl_disconnect(p[i]);
+  }
   target_stop(&t);
   hixl_ctx_destroy(ctx);
   unsetenv("HIXL_VERBS_LAZY");
@@ -1914,7 +2006,7 @@ int main(int argc, char **argv)
       cmocka_unit_test(test_flood),         cmocka_unit_test(test_choice),
       cmocka_unit_test(test_sleep),         cmocka_unit_test(test_wake_peers),
       cmocka_unit_test(test_memlock),       cmocka_unit_test(test_wait_budget),
-      cmocka_unit_test(test_pin_budget),
+      cmocka_unit_test(test_pin_budget),    cmocka_unit_test(test_qp_rate),
   };
   cases_options(CASES(tests), argc, argv);
   if (argc != 3) {

@@ -22,7 +22,7 @@ for c in "$@"; do
   esac
 done
 if [ $# -eq 0 ]; then
-  cases="put_get batch notif_order faa cas_lock fence connect_churn remap flood sleep bounce_shared qp_budget qp_lazy qp_lru memlock pin_budget wait_budget"
+  cases="put_get batch notif_order faa cas_lock fence connect_churn remap flood sleep bounce_shared qp_budget qp_lazy qp_lru memlock pin_budget wait_budget qp_rate"
   hostile="control-slowloris control-cap control-emfile verbs_data"
   doctor=1
 fi
