@@ -225,7 +225,7 @@ enum {
   HIXL_XST_QPS,                  /* queue pairs held now (the verbs budget's count) */
   HIXL_XST_QPS_RECLAIMED,        /* idle pairs whose queue pairs were taken back for room */
   HIXL_XST_MRS,                  /* memory registrations with the device now */
-  HIXL_XST_QP_SETUPS_LIMITED,    /* peers' requests for queue pairs told to wait: too frequent */
+  HIXL_XST_QP_SETUPS_LIMITED,    /* queue pair set-ups held back by a peer's set-up rate */
   HIXL_XST_N
 };
 

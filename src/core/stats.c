@@ -152,8 +152,8 @@ static const stat_def_t ctx_defs[] = {
      "registration budget bounds",
      G},
     {"qp_setups_limited",
-     "peers' requests for RDMA queue pairs told to wait because the peer asked more often than "
-     "its set-up rate allows (each request makes queue pairs and may take back idle ones)",
+     "RDMA queue pair set-ups held back by a peer's set-up rate: its requests told to wait, and "
+     "ours after it took back our queue pairs too often",
      C},
 };
 static const stat_def_t peer_defs[] = {

@@ -79,10 +79,12 @@
  * Every field of these messages is the peer's word: QP counts, blob
  * lengths, MTUs and generations are checked; a message in a state that
  * does not expect it, or for another generation, is dropped; a peer that
- * floods them faster than they are answered is cut off.  Its requests are
- * served at its set-up rate (setup_rate_ok): each makes QPs and may take
- * back other pairs', and it could otherwise ask, give them back
- * (QP_QUIESCE) and ask again without bound.
+ * floods them faster than they are answered is cut off.  What it makes us
+ * do goes at its set-up rate (rate_ok), per pair: its requests that make
+ * QPs or start reclaims for it, and our own set-ups after it took our QPs
+ * back (QP_QUIESCE); else it could ask, give back and ask again, or take
+ * back whatever we set up, without bound, making us create QPs and take
+ * back other pairs' idle ones each time.
  */
 #define _GNU_SOURCE
 #include <endian.h>
@@ -213,7 +215,7 @@ static void room_reset(vrb_peer_t *vp)
   vp->room_since_ns = 0;
   vp->retry_ns = 0;
   vp->n_waits = 0;
-  vp->wait_limited = false;
+  vp->wait_limited = vp->self_limited = false;
 }
 
 /* vp needs the set-up thread (vc->work_lock held): queued, and the thread
@@ -449,8 +451,9 @@ static bool rings_hold(vrb_ctx_t *vc)
  * one starts now (the least recently used idle pair's, vp->lock of that
  * pair not needed: its own turn checks that it is idle), or may start
  * later.  false: no lazy pair holds QPs, so none can be taken back. */
-static bool room_for(vrb_ctx_t *vc, vrb_peer_t *vp)
+static bool room_for(vrb_ctx_t *vc, vrb_peer_t *vp, bool *started)
 {
+  *started = false;
   if (!vc->reclaim)
     return false;
   /* More than reclaims can ever free (the rest of the budget is held by
@@ -482,6 +485,7 @@ static bool room_for(vrb_ctx_t *vc, vrb_peer_t *vp)
     short_by -= pick->nq;
     atomic_fetch_add_explicit(&vc->use_clock, 1, memory_order_relaxed);
     work_add_locked(vc, pick, true); /* its turn starts the reclaim */
+    *started = true;
     hixl_debug("verbs: taking back the idle QPs to %s for %s", pick->peer->name, vp->peer->name);
     vp->room_epoch = vc->reclaim_epoch + 1;
     if (short_by <= 0)
@@ -532,30 +536,38 @@ static hixl_status_t connect_to(vrb_ctx_t *vc, vrb_peer_t *vp, const struct vrb_
                            in->gid);
 }
 
-/* The peer's set-up rate (a generic cell rate algorithm: a burst of
- * VRB_SETUP_BURST, then one per setup_ival_ns): true and counted when its
- * request may make QPs now.  Every request it makes us serve creates QPs
- * and may take back another pair's idle ones; a peer asking for QPs and
- * giving them back (QP_QUIESCE) in a loop would otherwise churn both
- * without bound, every other pair's included. */
-static bool setup_rate_ok(vrb_ctx_t *vc, vrb_peer_t *vp, int64_t now)
+/* A peer's set-up rate, per pair (a generic cell rate algorithm: a burst
+ * of VRB_SETUP_BURST, then one per setup_ival_ns; tat is the next one's
+ * theoretical time).  Two of them: setup_tat for its requests we serve
+ * (each makes QPs, or starts reclaims for it), quiesce_tat for its
+ * QP_QUIESCEs we honour (each has us set up again at our next op to it).
+ * Only the set-up thread touches them. */
+static bool rate_ok(const vrb_ctx_t *vc, int64_t tat, int64_t now)
 {
-  int64_t t = vc->setup_ival_ns;
-  if (t == 0)
-    return true;
-  int64_t tat = vp->setup_tat > now ? vp->setup_tat : now;
-  if (tat - now > (VRB_SETUP_BURST - 1) * t)
-    return false;
-  vp->setup_tat = tat + t;
-  return true;
+  return vc->setup_ival_ns == 0 || tat - now <= (VRB_SETUP_BURST - 1) * vc->setup_ival_ns;
+}
+
+static void rate_charge(const vrb_ctx_t *vc, int64_t *tat, int64_t now)
+{
+  if (vc->setup_ival_ns)
+    *tat = (*tat > now ? *tat : now) + vc->setup_ival_ns;
+}
+
+/* When rate_ok turns true again. */
+static int64_t rate_next(const vrb_ctx_t *vc, int64_t tat)
+{
+  return tat - (VRB_SETUP_BURST - 1) * vc->setup_ival_ns;
 }
 
 /* Accept the peer's request in: our QPs (made now unless have) connected
  * to its, QP_ACCEPT back; or a refusal that says why; or, past its set-up
- * rate, QP_WAIT (it asks again after its backoff, 5-80 ms). */
+ * rate, QP_WAIT (it asks again after its backoff, 2.5-120 ms).  The rate
+ * is charged for QPs made and for reclaims started, not for a request
+ * that only finds the room it waits for still on its way. */
 static void accept_req(vrb_ctx_t *vc, vrb_peer_t *vp, const struct vrb_in *in, bool have)
 {
-  if (!have && !setup_rate_ok(vc, vp, hixl__now_ns())) {
+  int64_t now = hixl__now_ns();
+  if (!have && !rate_ok(vc, vp->setup_tat, now)) {
     /* Not queued for room either: a peer held back by its rate must not
      * hold up those behind it, nor have them take back pairs for it.  Our
      * own set-up on this pair (we want QPs too) keeps its place. */
@@ -570,12 +582,17 @@ static void accept_req(vrb_ctx_t *vc, vrb_peer_t *vp, const struct vrb_in *in, b
     return;
   }
   hixl_status_t st = have ? HIXL_OK : hixl__vrb_qps_make(vp);
-  if (st == HIXL_OK && !have)
+  if (st == HIXL_OK && !have) {
     room_q_del(vc, vp); /* the room it waited for, taken */
+    rate_charge(vc, &vp->setup_tat, now);
+  }
   if (st == HIXL_OK)
     st = connect_to(vc, vp, in);
   vp->gen = in->gen;
-  if (st == HIXL_ERR_AGAIN && !have && room_for(vc, vp)) {
+  bool started = false;
+  if (st == HIXL_ERR_AGAIN && !have && room_for(vc, vp, &started)) {
+    if (started)
+      rate_charge(vc, &vp->setup_tat, now);
     /* Past the budget (nothing was made), but an idle pair's QPs are
      * coming back: the requester asks again in a moment, and the room
      * is kept for it in its turn.  Our own queued ops (if we wanted QPs
@@ -763,6 +780,7 @@ static void on_msg(vrb_ctx_t *vc, vrb_peer_t *vp, const struct vrb_in *in)
       hixl__vrb_qps_stop(vp, false);
       lru_del(vc, vp, false);
       set_qs(vp, VQ_DRAINING);
+      rate_charge(vc, &vp->quiesce_tat, hixl__now_ns()); /* our next set-up's pace */
     } else if (qs == VQ_QUIESCING) {
       /* Both took the pair back at once: both stopped with nothing in
        * flight; each answers the other's and goes on its answer. */
@@ -837,7 +855,13 @@ static bool step(hixl_ctx_t *ctx, vrb_ctx_t *vc, vrb_peer_t *vp, const struct vr
   if (qs == VQ_WANT) {
     int64_t wait_ns = hixl__issue_wait_ms(ctx) * 1000000LL;
     if (vp->room_since_ns && now - vp->room_since_ns >= wait_ns) {
-      if (vp->wait_limited)
+      if (vp->self_limited)
+        give_up(vp, hixl__err(HIXL_ERR_AGAIN,
+                              "verbs: no QPs to %s within %lld ms: it took back the QPs we made "
+                              "for it more often than our HIXL_VERBS_SETUP_INTERVAL_MS allows, "
+                              "and we make them again at that rate",
+                              vp->peer->name, (long long)(wait_ns / 1000000)));
+      else if (vp->wait_limited)
         give_up(vp, hixl__err(HIXL_ERR_AGAIN,
                               "verbs: no QPs to %s within %lld ms: it limits how often a peer may "
                               "ask it for QPs (its HIXL_VERBS_SETUP_INTERVAL_MS), and we asked "
@@ -856,6 +880,18 @@ static bool step(hixl_ctx_t *ctx, vrb_ctx_t *vc, vrb_peer_t *vp, const struct vr
       return true;
     }
     vp->retry_ns = 0;
+    if (!rate_ok(vc, vp->quiesce_tat, now)) {
+      /* It took our QPs back more often than its rate: ours again later
+       * (our ops wait, up to the set-up's deadline). */
+      if (!vp->self_limited)
+        atomic_fetch_add_explicit(&vc->n_setups_limited, 1, memory_order_relaxed);
+      vp->self_limited = true;
+      if (vp->room_since_ns == 0)
+        vp->room_since_ns = now;
+      vp->retry_ns = rate_next(vc, vp->quiesce_tat);
+      wake_at(vc, vp->retry_ns);
+      return true;
+    }
     hixl_status_t st = hixl__vrb_qps_make(vp);
     if (st == HIXL_OK)
       room_q_del(vc, vp); /* the room it waited for, taken */
@@ -864,7 +900,9 @@ static bool step(hixl_ctx_t *ctx, vrb_ctx_t *vc, vrb_peer_t *vp, const struct vr
        * pair's QPs, if there is one to take back, in turn. */
       if (vp->room_since_ns == 0)
         vp->room_since_ns = now;
-      if (room_for(vc, vp)) {
+      bool started;
+      if (room_for(vc, vp, &started)) {
+        vp->wait_limited = vp->self_limited = false; /* now it is our budget */
         pthread_mutex_lock(&vc->work_lock);
         room_q_add_locked(vc, vp, false, now);
         pthread_mutex_unlock(&vc->work_lock);

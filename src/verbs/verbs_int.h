@@ -323,7 +323,8 @@ struct vrb_peer {
   bool on_work;        /* in vc's work list */
   uint64_t pass;       /* the set-up thread's pass that last took it */
   int64_t reaccept_ns; /* when we last made QPs again for a repeated request */
-  int64_t setup_tat;   /* the peer's set-up rate: its next request's due time (GCRA) */
+  int64_t setup_tat;   /* the peer's set-up rate for its requests (lazy.c: rate_ok) */
+  int64_t quiesce_tat; /* ... and for its QP_QUIESCEs we honoured */
   vrb_peer_t *work_next;
   uint32_t psn;      /* our QPs' first PSN */
   uint64_t gen;      /* the request the QPs being made belong to */
@@ -342,6 +343,7 @@ struct vrb_peer {
   int64_t retry_ns, room_since_ns;
   int n_waits;
   bool wait_limited; /* a QP_WAIT of this set-up was the peer's set-up rate, not its budget */
+  bool self_limited; /* this set-up waits for the peer's quiesce rate (lazy.c: step) */
   bool victim_late;  /* QUIESCING past its deadline (no longer counted) */
   /* In vc's room queue (work_lock) since room_first_ns; told QP_WAIT (the
    * peer asks again) last at room_told_ns: a peer that stops asking, or

@@ -1300,9 +1300,12 @@ static void test_qp_lru(void **state)
  * other pairs', without bound.  The target serves a burst of 8 requests
  * per peer, then one per interval: set to an hour here, so whatever the
  * machine's speed, each peer's 9th set-up is told to wait until our
- * deadline and its put fails, naming the limit.  The target's figure
- * counts those waits; another peer is served meanwhile, and every
- * successful put's bytes are there. */
+ * deadline and its put fails, naming the limit, with no QPs made for it at
+ * the target.  The target's figure counts those waits; another peer is
+ * served, and every successful put's bytes are there.  Then a target with
+ * a 1 s interval: every put succeeds (a request held back is served once
+ * the rate allows), and a peer's 9th set-up cannot be done within 1 s of
+ * its first (a lower bound, which a slow machine only makes easier). */
 static void test_qp_rate(void **state)
 {
   (void)state;
@@ -1358,6 +1361,9 @@ static void test_qp_rate(void **state)
   printf("# held back at round %d: %s\n", held, why);
   uint64_t limited = target_stat(&t, "qp_setups_limited");
   assert_true(limited >= 1);
+  /* Our other pair went back for it (our budget of 1), and none was made
+   * for the request held back. */
+  assert_int_equal(target_stat(&t, "qps"), 0);
   /* Another peer (another context, its own rate) is served, and every
    * put that succeeded landed. */
   hixl_ctx_t *other = test_ctx(0, NULL);
@@ -1374,6 +1380,39 @@ static void test_qp_rate(void **state)
   hixl_rmr_release(orm);
   hixl_disconnect(op);
   hixl_ctx_destroy(other);
+  for (int i = 0; i < 2; i++) {
+    hixl_rmr_release(r[i]);
+    hixl_disconnect(p[i]);
+  }
+  target_stop(&t);
+  /* The same against a target with a 1 s interval. */
+  setenv("HIXL_VERBS_SETUP_INTERVAL_MS", "1000", 1);
+  target_start(&t, ctx, NULL, 0);
+  unsetenv("HIXL_VERBS_SETUP_INTERVAL_MS");
+  for (int i = 0; i < 2; i++) {
+    p[i] = connect_to(ctx, &t);
+    r[i] = lookup(p[i], "alloc");
+  }
+  struct timespec t0, t9;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (round = 0; round < 12; round++)
+    for (int i = 0; i < 2; i++) {
+      v[i][round] = 0x5e71000000ull | (uint64_t)(i << 8 | round);
+      EXPECT_OK(hixl_put(p[i], &v[i][round], 8, r[i], 300000 + 8 * (16 * i + round), 0, NULL));
+      EXPECT_OK(hixl_fence(ctx, p[i], 30000));
+      if (round == 8 && i == 0)
+        clock_gettime(CLOCK_MONOTONIC, &t9);
+    }
+  double s9 = (double)(t9.tv_sec - t0.tv_sec) + (double)(t9.tv_nsec - t0.tv_nsec) / 1e9;
+  printf("# 1 s interval: peer 0's 9th set-up done %.2f s after its first; %llu held back\n", s9,
+         (unsigned long long)target_stat(&t, "qp_setups_limited"));
+  if (s9 < 1.0)
+    fail_msg("peer 0's 9th set-up was done %.3f s after its first: the rate allows 1 s", s9);
+  uint64_t all[32];
+  EXPECT_OK(hixl_get(p[0], all, sizeof(all), r[0], 300000, 0, NULL));
+  EXPECT_OK(hixl_fence(ctx, p[0], 30000));
+  for (int i = 0; i < 2; i++)
+    assert_int_equal(all[16 * i + 11], v[i][11]);
   for (int i = 0; i < 2; i++) {
     hixl_rmr_release(r[i]);
     hixl_disconnect(p[i]);
