@@ -18,6 +18,7 @@ absent (one rank never joins: the others get TIMEOUT naming it),
 store-override (no torchrun: HIXL_RENDEZVOUS=store and a TCPStore started
 here).  Exit 77 only when this Python has no torch.
 """
+import atexit
 import os
 import random
 import re
@@ -37,6 +38,10 @@ except ImportError:
 CASE, BUILD, SRC = sys.argv[1], os.path.abspath(sys.argv[2]), os.path.abspath(sys.argv[3])
 NPROC = 4
 WRAP = os.path.join(SRC, "tests/torchrun/rank-status.sh")
+# Each run's status files and logs (its output, printed below, has the logs):
+# removed when this test exits, passed or failed.
+SDIRS = []
+atexit.register(lambda: [shutil.rmtree(d, ignore_errors=True) for d in SDIRS])
 
 
 def fail(msg):
@@ -86,6 +91,7 @@ def torchrun(prog, args, env_extra=None, wrap=True, timeout=240):
     for attempt in range(3):
         port = free_port()
         sdir = tempfile.mkdtemp(prefix="hixl-torchrun-")
+        SDIRS.append(sdir)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--redirects", "2", "--tee", "1",
                "--log_dir", os.path.join(sdir, "logs"), "--master_port", str(port),
                "--no_python", "--nproc_per_node", str(NPROC)]
@@ -110,7 +116,6 @@ def torchrun(prog, args, env_extra=None, wrap=True, timeout=240):
         print(out)
         print("torchrun exited %d after %.1f s" % (p.returncode, time.time() - t0), flush=True)
         if p.returncode != 0 and "Address already in use" in out and "hixl_world_create" not in out:
-            shutil.rmtree(sdir, ignore_errors=True)
             continue  # the port was taken after all: another one
         return p.returncode, out, sdir
     fail("torchrun could not get a port in 3 tries")
