@@ -3,11 +3,12 @@
 # run the whole test suite:
 #   0. lint (scripts/lint.sh): every C/C++ file against .clang-format, every
 #      shell script (*.sh and sh/bash shebangs) through shellcheck;
-#   1. gcc, warnings as errors: unit, conformance (self, shm, fabric on one
-#      host), device memory, bad input, peer death, header, tools, examples,
-#      the Python package (pytest, Debian's /usr/bin/python3), torchrun;
-#      the two-host suite in network namespaces (fabric; root); then the
-#      Soft-RoCE guest (verbs);
+#   1. gcc, warnings as errors (every suite runs two tests at a time,
+#      docs/testing.md; rxe and netns alone): unit, conformance (self, shm,
+#      fabric on one host), device memory, bad input, peer death, header,
+#      tools, examples, the Python package (pytest, Debian's
+#      /usr/bin/python3), torchrun; the two-host suite in network
+#      namespaces (fabric; root); then the Soft-RoCE guest (verbs);
 #   2. the same suite under ASan + UBSan; then a minute of the soak harness
 #      per transport (shm, fabric) in that build;
 #   3. clang, warnings as errors, the suite again; then under ThreadSanitizer;
