@@ -20,7 +20,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
 out=${HIXL_TEST_BUILD:-build-test}
-step() { printf '\n=== %s\n' "$*"; }
+# Each step prints when it starts (UTC), so a slow one shows in CI's log:
+# the whole must stay well under CI's 90 minutes.
+step() { printf '\n=== %s (%s)\n' "$*" "$(date -u +%H:%M:%S)"; }
 
 step "lint"
 scripts/lint.sh
@@ -88,4 +90,4 @@ for f in wire rkey; do
   rm -rf "$corpus" "$corpus.log"
 done
 echo
-echo "all tests passed"
+echo "all tests passed ($(date -u +%H:%M:%S))"
