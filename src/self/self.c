@@ -76,13 +76,12 @@ static bool overlap(const void *a, const void *b, size_t len)
   return x < y + len && y < x + len;
 }
 
-static hixl_status_t self_put(hixl_peer_t *p, const void *src, size_t len, hixl_rmr_t *r,
-                              uint64_t off, hixl_req_t *req)
+/* A put's or a get's bytes: one context, so source and target may be the
+ * same memory (a region put into itself); device memory on either side
+ * goes through the device backend. */
+static hixl_status_t self_copy(void *dst, const void *src, size_t len, bool dev)
 {
-  (void)p;
-  (void)req;
-  uint8_t *dst = r->map + off;
-  if (hixl_unlikely((r->flags & HIXL_REGF_DEVICE) || hixl__is_dev(src)))
+  if (hixl_unlikely(dev))
     return hixl__dev_copy(dst, src, len);
   if (overlap(dst, src, len))
     memmove(dst, src, len);
@@ -91,19 +90,20 @@ static hixl_status_t self_put(hixl_peer_t *p, const void *src, size_t len, hixl_
   return HIXL_OK;
 }
 
+static hixl_status_t self_put(hixl_peer_t *p, const void *src, size_t len, hixl_rmr_t *r,
+                              uint64_t off, hixl_req_t *req)
+{
+  (void)p;
+  (void)req;
+  return self_copy(r->map + off, src, len, (r->flags & HIXL_REGF_DEVICE) || hixl__is_dev(src));
+}
+
 static hixl_status_t self_get(hixl_peer_t *p, void *dst, size_t len, hixl_rmr_t *r, uint64_t off,
                               hixl_req_t *req)
 {
   (void)p;
   (void)req;
-  const uint8_t *src = r->map + off;
-  if (hixl_unlikely((r->flags & HIXL_REGF_DEVICE) || hixl__is_dev(dst)))
-    return hixl__dev_copy(dst, src, len);
-  if (overlap(dst, src, len))
-    memmove(dst, src, len);
-  else
-    hixl__copy(dst, src, len);
-  return HIXL_OK;
+  return self_copy(dst, r->map + off, len, (r->flags & HIXL_REGF_DEVICE) || hixl__is_dev(dst));
 }
 
 static hixl_status_t self_notify(hixl_peer_t *p, uint32_t imm, uint64_t len, hixl_req_t *req)

@@ -450,10 +450,12 @@ static bool rings_hold(vrb_ctx_t *vc)
 /* Room for vp's QPs is being made: a reclaim it asked for is under way, or
  * one starts now (the least recently used idle pair's, vp->lock of that
  * pair not needed: its own turn checks that it is idle), or may start
- * later.  false: no lazy pair holds QPs, so none can be taken back. */
+ * later.  false: no lazy pair holds QPs, so none can be taken back.
+ * *started (when not NULL): a reclaim started now, for vp. */
 static bool room_for(vrb_ctx_t *vc, vrb_peer_t *vp, bool *started)
 {
-  *started = false;
+  if (started)
+    *started = false;
   if (!vc->reclaim)
     return false;
   /* More than reclaims can ever free (the rest of the budget is held by
@@ -485,7 +487,8 @@ static bool room_for(vrb_ctx_t *vc, vrb_peer_t *vp, bool *started)
     short_by -= pick->nq;
     atomic_fetch_add_explicit(&vc->use_clock, 1, memory_order_relaxed);
     work_add_locked(vc, pick, true); /* its turn starts the reclaim */
-    *started = true;
+    if (started)
+      *started = true;
     hixl_debug("verbs: taking back the idle QPs to %s for %s", pick->peer->name, vp->peer->name);
     vp->room_epoch = vc->reclaim_epoch + 1;
     if (short_by <= 0)
@@ -900,8 +903,7 @@ static bool step(hixl_ctx_t *ctx, vrb_ctx_t *vc, vrb_peer_t *vp, const struct vr
        * pair's QPs, if there is one to take back, in turn. */
       if (vp->room_since_ns == 0)
         vp->room_since_ns = now;
-      bool started;
-      if (room_for(vc, vp, &started)) {
+      if (room_for(vc, vp, NULL)) {
         vp->wait_limited = vp->self_limited = false; /* now it is our budget */
         pthread_mutex_lock(&vc->work_lock);
         room_q_add_locked(vc, vp, false, now);
