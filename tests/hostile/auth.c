@@ -23,28 +23,16 @@
  * Exit 0 on success, 1 on failure (the reason on stderr).
  */
 #define _GNU_SOURCE
+#include "hostile.h"
+
 #include <arpa/inet.h>
-#include <errno.h>
-#include <hixl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
-#include "../common/cases.h"
 #include "auth.h"
 #include "wire.h"
-
-#define FAIL(...)                                                                                  \
-  do {                                                                                             \
-    fprintf(stderr, "FAIL: " __VA_ARGS__);                                                         \
-    fputc('\n', stderr);                                                                           \
-    exit(1);                                                                                       \
-  } while (0)
 
 static const char *const TOKEN = "s3cret-token-never-on-the-wire";
 
@@ -170,19 +158,7 @@ static void check_no_identity(const hixl_msg_t *ack, const char *what)
 
 /* ------------------------------------------------------------ targets */
 
-static hixl_ctx_t *mk_ctx_tp(const char *token, const char *transports)
-{
-  hixl_config_t cfg;
-  hixl_config_init(&cfg);
-  cfg.auth_token = token;
-  cfg.transports = transports;
-  hixl_ctx_t *ctx;
-  if (hixl_ctx_create(&cfg, &ctx) != HIXL_OK)
-    FAIL("ctx: %s", hixl_last_error());
-  return ctx;
-}
-
-static hixl_ctx_t *mk_ctx(const char *token) { return mk_ctx_tp(token, "shm"); }
+static hixl_ctx_t *mk_ctx(const char *token) { return hostile_ctx("shm", token, NULL, 0); }
 
 /* A legitimate peer with the right token puts into the target's "kv". */
 static void legit_put(hixl_ctx_t *target, uint8_t *kv, const char *when)
@@ -241,7 +217,7 @@ static void fake_target(int mode)
     FAIL("listen: %s", strerror(errno));
   /* Mode 2's initiator allows verbs, which has no device here (this
    * suite runs on the host, without RDMA). */
-  dial_arg_t d = {.ctx = mk_ctx_tp(TOKEN, mode == 2 ? "shm,verbs" : "shm")};
+  dial_arg_t d = {.ctx = hostile_ctx(mode == 2 ? "shm,verbs" : "shm", TOKEN, NULL, 0)};
   snprintf(d.addr, sizeof(d.addr), "127.0.0.1:%u", ntohs(sa.sin_port));
   pthread_t th;
   pthread_create(&th, NULL, dialer, &d);
@@ -319,14 +295,10 @@ static void fake_target(int mode)
 
 /* ------------------------------------------------- forging initiators */
 
-static void refusal(void)
+static int refusal(void)
 {
   hixl_ctx_t *t = mk_ctx(TOKEN);
-  void *kv;
-  hixl_mr_t *mr;
-  if (hixl_mem_alloc(t, 4096, HIXL_MEM_HOST, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &kv, &mr) ||
-      hixl_mr_publish(mr, "kv"))
-    FAIL("target: %s", hixl_last_error());
+  void *kv = publish_region(t, "kv");
   int fd = dial(hixl_ctx_address(t));
   uint8_t nonces[64];
   hixl_msg_t chal, ack;
@@ -361,16 +333,13 @@ static void refusal(void)
   legit_put(t, kv, "refusal");
   printf("refusal: no identity in a refused HELLO_ACK; right token accepted\n");
   hixl_ctx_destroy(t);
+  return 0;
 }
 
-static void replay(void)
+static int replay(void)
 {
   hixl_ctx_t *t = mk_ctx(TOKEN);
-  void *kv;
-  hixl_mr_t *mr;
-  if (hixl_mem_alloc(t, 4096, HIXL_MEM_HOST, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &kv, &mr) ||
-      hixl_mr_publish(mr, "kv"))
-    FAIL("target: %s", hixl_last_error());
+  void *kv = publish_region(t, "kv");
   uint8_t n1[64], n2[64];
   hixl_msg_t chal, ack;
   /* A valid AUTH of connection 1 (as if recorded off the wire)... */
@@ -416,21 +385,18 @@ static void replay(void)
   legit_put(t, kv, "replay");
   printf("replay: replayed AUTH, reflected proof and a second HELLO refused\n");
   hixl_ctx_destroy(t);
+  return 0;
 }
 
 /* HIXL_MAX_PEERS=2: a third authenticated peer is refused with AGAIN (each
  * costs the target memory, and without a token anyone authenticates); once
  * one leaves, a new one is served. */
-static void max_peers(void)
+static int max_peers(void)
 {
   setenv("HIXL_MAX_PEERS", "2", 1);
   hixl_ctx_t *t = mk_ctx(TOKEN);
   unsetenv("HIXL_MAX_PEERS");
-  void *kv;
-  hixl_mr_t *mr;
-  if (hixl_mem_alloc(t, 4096, HIXL_MEM_HOST, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &kv, &mr) ||
-      hixl_mr_publish(mr, "kv"))
-    FAIL("target: %s", hixl_last_error());
+  publish_region(t, "kv");
   hixl_ctx_t *c[3];
   hixl_peer_t *p[3];
   for (int i = 0; i < 3; i++) {
@@ -458,6 +424,7 @@ static void max_peers(void)
   hixl_ctx_destroy(c[1]);
   hixl_ctx_destroy(c[2]);
   hixl_ctx_destroy(t);
+  return 0;
 }
 
 static int run_fake_target(void)
@@ -467,38 +434,19 @@ static int run_fake_target(void)
   fake_target(2);
   return 0;
 }
-static int run_refusal(void)
-{
-  refusal();
-  return 0;
-}
-static int run_replay(void)
-{
-  replay();
-  return 0;
-}
-static int run_max_peers(void)
-{
-  max_peers();
-  return 0;
-}
 
 /* The cases (tests/common/cases.h): --list prints them. */
 static const struct test_case cases[] = {
     {"fake-target", run_fake_target},
-    {"refusal", run_refusal},
-    {"replay", run_replay},
-    {"max-peers", run_max_peers},
+    {"refusal", refusal},
+    {"replay", replay},
+    {"max-peers", max_peers},
 };
 
 int main(int argc, char **argv)
 {
   cases_options(CASES(cases), argc, argv);
-  if (argc < 2) {
-    fprintf(stderr, "usage: %s CASE; cases: ", argv[0]);
-    cases_print(stderr, CASES(cases));
-    fprintf(stderr, "\n");
-    return 2;
-  }
+  if (argc < 2)
+    return hostile_usage(CASES(cases), argv[0], "CASE");
   return cases_run(cases, sizeof(cases) / sizeof(cases[0]), argv[1]);
 }

@@ -26,102 +26,40 @@
  * Exit 0 on success, 1 on failure (the reason on stderr).
  */
 #define _GNU_SOURCE
-#include <arpa/inet.h>
-#include <errno.h>
-#include <hixl.h>
+#include "hostile.h"
+
 #include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
-#include <signal.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
-#include "../common/cases.h"
+/* The target's descriptor limit (0: inherited) and HIXL_MAX_HANDSHAKES. */
+typedef struct target_arg {
+  int nofile, max_handshakes;
+} target_arg_t;
 
-#define FAIL(...)                                                                                  \
-  do {                                                                                             \
-    fprintf(stderr, "FAIL: " __VA_ARGS__);                                                         \
-    fputc('\n', stderr);                                                                           \
-    exit(1);                                                                                       \
-  } while (0)
-
-static double now_s(void)
+static void target_main(void *arg)
 {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-typedef struct {
-  pid_t pid;
-  FILE *in, *out;
-  char addr[128];
-} target_t;
-
-static void target_main(int nofile)
-{
-  struct rlimit rl = {(rlim_t)nofile, (rlim_t)nofile};
-  if (nofile > 0 && setrlimit(RLIMIT_NOFILE, &rl) != 0)
+  const target_arg_t *a = arg;
+  char mh[16];
+  snprintf(mh, sizeof(mh), "%d", a->max_handshakes);
+  setenv("HIXL_MAX_HANDSHAKES", mh, 1);
+  setenv("HIXL_TIMEOUT_MS", "2000", 1);
+  setenv("HIXL_TRANSPORTS", "self,shm", 1);
+  struct rlimit rl = {(rlim_t)a->nofile, (rlim_t)a->nofile};
+  if (a->nofile > 0 && setrlimit(RLIMIT_NOFILE, &rl) != 0)
     FAIL("setrlimit: %s", strerror(errno));
   hixl_ctx_t *ctx;
-  void *kv;
-  hixl_mr_t *mr;
-  if (hixl_ctx_create(NULL, &ctx) != HIXL_OK ||
-      hixl_mem_alloc(ctx, 4096, HIXL_MEM_HOST, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &kv, &mr) !=
-          HIXL_OK ||
-      hixl_mr_publish(mr, "kv") != HIXL_OK)
+  if (hixl_ctx_create(NULL, &ctx) != HIXL_OK)
     FAIL("target: %s", hixl_last_error());
-  printf("%s\n", hixl_ctx_address(ctx));
-  fflush(stdout);
-  char line[64];
-  while (fgets(line, sizeof(line), stdin)) {
-    printf("%.16s\n", (char *)kv);
-    fflush(stdout);
-  }
-  exit(0);
+  serve_kv(ctx);
 }
 
-static void target_start(target_t *t, int nofile, int max_handshakes)
+static void target_start(piped_target_t *t, int nofile, int max_handshakes)
 {
-  int to[2], from[2];
-  if (pipe(to) || pipe(from))
-    FAIL("pipe");
-  t->pid = fork();
-  if (t->pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    dup2(to[0], 0);
-    dup2(from[1], 1);
-    close(to[1]);
-    close(from[0]);
-    char mh[16];
-    snprintf(mh, sizeof(mh), "%d", max_handshakes);
-    setenv("HIXL_MAX_HANDSHAKES", mh, 1);
-    setenv("HIXL_TIMEOUT_MS", "2000", 1);
-    setenv("HIXL_TRANSPORTS", "self,shm", 1);
-    target_main(nofile);
-  }
-  close(to[0]);
-  close(from[1]);
-  t->in = fdopen(to[1], "w");
-  t->out = fdopen(from[0], "r");
-  if (!fgets(t->addr, sizeof(t->addr), t->out))
-    FAIL("the target did not start");
-  t->addr[strcspn(t->addr, "\n")] = 0;
-}
-
-static void target_stop(target_t *t)
-{
-  fclose(t->in);
-  int st;
-  waitpid(t->pid, &st, 0);
-  fclose(t->out);
+  target_arg_t a = {nofile, max_handshakes};
+  piped_target_start(t, target_main, &a);
 }
 
 /* A TCP connection to host:port of the target's address. */
@@ -153,7 +91,7 @@ static int closed_by_peer(int fd)
 }
 
 /* A legitimate peer: connect, put, and the target sees the bytes. */
-static void legit_put(target_t *t, const char *what)
+static void legit_put(piped_target_t *t, const char *what)
 {
   hixl_config_t cfg;
   hixl_config_init(&cfg);
@@ -170,10 +108,8 @@ static void legit_put(target_t *t, const char *what)
   char msg[16] = "legit-peer-ok";
   if (hixl_put(p, msg, sizeof(msg), r, 0, 0, NULL) != HIXL_OK || hixl_fence(ctx, p, 10000))
     FAIL("%s: put: %s", what, hixl_last_error());
-  fprintf(t->in, "peek\n");
-  fflush(t->in);
   char line[64];
-  if (!fgets(line, sizeof(line), t->out) || strncmp(line, "legit-peer-ok", 13) != 0)
+  if (!piped_target_peek(t, line, sizeof(line)) || strncmp(line, "legit-peer-ok", 13) != 0)
     FAIL("%s: the target does not hold the legitimate put", what);
   hixl_rmr_release(r);
   hixl_disconnect(p);
@@ -206,7 +142,7 @@ static void slowloris(const char *seed)
   if (f == NULL || (g_hello_len = fread(g_hello, 1, sizeof(g_hello), f)) < 32)
     FAIL("slowloris: cannot read the HELLO seed %s", seed);
   fclose(f);
-  target_t t;
+  piped_target_t t;
   target_start(&t, 0, 256);
   enum { N = 5 };
   int fds[N];
@@ -239,12 +175,12 @@ static void slowloris(const char *seed)
          now_s() - t0);
   printf("slowloris: all %d trickling connections closed after %.1f s\n", N, now_s() - t0);
   legit_put(&t, "slowloris");
-  target_stop(&t);
+  piped_target_stop(&t);
 }
 
 static void flood(const char *what, int max_handshakes, int check_cpu)
 {
-  target_t t;
+  piped_target_t t;
   target_start(&t, 64, max_handshakes);
   enum { N = 100 };
   int fds[N];
@@ -273,7 +209,7 @@ static void flood(const char *what, int max_handshakes, int check_cpu)
   legit_put(&t, what);
   for (int i = 0; i < N; i++)
     close(fds[i]);
-  target_stop(&t);
+  piped_target_stop(&t);
 }
 
 /* One legitimate peer of the burst: its own context, released with the
@@ -306,7 +242,7 @@ static void *burst_peer(void *arg)
 
 static void burst(void)
 {
-  target_t t;
+  piped_target_t t;
   target_start(&t, 1024, 4);
   enum { N = 48 };
   static burst_peer_t b[N];
@@ -329,7 +265,7 @@ static void burst(void)
   if (failed)
     FAIL("burst: %d of %d legitimate connects failed; the first: %s", failed, N, b[first].err);
   legit_put(&t, "burst");
-  target_stop(&t);
+  piped_target_stop(&t);
 }
 
 static const char *g_seed = "tests/fuzz/seeds_wire/hello.bin"; /* argv[2] */

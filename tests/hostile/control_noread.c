@@ -18,30 +18,15 @@
  * meanwhile, and the target is alive at the end.
  */
 #define _GNU_SOURCE
-#include <errno.h>
-#include <hixl.h>
+#include "hostile.h"
+
 #include <poll.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdatomic.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "core.h"
 #include "wire.h"
-
-#define FAIL(...)                                                                                  \
-  do {                                                                                             \
-    fprintf(stderr, "FAIL: " __VA_ARGS__);                                                         \
-    fputc('\n', stderr);                                                                           \
-    exit(1);                                                                                       \
-  } while (0)
 
 /* The attacker's control thread stops reading once this is set. */
 static _Atomic int g_stop_reading;
@@ -55,66 +40,25 @@ ssize_t __wrap_recvmsg(int fd, struct msghdr *m, int flags)
   return __real_recvmsg(fd, m, flags);
 }
 
-static double now_s(void)
-{
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
+/* Over shm, all else as the environment says (the target sets its timeout
+ * and queue cap there first). */
+static hixl_ctx_t *mk_ctx(void) { return hostile_ctx("shm", NULL, NULL, 0); }
 
-static hixl_ctx_t *mk_ctx(void)
+static void target_main(void *arg)
 {
-  hixl_config_t cfg;
-  hixl_config_init(&cfg);
-  cfg.transports = "shm";
-  hixl_ctx_t *ctx;
-  if (hixl_ctx_create(&cfg, &ctx) != HIXL_OK)
-    FAIL("ctx: %s", hixl_last_error());
-  return ctx;
-}
-
-static void target_main(void)
-{
+  (void)arg;
   setenv("HIXL_TIMEOUT_MS", "30000", 1);
   setenv("HIXL_MAX_PEER_QUEUE", "65536", 1);
   hixl_ctx_t *ctx = mk_ctx();
-  void *kv;
-  hixl_mr_t *mr;
-  if (hixl_mem_alloc(ctx, 4096, HIXL_MEM_HOST, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &kv, &mr) ||
-      hixl_mr_publish(mr, "kv"))
-    FAIL("target: %s", hixl_last_error());
-  printf("%s\n", hixl_ctx_address(ctx));
-  fflush(stdout);
-  char line[64];
-  while (fgets(line, sizeof(line), stdin)) {
-    printf("%.16s\n", (char *)kv);
-    fflush(stdout);
-  }
+  serve_kv(ctx);
   hixl_ctx_destroy(ctx);
-  exit(0);
 }
 
 int main(void)
 {
-  int to[2], from[2];
-  if (pipe(to) || pipe(from))
-    FAIL("pipe");
-  pid_t pid = fork();
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    dup2(to[0], 0);
-    dup2(from[1], 1);
-    close(to[1]);
-    close(from[0]);
-    target_main();
-  }
-  close(to[0]);
-  close(from[1]);
-  FILE *tin = fdopen(to[1], "w"), *tout = fdopen(from[0], "r");
-  char addr[128];
-  if (!fgets(addr, sizeof(addr), tout))
-    FAIL("the target did not start");
-  addr[strcspn(addr, "\n")] = 0;
+  piped_target_t t;
+  piped_target_start(&t, target_main, NULL);
+  const char *addr = t.addr;
 
   /* The attacker: a real shm peer, then its control thread stops reading. */
   hixl_ctx_t *a = mk_ctx();
@@ -163,22 +107,17 @@ int main(void)
   if (hixl_connect(l, addr, 5000, &lp) != HIXL_OK || hixl_rmr_lookup(lp, "kv", 5000, &r) ||
       hixl_put(lp, msg, sizeof(msg), r, 0, 0, NULL) || hixl_fence(l, lp, 5000))
     FAIL("legitimate peer: %s", hixl_last_error());
-  fprintf(tin, "peek\n");
-  fflush(tin);
   char line[64];
-  if (!fgets(line, sizeof(line), tout) || strncmp(line, msg, strlen(msg)) != 0)
+  if (!piped_target_peek(&t, line, sizeof(line)) || strncmp(line, msg, strlen(msg)) != 0)
     FAIL("the legitimate put did not land (target shows \"%s\")", line);
   hixl_rmr_release(r);
   hixl_disconnect(lp);
   hixl_ctx_destroy(l);
   atomic_store(&g_stop_reading, 0);
   hixl_ctx_destroy(a);
-  fclose(tin);
-  int st;
-  waitpid(pid, &st, 0);
+  int st = piped_target_stop(&t);
   if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
     FAIL("the target died (status %#x)", st);
-  fclose(tout);
   printf("noread: legitimate peer served, target alive\n");
   return 0;
 }

@@ -23,16 +23,9 @@
  * shm peer state.
  */
 #define _GNU_SOURCE
-#include <errno.h>
+#include "hostile.h"
+
 #include <pthread.h>
-#include <fcntl.h>
-#include <hixl.h>
-#include <signal.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "core.h"
 #include "../../src/shm/shm_int.h"
@@ -40,19 +33,6 @@
 #define N 20
 
 static _Atomic bool scribbling = true;
-
-#define FAIL(...)                                                                                  \
-  do {                                                                                             \
-    fprintf(stderr, "shm_bell: " __VA_ARGS__);                                                     \
-    fprintf(stderr, "\n");                                                                         \
-    exit(1);                                                                                       \
-  } while (0)
-#define CHECK(call)                                                                                \
-  do {                                                                                             \
-    hixl_status_t st_ = (call);                                                                    \
-    if (st_ != HIXL_OK)                                                                            \
-      FAIL("%s: %s (%s)", #call, hixl_strerror(st_), hixl_last_error());                           \
-  } while (0)
 
 /* The attacker's thread: its inbox word at the target, and the ring time
  * beside it, get any value, by plain stores. */
@@ -71,15 +51,7 @@ static void *scribble(void *arg)
   return NULL;
 }
 
-static hixl_ctx_t *mk_ctx(void)
-{
-  hixl_config_t cfg;
-  hixl_config_init(&cfg);
-  cfg.transports = "shm";
-  hixl_ctx_t *ctx;
-  CHECK(hixl_ctx_create(&cfg, &ctx));
-  return ctx;
-}
+static hixl_ctx_t *mk_ctx(void) { return hostile_ctx("shm", NULL, NULL, 0); }
 
 int main(void)
 {
@@ -115,7 +87,7 @@ int main(void)
   /* The attacker. */
   hixl_ctx_t *actx = mk_ctx();
   hixl_peer_t *ap;
-  CHECK(hixl_connect(actx, addr, 10000, &ap));
+  OK(hixl_connect(actx, addr, 10000, &ap));
   if (strcmp(hixl_peer_transport(ap), "shm") != 0)
     FAIL("attacker: transport %s, expected shm", hixl_peer_transport(ap));
   int bell = ((shm_peer_t *)ap->tp)->bell_w;
@@ -138,7 +110,7 @@ int main(void)
    * nothing: the pipe stays full), N times; then the target continues. */
   hixl_ctx_t *hctx = mk_ctx();
   hixl_peer_t *hp;
-  CHECK(hixl_connect(hctx, addr, 10000, &hp));
+  OK(hixl_connect(hctx, addr, 10000, &hp));
   usleep(200000); /* the target is asleep in hixl_notif_wait */
   kill(t, SIGSTOP);
   fcntl(bell, F_SETFL, fcntl(bell, F_GETFL) | O_NONBLOCK);
@@ -146,7 +118,7 @@ int main(void)
     ;
   fcntl(bell, F_SETFL, fcntl(bell, F_GETFL) & ~O_NONBLOCK);
   for (int i = 0; i < N; i++)
-    CHECK(hixl_notify(hp, (uint32_t)i, 0, NULL));
+    OK(hixl_notify(hp, (uint32_t)i, 0, NULL));
   kill(t, SIGCONT);
 
   /* Round two: the target asleep (not stopped), the attacker's word and
@@ -165,7 +137,7 @@ int main(void)
     uint32_t v = atomic_load(&tb->sleepers);
     if (v != 0 && (v >= HIXL_SLEEP_WORD) == want_words)
       asleep_as_wanted++;
-    CHECK(hixl_notify(hp, (uint32_t)i, 0, NULL));
+    OK(hixl_notify(hp, (uint32_t)i, 0, NULL));
   }
   if (asleep_as_wanted == 0)
     FAIL("the target never slept %s (this kernel lacks futex_waitv?)",

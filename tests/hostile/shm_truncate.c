@@ -29,91 +29,21 @@
  * Exit 0 on success, 1 on failure (the reason on stderr).
  */
 #define _GNU_SOURCE
-#include <errno.h>
-#include <fcntl.h>
-#include <grp.h>
-#include <hixl.h>
-#include <signal.h>
-#include <stdbool.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#define HOSTILE_KEEP_MEMFDS /* linked with --wrap=close: g_kept, g_capture */
+#include "hostile.h"
+
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
-
-#include "../common/cases.h"
-
-#define FAIL(...)                                                                                  \
-  do {                                                                                             \
-    fprintf(stderr, "FAIL: " __VA_ARGS__);                                                         \
-    fputc('\n', stderr);                                                                           \
-    exit(1);                                                                                       \
-  } while (0)
-#define OK(x)                                                                                      \
-  do {                                                                                             \
-    hixl_status_t st_ = (x);                                                                       \
-    if (st_ != HIXL_OK)                                                                            \
-      FAIL("%s: %s (%s)", #x, hixl_strerror(st_), hixl_last_error());                              \
-  } while (0)
 
 #define KV_LEN (1u << 20)
 #define RO_LEN (64u << 10) /* "ro": published with READ only */
 #define TOKEN "hostile-shm"
 
-/* --- the attacker's fd capture ---------------------------------------- */
-int __real_close(int fd);
-int __wrap_close(int fd);
-static int g_kept[64];
-static int g_nkept;
-static int g_capture;
 static bool g_truncate = true; /* off for "scribble": the rings only */
 static bool g_scribble = true; /* off for "readonly": the READ-only region only */
 static bool g_nobody;          /* "readonly-nobody": the attacker is uid 65534 */
 
-int __wrap_close(int fd)
-{
-  if (g_capture && fd >= 0 && g_nkept < 64) {
-    char path[64], link[256];
-    snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
-    ssize_t n = readlink(path, link, sizeof(link) - 1);
-    if (n > 0) {
-      link[n] = 0;
-      if (strncmp(link, "/memfd:hixl-", 12) == 0) {
-        int d = fcntl(fd, F_DUPFD_CLOEXEC, 100);
-        if (d >= 0)
-          g_kept[g_nkept++] = d;
-      }
-    }
-  }
-  return __real_close(fd);
-}
-
-static uint8_t pat(size_t i) { return (uint8_t)(i * 131u + (i >> 12) + 7u); }
-
-static hixl_ctx_t *mk_ctx(void)
-{
-  hixl_config_t cfg;
-  hixl_config_init(&cfg);
-  cfg.listen = "127.0.0.1:0";
-  cfg.transports = "shm";
-  cfg.auth_token = TOKEN;
-  cfg.timeout_ms = 5000;
-  hixl_ctx_t *ctx;
-  OK(hixl_ctx_create(&cfg, &ctx));
-  return ctx;
-}
-
-static double now_s(void)
-{
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
+static hixl_ctx_t *mk_ctx(void) { return hostile_ctx("shm", TOKEN, "127.0.0.1:0", 5000); }
 
 static char g_addr[256];
 static int g_ctl[2];     /* parent -> target: one byte = stop */
@@ -122,31 +52,17 @@ static int g_peer_go[2]; /* parent -> legit peer: one byte = finish */
 
 static void target_main(void)
 {
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (g_nobody)
     setenv("HIXL_SHM_ALLOW_UIDS", "65534", 1);
   hixl_ctx_t *ctx = mk_ctx();
-  uint8_t *kv;
-  hixl_mr_t *mr;
-  OK(hixl_mem_alloc(ctx, KV_LEN, HIXL_MEM_HOST, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, (void **)&kv,
-                    &mr));
-  for (size_t i = 0; i < KV_LEN; i++)
-    kv[i] = pat(i);
-  OK(hixl_mr_publish(mr, "kv"));
-  uint8_t *ro;
-  hixl_mr_t *ro_mr;
-  OK(hixl_mem_alloc(ctx, RO_LEN, HIXL_MEM_HOST, HIXL_ACCESS_READ, (void **)&ro, &ro_mr));
-  for (size_t i = 0; i < RO_LEN; i++)
-    ro[i] = pat(i + 1);
-  OK(hixl_mr_publish(ro_mr, "ro"));
-  const char *a = hixl_ctx_address(ctx);
-  if (write(g_addr_p[1], a, strlen(a) + 1) < 0)
-    FAIL("target: write address");
-  fcntl(g_ctl[0], F_SETFL, O_NONBLOCK);
+  hixl_mr_t *mr, *ro_mr;
+  uint8_t *kv = pattern_region(ctx, KV_LEN, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, 0, "kv", &mr);
+  uint8_t *ro = pattern_region(ctx, RO_LEN, HIXL_ACCESS_READ, 1, "ro", &ro_mr);
+  put_str(g_addr_p[1], hixl_ctx_address(ctx));
   uint64_t notifs = 0, late = 0;
   for (;;) {
     char c;
-    bool stop = read(g_ctl[0], &c, 1) == 1;
+    bool stop = try_byte(g_ctl[0], &c);
     hixl_notif_t nb[64];
     int n = hixl_notif_poll(ctx, nb, 64);
     for (int i = 0; i < n; i++) {
@@ -177,27 +93,17 @@ static void target_main(void)
 
 static void legit_main(void)
 {
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
   hixl_ctx_t *ctx = mk_ctx();
   hixl_peer_t *peer;
-  OK(hixl_connect(ctx, g_addr, 10000, &peer));
-  hixl_rmr_t *kv;
-  OK(hixl_rmr_lookup(peer, "kv", 10000, &kv));
-  fcntl(g_peer_go[0], F_SETFL, O_NONBLOCK);
-  static uint8_t buf[4096];
+  hixl_rmr_t *kv = lookup_at(ctx, g_addr, "kv", &peer);
   uint64_t gets = 0;
   bool finishing = false;
   double end = 0;
   for (size_t k = 0;; k++) {
-    size_t off = (k * 4096 * 7) % KV_LEN;
-    OK(hixl_get(peer, buf, sizeof(buf), kv, off, 0, NULL));
-    OK(hixl_fence(ctx, peer, 10000));
-    for (size_t i = 0; i < sizeof(buf); i++)
-      if (buf[i] != pat(off + i))
-        FAIL("legit peer: byte %zu of kv read %u, expected %u", off + i, buf[i], pat(off + i));
+    check_get(ctx, peer, kv, KV_LEN, k);
     gets++;
     char c;
-    if (!finishing && read(g_peer_go[0], &c, 1) == 1) {
+    if (!finishing && try_byte(g_peer_go[0], &c)) {
       finishing = true;
       end = now_s() + 0.2;
     }
@@ -213,28 +119,20 @@ static void legit_main(void)
 
 static void attacker_main(void)
 {
-  if (g_nobody && (setgroups(0, NULL) != 0 || setresgid(65534, 65534, 65534) != 0 ||
-                   setresuid(65534, 65534, 65534) != 0))
-    FAIL("attacker: cannot become uid 65534: %s", strerror(errno));
-  prctl(PR_SET_DUMPABLE, 1);
-  prctl(PR_SET_PDEATHSIG, SIGKILL); /* after the change of credentials, which clears it */
+  if (g_nobody)
+    become_nobody();
   hixl_ctx_t *ctx = mk_ctx();
   g_capture = 1;
   hixl_peer_t *peer;
-  OK(hixl_connect(ctx, g_addr, 10000, &peer));
-  hixl_rmr_t *kv;
-  OK(hixl_rmr_lookup(peer, "kv", 10000, &kv));
+  lookup_at(ctx, g_addr, "kv", &peer);
   hixl_rmr_t *ro;
   OK(hixl_rmr_lookup(peer, "ro", 10000, &ro));
   g_capture = 0;
   int truncated = 0, inboxes = 0, ro_writes = 0;
   for (int i = 0; i < g_nkept; i++) {
     int fd = g_kept[i];
-    char path[64], link[256] = "";
-    snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
-    ssize_t n = readlink(path, link, sizeof(link) - 1);
-    if (n > 0)
-      link[n] = 0;
+    char path[64], link[256];
+    fd_name(fd, link, sizeof(link));
     struct stat st;
     if (fstat(fd, &st) != 0)
       continue;
@@ -295,66 +193,23 @@ static void attacker_main(void)
   _exit(0);
 }
 
-static int wait_for(pid_t pid, const char *who)
-{
-  int ws;
-  double end = now_s() + 60;
-  for (;;) {
-    pid_t r = waitpid(pid, &ws, WNOHANG);
-    if (r == pid)
-      break;
-    if (now_s() > end) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &ws, 0);
-      fprintf(stderr, "FAIL: %s hung (killed after 60 s)\n", who);
-      return 1;
-    }
-    usleep(10000);
-  }
-  if (WIFSIGNALED(ws)) {
-    fprintf(stderr, "FAIL: %s died of signal %d (%s)\n", who, WTERMSIG(ws),
-            strsignal(WTERMSIG(ws)));
-    return 1;
-  }
-  if (WEXITSTATUS(ws) != 0) {
-    fprintf(stderr, "FAIL: %s exited %d\n", who, WEXITSTATUS(ws));
-    return 1;
-  }
-  return 0;
-}
-
 /* The three processes, with the attack the case chose. */
 static int attack(void)
 {
   if (pipe(g_ctl) || pipe(g_addr_p) || pipe(g_peer_go))
     FAIL("pipe");
-  pid_t target = fork();
-  if (target == 0)
-    target_main();
-  size_t got = 0;
-  while (got < sizeof(g_addr)) {
-    ssize_t n = read(g_addr_p[0], g_addr + got, sizeof(g_addr) - got);
-    if (n <= 0)
-      FAIL("no address from the target");
-    got += (size_t)n;
-    if (memchr(g_addr, 0, got))
-      break;
-  }
-  pid_t legit = fork();
-  if (legit == 0)
-    legit_main();
+  pid_t target = spawn(target_main);
+  get_str(g_addr_p[0], g_addr, sizeof(g_addr));
+  pid_t legit = spawn(legit_main);
   usleep(300000); /* the legitimate peer is connected and reading */
-  pid_t att = fork();
-  if (att == 0)
-    attacker_main();
-  int fails = wait_for(att, "attacker");
+  pid_t att = spawn(attacker_main);
+  /* 60 s: a hang guard for each */
+  int fails = wait_for(att, "attacker", 60);
   usleep(300000); /* the target and the legitimate peer go on meanwhile */
-  if (write(g_peer_go[1], "x", 1) != 1)
-    FAIL("write");
-  fails += wait_for(legit, "legitimate peer");
-  if (write(g_ctl[1], "x", 1) != 1)
-    FAIL("write");
-  fails += wait_for(target, "target");
+  put_byte(g_peer_go[1], 'x');
+  fails += wait_for(legit, "legitimate peer", 60);
+  put_byte(g_ctl[1], 'x');
+  fails += wait_for(target, "target", 60);
   if (fails) {
     kill(target, SIGKILL);
     kill(legit, SIGKILL);

@@ -47,39 +47,14 @@
  * Exit 0 on success, 1 on failure (the reason on stderr).
  */
 #define _GNU_SOURCE
-#include <errno.h>
-#include <fcntl.h>
-#include <grp.h>
-#include <hixl.h>
-#include <signal.h>
-#include <stdbool.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <sys/prctl.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
+#define HOSTILE_KEEP_MEMFDS /* linked with --wrap=close: g_kept, g_capture */
+#include "hostile.h"
 
-#include "../common/cases.h"
+#include <sys/mman.h>
+#include <sys/stat.h>
+
 #include "core.h"
 #include "rkey.h"
-
-#define FAIL(...)                                                                                  \
-  do {                                                                                             \
-    fprintf(stderr, "FAIL: " __VA_ARGS__);                                                         \
-    fputc('\n', stderr);                                                                           \
-    exit(1);                                                                                       \
-  } while (0)
-#define OK(x)                                                                                      \
-  do {                                                                                             \
-    hixl_status_t st_ = (x);                                                                       \
-    if (st_ != HIXL_OK)                                                                            \
-      FAIL("%s: %s (%s)", #x, hixl_strerror(st_), hixl_last_error());                              \
-  } while (0)
 
 #define KV_LEN (1u << 20)
 #define SECRET_LEN (64u << 10)
@@ -110,37 +85,14 @@
 static const char *g_mode;
 static bool mode(const char *m) { return strcmp(g_mode, m) == 0; }
 
-/* --- the attacker's instruments ---------------------------------------- */
-int __real_close(int fd);
-int __wrap_close(int fd);
+/* --- the attacker's instruments (and the memfd capture, hostile.h) ------ */
 pid_t __real_getpid(void);
 pid_t __wrap_getpid(void);
 int __real_hixl__memfd(const char *name, size_t len);
 int __wrap_hixl__memfd(const char *name, size_t len);
-static int g_kept[64];
-static int g_nkept;
-static int g_capture;
 static pid_t g_fake_pid;  /* != 0: what getpid() says */
 static bool g_unseal_dev; /* emulated device memory in an unsealed memfd */
 static int g_dev_fd = -1; /* and its fd, to truncate */
-
-int __wrap_close(int fd)
-{
-  if (g_capture && fd >= 0 && g_nkept < 64) {
-    char path[64], link[256];
-    snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
-    ssize_t n = readlink(path, link, sizeof(link) - 1);
-    if (n > 0) {
-      link[n] = 0;
-      if (strncmp(link, "/memfd:hixl-", 12) == 0) {
-        int d = fcntl(fd, F_DUPFD_CLOEXEC, 100);
-        if (d >= 0)
-          g_kept[g_nkept++] = d;
-      }
-    }
-  }
-  return __real_close(fd);
-}
 
 pid_t __wrap_getpid(void) { return g_fake_pid ? g_fake_pid : __real_getpid(); }
 
@@ -156,122 +108,7 @@ int __wrap_hixl__memfd(const char *name, size_t len)
 }
 
 /* --- common ------------------------------------------------------------- */
-static uint8_t pat(size_t i) { return (uint8_t)(i * 131u + (i >> 12) + 7u); }
-
-static hixl_ctx_t *mk_ctx(void)
-{
-  hixl_config_t cfg;
-  hixl_config_init(&cfg);
-  cfg.listen = "127.0.0.1:0";
-  cfg.transports = "shm";
-  cfg.auth_token = TOKEN;
-  cfg.timeout_ms = 5000;
-  hixl_ctx_t *ctx;
-  OK(hixl_ctx_create(&cfg, &ctx));
-  return ctx;
-}
-
-static double now_s(void)
-{
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-/* Become uid/gid 65534 (fork children only; needs root). */
-static void become_nobody(void)
-{
-  if (setgroups(0, NULL) != 0 || setresgid(NOBODY, NOBODY, NOBODY) != 0 ||
-      setresuid(NOBODY, NOBODY, NOBODY) != 0)
-    FAIL("cannot become uid %d: %s", NOBODY, strerror(errno));
-  prctl(PR_SET_DUMPABLE, 1);
-  prctl(PR_SET_PDEATHSIG, SIGKILL); /* cleared by the change of credentials */
-}
-
-static void put_byte(int fd, char c)
-{
-  if (write(fd, &c, 1) != 1)
-    FAIL("write to a pipe: %s", strerror(errno));
-}
-
-static char get_byte(int fd)
-{
-  char c;
-  ssize_t n;
-  while ((n = read(fd, &c, 1)) < 0 && errno == EINTR)
-    ;
-  if (n != 1)
-    FAIL("a pipe closed (the other side died)");
-  return c;
-}
-
-static bool try_byte(int fd, char *c)
-{
-  fcntl(fd, F_SETFL, O_NONBLOCK);
-  return read(fd, c, 1) == 1;
-}
-
-static void put_str(int fd, const char *s)
-{
-  if (s == NULL)
-    FAIL("no address to pass on");
-  if (write(fd, s, strlen(s) + 1) != (ssize_t)(strlen(s) + 1))
-    FAIL("write to a pipe");
-}
-
-static void get_str(int fd, char *buf, size_t cap)
-{
-  size_t got = 0;
-  while (got < cap) {
-    ssize_t n = read(fd, buf + got, 1);
-    if (n <= 0)
-      FAIL("no address (the other side died)");
-    if (buf[got++] == 0)
-      return;
-  }
-  FAIL("address too long");
-}
-
-static int wait_for(pid_t pid, const char *who)
-{
-  int ws;
-  double end = now_s() + 90; /* a hang guard, not a timing assertion */
-  for (;;) {
-    pid_t r = waitpid(pid, &ws, WNOHANG);
-    if (r == pid)
-      break;
-    if (now_s() > end) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &ws, 0);
-      fprintf(stderr, "FAIL: %s hung (killed after 90 s)\n", who);
-      return 1;
-    }
-    usleep(10000);
-  }
-  if (WIFSIGNALED(ws)) {
-    fprintf(stderr, "FAIL: %s died of signal %d (%s)\n", who, WTERMSIG(ws),
-            strsignal(WTERMSIG(ws)));
-    return 1;
-  }
-  if (WEXITSTATUS(ws) != 0) {
-    fprintf(stderr, "FAIL: %s exited %d\n", who, WEXITSTATUS(ws));
-    return 1;
-  }
-  return 0;
-}
-
-static pid_t spawn(void (*fn)(void))
-{
-  pid_t pid = fork();
-  if (pid < 0)
-    FAIL("fork: %s", strerror(errno));
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    fn();
-    exit(0);
-  }
-  return pid;
-}
+static hixl_ctx_t *mk_ctx(void) { return hostile_ctx("shm", TOKEN, "127.0.0.1:0", 5000); }
 
 /* VmRSS of pid, and its anonymous and shared-memory parts. */
 static long rss_kib(pid_t pid, long *anon_p, long *shmem_p)
@@ -315,13 +152,8 @@ static void target_main(void)
   if (mode("uid-initiator"))
     become_nobody();
   hixl_ctx_t *ctx = mk_ctx();
-  uint8_t *kv;
   hixl_mr_t *mr;
-  OK(hixl_mem_alloc(ctx, KV_LEN, HIXL_MEM_HOST, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, (void **)&kv,
-                    &mr));
-  for (size_t i = 0; i < KV_LEN; i++)
-    kv[i] = pat(i);
-  OK(hixl_mr_publish(mr, "kv"));
+  uint8_t *kv = pattern_region(ctx, KV_LEN, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, 0, "kv", &mr);
   /* table: two regions nobody was given a blob for. */
   uint8_t *secret = NULL, *secret2 = NULL;
   hixl_mr_t *secret_mr = NULL, *secret2_mr = NULL;
@@ -330,18 +162,14 @@ static void target_main(void)
     for (size_t i = 0; i < SECRET_LEN; i++)
       secret[i] = pat(i + 3);
     OK(hixl_mr_reg(ctx, secret, SECRET_LEN, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &secret_mr));
-    OK(hixl_mem_alloc(ctx, SECRET_LEN, HIXL_MEM_HOST, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE,
-                      (void **)&secret2, &secret2_mr));
-    for (size_t i = 0; i < SECRET_LEN; i++)
-      secret2[i] = pat(i + 5);
+    secret2 =
+        pattern_region(ctx, SECRET_LEN, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, 5, NULL, &secret2_mr);
   }
   /* subregion: 4 KiB published inside an unpublished 1 MiB allocation. */
   uint8_t *big = NULL;
   hixl_mr_t *big_mr = NULL, *small_mr = NULL;
   if (mode("subregion")) {
-    OK(hixl_mem_alloc(ctx, BIG_LEN, HIXL_MEM_HOST, 0, (void **)&big, &big_mr));
-    for (size_t i = 0; i < BIG_LEN; i++)
-      big[i] = pat(i + 9);
+    big = pattern_region(ctx, BIG_LEN, 0, 9, NULL, &big_mr);
     OK(hixl_mr_reg(ctx, big + SMALL_OFF, SMALL_LEN, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE,
                    &small_mr));
     OK(hixl_mr_publish(small_mr, "small"));
@@ -349,16 +177,12 @@ static void target_main(void)
   }
   /* uid-target: a second context that lets uid 65534 in. */
   hixl_ctx_t *ctx2 = NULL;
-  uint8_t *kv2 = NULL;
   hixl_mr_t *mr2 = NULL;
   if (mode("uid-target")) {
     setenv("HIXL_SHM_ALLOW_UIDS", "65534", 1);
     ctx2 = mk_ctx();
     unsetenv("HIXL_SHM_ALLOW_UIDS");
-    OK(hixl_mem_alloc(ctx2, KV_LEN, HIXL_MEM_HOST, HIXL_ACCESS_READ, (void **)&kv2, &mr2));
-    for (size_t i = 0; i < KV_LEN; i++)
-      kv2[i] = pat(i);
-    OK(hixl_mr_publish(mr2, "kv"));
+    pattern_region(ctx2, KV_LEN, HIXL_ACCESS_READ, 0, "kv", &mr2);
   }
   put_str(g_t_out[1], hixl_ctx_address(ctx));
   if (ctx2)
@@ -425,28 +249,15 @@ static void target_main(void)
 }
 
 /* --- the legitimate peer -------------------------------------------------- */
-static void check_get(hixl_ctx_t *ctx, hixl_peer_t *peer, hixl_rmr_t *kv, size_t k)
-{
-  static uint8_t buf[4096];
-  size_t off = (k * 4096 * 7) % KV_LEN;
-  OK(hixl_get(peer, buf, sizeof(buf), kv, off, 0, NULL));
-  OK(hixl_fence(ctx, peer, 10000));
-  for (size_t i = 0; i < sizeof(buf); i++)
-    if (buf[i] != pat(off + i))
-      FAIL("legit peer: byte %zu of kv read %u, expected %u", off + i, buf[i], pat(off + i));
-}
-
 static void legit_main(void)
 {
   hixl_ctx_t *ctx = mk_ctx();
   hixl_peer_t *peer;
-  OK(hixl_connect(ctx, g_addr, 10000, &peer));
-  hixl_rmr_t *kv;
-  OK(hixl_rmr_lookup(peer, "kv", 10000, &kv));
+  hixl_rmr_t *kv = lookup_at(ctx, g_addr, "kv", &peer);
   uint64_t gets = 0;
   int after = -1; /* rounds left once told to finish */
   for (size_t k = 0; after != 0; k++) {
-    check_get(ctx, peer, kv, k);
+    check_get(ctx, peer, kv, KV_LEN, k);
     gets++;
     if (gets == 1)
       put_byte(g_l_rdy[1], 'r');
@@ -472,15 +283,6 @@ static void legit_main(void)
 }
 
 /* --- the attackers -------------------------------------------------------- */
-static const char *fd_name(int fd, char *buf, size_t cap)
-{
-  char path[64];
-  snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
-  ssize_t n = readlink(path, buf, cap - 1);
-  buf[n > 0 ? n : 0] = 0;
-  return buf;
-}
-
 /* Every way to write a memfd we hold read-only; each that works zeroes it.
  * Returns how many worked. */
 static int try_write(int fd, size_t size)
@@ -663,11 +465,9 @@ static void nobody_peer_main(void)
     FAIL("uid %d peer: refused with %s (%s): want AUTH naming HIXL_SHM_ALLOW_UIDS", NOBODY,
          hixl_strerror(st), hixl_last_error());
   printf("uid %d peer: refused: %s\n", NOBODY, hixl_last_error());
-  OK(hixl_connect(ctx, g_addr2, 10000, &peer));
-  hixl_rmr_t *kv;
-  OK(hixl_rmr_lookup(peer, "kv", 10000, &kv));
+  hixl_rmr_t *kv = lookup_at(ctx, g_addr2, "kv", &peer);
   for (size_t k = 0; k < 16; k++)
-    check_get(ctx, peer, kv, k);
+    check_get(ctx, peer, kv, KV_LEN, k);
   printf("uid %d peer: served by the target that allows it\n", NOBODY);
   hixl_ctx_destroy(ctx);
   exit(0);
@@ -687,11 +487,9 @@ static void root_initiator_main(void)
   printf("initiator: refused the target: %s\n", hixl_last_error());
   setenv("HIXL_SHM_ALLOW_UIDS", "65534", 1);
   hixl_ctx_t *ctx2 = mk_ctx();
-  OK(hixl_connect(ctx2, g_addr, 10000, &peer));
-  hixl_rmr_t *kv;
-  OK(hixl_rmr_lookup(peer, "kv", 10000, &kv));
+  hixl_rmr_t *kv = lookup_at(ctx2, g_addr, "kv", &peer);
   for (size_t k = 0; k < 16; k++)
-    check_get(ctx2, peer, kv, k);
+    check_get(ctx2, peer, kv, KV_LEN, k);
   OK(hixl_notify(peer, 0xfeed, 0, NULL));
   printf("initiator: with HIXL_SHM_ALLOW_UIDS=65534, served\n");
   hixl_ctx_destroy(ctx2);
@@ -771,9 +569,7 @@ static void honest_initiator_main(void)
 {
   hixl_ctx_t *ctx = mk_ctx();
   hixl_peer_t *peer;
-  OK(hixl_connect(ctx, g_addr, 10000, &peer));
-  hixl_rmr_t *att;
-  OK(hixl_rmr_lookup(peer, "att", 10000, &att));
+  hixl_rmr_t *att = lookup_at(ctx, g_addr, "att", &peer);
   static uint8_t src[VICTIM_LEN];
   for (size_t k = 0; k < VICTIM_LEN; k++)
     src[k] = pat(k + 13);
@@ -790,12 +586,8 @@ static void dev_owner_main(void)
 {
   g_unseal_dev = true;
   hixl_ctx_t *ctx = mk_ctx();
-  uint8_t *kv;
   hixl_mr_t *mr;
-  OK(hixl_mem_alloc(ctx, KV_LEN, HIXL_MEM_HOST, HIXL_ACCESS_READ, (void **)&kv, &mr));
-  for (size_t i = 0; i < KV_LEN; i++)
-    kv[i] = pat(i);
-  OK(hixl_mr_publish(mr, "kv"));
+  pattern_region(ctx, KV_LEN, HIXL_ACCESS_READ, 0, "kv", &mr);
   void *dev;
   hixl_mr_t *dmr;
   OK(hixl_mem_alloc(ctx, KV_LEN, HIXL_MEM_DEVICE, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &dev,
@@ -817,10 +609,8 @@ static void dev_importer_main(void)
 {
   hixl_ctx_t *ctx = mk_ctx();
   hixl_peer_t *peer;
-  OK(hixl_connect(ctx, g_addr, 10000, &peer));
-  hixl_rmr_t *kv, *dev = NULL;
-  OK(hixl_rmr_lookup(peer, "kv", 10000, &kv));
-  check_get(ctx, peer, kv, 0);
+  hixl_rmr_t *kv = lookup_at(ctx, g_addr, "kv", &peer), *dev = NULL;
+  check_get(ctx, peer, kv, KV_LEN, 0);
   hixl_status_t st = hixl_rmr_lookup(peer, "dev", 10000, &dev);
   printf("importer: lookup of the unsealed device region: %s (%s)\n", hixl_strerror(st),
          st == HIXL_OK ? "imported" : hixl_last_error());
@@ -832,7 +622,7 @@ static void dev_importer_main(void)
     (void)hixl_fence(ctx, peer, 10000);
   }
   for (size_t k = 0; k < 16; k++)
-    check_get(ctx, peer, kv, k);
+    check_get(ctx, peer, kv, KV_LEN, k);
   if (st == HIXL_OK)
     FAIL("importer: imported device memory in an unsealed memfd");
   printf("importer: up, its other region intact\n");
@@ -841,124 +631,128 @@ static void dev_importer_main(void)
 }
 
 /* ------------------------------------------------------------------------- */
-static void read_addrs(int n)
+/* A process of a case.  run_procs starts them in order, each once the one
+ * before is ready (the addresses it passes on read, or its ready byte come),
+ * and finishes them in the reverse order: the last (the attacker or the
+ * like) ends by itself, each other is told to by its stop byte; all are
+ * reaped. */
+typedef struct proc {
+  void (*main)(void);
+  const char *who;
+  int addrs;       /* addresses it passes on g_t_out (g_addr, g_addr2) */
+  const int *rdy;  /* the pipe it writes a byte on once ready, or NULL */
+  const int *stop; /* the pipe its stop byte goes to, or NULL */
+  char stop_byte;
+  pid_t *pid_p; /* where its pid goes for the processes after it, or NULL */
+} proc_t;
+
+static const proc_t TARGET = {target_main, "target", 1, NULL, g_t_ctl, 'q'};
+static const proc_t LEGIT = {legit_main, "legitimate peer", 0, g_l_rdy, g_l_go, 'f'};
+
+/* The target's memory with a few peers, then with IDLE_PEERS more idle
+ * ones (the attacker's, in two steps); the number of bounds it exceeds. */
+static int measure_idle(pid_t target)
 {
-  get_str(g_t_out[0], g_addr, sizeof(g_addr));
-  if (n > 1)
-    get_str(g_t_out[0], g_addr2, sizeof(g_addr2));
+  int fails = 0;
+  get_byte(g_a_out[0]);
+  long anon0 = 0, shm0 = 0, anon1 = 0, shm1 = 0;
+  long before = rss_kib(target, &anon0, &shm0);
+  put_byte(g_a_ctl[1], 'm');
+  get_byte(g_a_out[0]);
+  long after = rss_kib(target, &anon1, &shm1);
+  long per = (after - before) / IDLE_PEERS;
+  printf("target RSS: %ld KiB with %d peers, %ld KiB with %d more idle peers: %ld KiB each "
+         "(%.1f KiB anonymous, %.1f KiB shared memory)\n",
+         before, IDLE_WARM + 1, after, IDLE_PEERS, per, (double)(anon1 - anon0) / IDLE_PEERS,
+         (double)(shm1 - shm0) / IDLE_PEERS);
+  long per_shm = (shm1 - shm0) / IDLE_PEERS;
+  if (per_shm > IDLE_MAX_SHM_KIB) {
+    fprintf(stderr,
+            "FAIL: an idle peer costs the target %ld KiB of shared memory (at most %d "
+            "wanted)\n",
+            per_shm, IDLE_MAX_SHM_KIB);
+    fails++;
+  }
+  if (!IDLE_SANITIZED && per > IDLE_MAX_KIB) {
+    fprintf(stderr, "FAIL: an idle peer costs the target %ld KiB (at most %d wanted)\n", per,
+            IDLE_MAX_KIB);
+    fails++;
+  }
+  put_byte(g_a_ctl[1], 'x');
+  return fails;
 }
 
-/* target + legitimate peer + attacker (table, subregion, idle). */
+/* Run the n processes of a case (see proc_t); with measure, the idle
+ * measurement of the first, the target, once all are started.  Returns the
+ * number of failures. */
+static int run_procs(const proc_t *p, int n, bool measure)
+{
+  pid_t pid[4];
+  if (n > 4)
+    FAIL("run_procs: %d processes", n);
+  for (int i = 0; i < n; i++) {
+    pid[i] = spawn(p[i].main);
+    if (p[i].pid_p)
+      *p[i].pid_p = pid[i];
+    if (p[i].addrs) {
+      get_str(g_t_out[0], g_addr, sizeof(g_addr));
+      if (p[i].addrs > 1)
+        get_str(g_t_out[0], g_addr2, sizeof(g_addr2));
+    }
+    if (p[i].rdy)
+      get_byte(p[i].rdy[0]);
+  }
+  int fails = measure ? measure_idle(pid[0]) : 0;
+  for (int i = n - 1; i >= 0; i--) {
+    if (p[i].stop)
+      put_byte(p[i].stop[1], p[i].stop_byte);
+    fails += wait_for(pid[i], p[i].who, 90);
+  }
+  return fails;
+}
+
+/* target + legitimate peer (connected and served) + attacker (table,
+ * subregion, idle). */
 static int run_attack(void)
 {
-  pid_t target = spawn(target_main);
-  read_addrs(1);
-  pid_t legit = spawn(legit_main);
-  get_byte(g_l_rdy[0]); /* the legitimate peer is connected and served */
-  pid_t att = spawn(attacker_main);
-  int fails = 0;
-  if (mode("idle")) {
-    get_byte(g_a_out[0]);
-    long anon0 = 0, shm0 = 0, anon1 = 0, shm1 = 0;
-    long before = rss_kib(target, &anon0, &shm0);
-    put_byte(g_a_ctl[1], 'm');
-    get_byte(g_a_out[0]);
-    long after = rss_kib(target, &anon1, &shm1);
-    long per = (after - before) / IDLE_PEERS;
-    printf("target RSS: %ld KiB with %d peers, %ld KiB with %d more idle peers: %ld KiB each "
-           "(%.1f KiB anonymous, %.1f KiB shared memory)\n",
-           before, IDLE_WARM + 1, after, IDLE_PEERS, per, (double)(anon1 - anon0) / IDLE_PEERS,
-           (double)(shm1 - shm0) / IDLE_PEERS);
-    long per_shm = (shm1 - shm0) / IDLE_PEERS;
-    if (per_shm > IDLE_MAX_SHM_KIB) {
-      fprintf(stderr,
-              "FAIL: an idle peer costs the target %ld KiB of shared memory (at most %d "
-              "wanted)\n",
-              per_shm, IDLE_MAX_SHM_KIB);
-      fails++;
-    }
-    if (!IDLE_SANITIZED && per > IDLE_MAX_KIB) {
-      fprintf(stderr, "FAIL: an idle peer costs the target %ld KiB (at most %d wanted)\n", per,
-              IDLE_MAX_KIB);
-      fails++;
-    }
-    put_byte(g_a_ctl[1], 'x');
-  }
-  fails += wait_for(att, "attacker");
-  put_byte(g_l_go[1], 'f');
-  fails += wait_for(legit, "legitimate peer");
-  put_byte(g_t_ctl[1], 'q');
-  fails += wait_for(target, "target");
-  return fails;
+  const proc_t p[] = {TARGET, LEGIT, {attacker_main, "attacker"}};
+  return run_procs(p, 3, mode("idle"));
 }
 
 static int run_devtrunc(void)
 {
-  int fails = 0;
-  pid_t owner = spawn(dev_owner_main);
-  read_addrs(1);
-  pid_t imp = spawn(dev_importer_main);
-  fails += wait_for(imp, "importer");
-  put_byte(g_t_ctl[1], 'q');
-  fails += wait_for(owner, "device owner");
-  return fails;
+  const proc_t p[] = {{dev_owner_main, "device owner", 1, NULL, g_t_ctl, 'q'},
+                      {dev_importer_main, "importer"}};
+  return run_procs(p, 2, false);
 }
 
 static int run_uid_target(void)
 {
-  int fails = 0;
-  pid_t target = spawn(target_main);
-  read_addrs(2);
-  pid_t legit = spawn(legit_main);
-  get_byte(g_l_rdy[0]);
-  pid_t nob = spawn(nobody_peer_main);
-  fails += wait_for(nob, "uid 65534 peer");
-  put_byte(g_l_go[1], 'f');
-  fails += wait_for(legit, "legitimate peer");
-  put_byte(g_t_ctl[1], 'q');
-  fails += wait_for(target, "target");
-  return fails;
+  const proc_t p[] = {{target_main, "target", 2, NULL, g_t_ctl, 'q'}, /* and one allowing 65534 */
+                      LEGIT,
+                      {nobody_peer_main, "uid 65534 peer"}};
+  return run_procs(p, 3, false);
 }
 
 static int run_uid_initiator(void)
 {
-  int fails = 0;
-  pid_t target = spawn(target_main); /* as uid 65534 */
-  read_addrs(1);
-  pid_t init = spawn(root_initiator_main);
-  fails += wait_for(init, "root initiator");
-  put_byte(g_t_ctl[1], 'q');
-  fails += wait_for(target, "uid 65534 target");
-  return fails;
+  const proc_t p[] = {{target_main, "uid 65534 target", 1, NULL, g_t_ctl, 'q'},
+                      {root_initiator_main, "root initiator"}};
+  return run_procs(p, 2, false);
 }
 
+/* The bystander first (filled, its pid known to the liar), leaving last. */
 static int run_pidlie(void)
 {
-  int fails = 0;
-  g_bystander = spawn(bystander_main);
-  get_byte(g_a_out[0]);
+  const proc_t bystander = {bystander_main, "bystander", 0, g_a_out, g_b_ctl, 'q', &g_bystander};
   if (mode("pidlie")) {
-    pid_t target = spawn(target_main);
-    read_addrs(1);
-    pid_t legit = spawn(legit_main);
-    get_byte(g_l_rdy[0]);
-    pid_t liar = spawn(liar_initiator_main);
-    fails += wait_for(liar, "lying initiator");
-    put_byte(g_l_go[1], 'f');
-    fails += wait_for(legit, "legitimate peer");
-    put_byte(g_t_ctl[1], 'q');
-    fails += wait_for(target, "target");
-  } else {
-    pid_t liar = spawn(liar_target_main);
-    read_addrs(1);
-    pid_t init = spawn(honest_initiator_main);
-    fails += wait_for(init, "honest initiator");
-    put_byte(g_t_ctl[1], 'q');
-    fails += wait_for(liar, "lying target");
+    const proc_t p[] = {bystander, TARGET, LEGIT, {liar_initiator_main, "lying initiator"}};
+    return run_procs(p, 4, false);
   }
-  put_byte(g_b_ctl[1], 'q');
-  fails += wait_for(g_bystander, "bystander");
-  return fails;
+  const proc_t p[] = {bystander,
+                      {liar_target_main, "lying target", 1, NULL, g_t_ctl, 'q'},
+                      {honest_initiator_main, "honest initiator"}};
+  return run_procs(p, 3, false);
 }
 
 /* The cases (tests/common/cases.h): --list prints them; none is table.

@@ -17,28 +17,13 @@
  * Exit 0 on success, 1 on failure (the reason on stderr).
  */
 #define _GNU_SOURCE
+#include "hostile.h"
+
 #include <arpa/inet.h>
-#include <errno.h>
-#include <hixl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
-#include <stdbool.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <sys/socket.h>
-#include <unistd.h>
-
-#include "../common/cases.h"
-
-#define FAIL(...)                                                                                  \
-  do {                                                                                             \
-    fprintf(stderr, "FAIL: " __VA_ARGS__);                                                         \
-    fputc('\n', stderr);                                                                           \
-    exit(1);                                                                                       \
-  } while (0)
 
 static const char *const TOKEN = "tls-psk-token-0123456789";
 static const char *const REGION = "kv-region-name-on-the-wire";
@@ -170,11 +155,7 @@ static void move_data(hixl_ctx_t *c, const char *addr, const char *what)
 static hixl_ctx_t *target(bool tls)
 {
   hixl_ctx_t *t = mk_ctx(TOKEN, tls);
-  void *kv;
-  hixl_mr_t *mr;
-  if (hixl_mem_alloc(t, 4096, HIXL_MEM_HOST, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &kv, &mr) ||
-      hixl_mr_publish(mr, REGION))
-    FAIL("target: %s", hixl_last_error());
+  publish_region(t, REGION);
   return t;
 }
 
@@ -196,7 +177,7 @@ static size_t count(const void *needle, size_t n)
   return k;
 }
 
-static void sniff(void)
+static int sniff(void)
 {
   for (int tls = 0; tls <= 1; tls++) {
     hixl_ctx_t *t = target(tls);
@@ -225,9 +206,10 @@ static void sniff(void)
     if (!tls && strcmp(g_tp, "shm") != 0 && nname == 0)
       FAIL("without TLS the relay did not see the LOOKUP of the region");
   }
+  return 0;
 }
 
-static void mismatch(void)
+static int mismatch(void)
 {
   /* No token: refused at creation. */
   setenv("HIXL_TLS", "1", 1);
@@ -258,34 +240,20 @@ static void mismatch(void)
     hixl_ctx_destroy(ok);
     hixl_ctx_destroy(t);
   }
-}
-
-static int run_sniff(void)
-{
-  sniff();
-  return 0;
-}
-static int run_mismatch(void)
-{
-  mismatch();
   return 0;
 }
 
 /* The cases (tests/common/cases.h): --list prints them. */
 static const struct test_case cases[] = {
-    {"sniff", run_sniff},
-    {"mismatch", run_mismatch},
+    {"sniff", sniff},
+    {"mismatch", mismatch},
 };
 
 int main(int argc, char **argv)
 {
   cases_options(CASES(cases), argc, argv);
-  if (argc < 2) {
-    fprintf(stderr, "usage: %s CASE [transport]; cases: ", argv[0]);
-    cases_print(stderr, CASES(cases));
-    fprintf(stderr, "\n");
-    return 2;
-  }
+  if (argc < 2)
+    return hostile_usage(CASES(cases), argv[0], "CASE [transport]");
   if (argc > 2)
     g_tp = argv[2];
   return cases_run(cases, sizeof(cases) / sizeof(cases[0]), argv[1]);
