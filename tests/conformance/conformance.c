@@ -32,6 +32,7 @@
 
 #include "cases.h"
 #include "harness.h"
+#include "port.h"
 #include "usage.h"
 
 static bool is_self(void) { return strcmp(g_transport, "self") == 0; }
@@ -465,33 +466,14 @@ static void test_connect_churn(void **state)
 
 /* ---------------------------------------------------------------- world */
 
-/* A free port below the ephemeral range: rank 0 binds it only after the
- * other ranks have created contexts, whose listeners (and fabric endpoints)
- * take ephemeral ports and could take a freed ephemeral one first. */
+/* Rank 0 binds the world's port only after the other ranks have created
+ * contexts, whose listeners take ephemeral ports: one below their range. */
 static int free_port(void)
 {
-  int lo = 32768;
-  FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
-  if (f) {
-    if (fscanf(f, "%d", &lo) != 1)
-      lo = 32768;
-    fclose(f);
-  }
-  if (lo <= 11000)
-    lo = 32768; /* an unusual range: take ports from below the default one */
-  for (int tries = 0; tries < 1000; tries++) {
-    int port = 10000 + (int)((unsigned)rand() % (unsigned)(lo - 10000));
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET,
-                             .sin_port = htons((uint16_t)port),
-                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
-    if (fd >= 0)
-      close(fd);
-    if (ok)
-      return port;
-  }
-  die("no free port");
+  int port = test_free_port();
+  if (port < 0)
+    die("no free port below the ephemeral range");
+  return port;
 }
 
 static int world_rank(void *arg, int rank)
@@ -550,7 +532,6 @@ static int world_rank(void *arg, int rank)
 static void test_world(void **state)
 {
   (void)state;
-  srand((unsigned)getpid());
   int port = free_port();
   assert_int_equal(run_children(4, world_rank, &port), 0);
 }
@@ -723,7 +704,6 @@ static bool ew_refused(int port, const char *line)
 static void test_world_elastic(void **state)
 {
   (void)state;
-  srand((unsigned)getpid());
   struct ew e = {free_port(), 1};
   pid_t pid[EW_SIZE];
   for (int r = 0; r < EW_SIZE; r++)

@@ -24,8 +24,6 @@
 
 static hixl_ctx_t *make(int timeout_ms) { return unit_ctx("fabric", timeout_ms, NULL); }
 
-static uint64_t stat_of(hixl_ctx_t *ctx, const char *name) { return unit_stat(ctx, NULL, name); }
-
 static void test_stall_is_not_silence(void **state)
 {
   (void)state;
@@ -35,25 +33,19 @@ static void test_stall_is_not_silence(void **state)
    * heartbeats (every 1.5 s) reach the initiator at least once in the
    * stall, to be read right after it. */
   hixl_ctx_t *tgt = make(6000);
-  uint64_t *mem;
   hixl_mr_t *mr;
-  assert_int_equal(hixl_mem_alloc(tgt, 4096, HIXL_MEM_HOST, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE,
-                                  (void **)&mem, &mr),
-                   HIXL_OK);
-  assert_int_equal(hixl_mr_publish(mr, "m"), HIXL_OK);
+  uint64_t *mem = unit_region(tgt, 4096, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &mr);
   setenv("HIXL_TEST_CTL_STALL_MS", "3000", 1); /* 1.5 x the initiator's 2 s */
   hixl_ctx_t *ini = make(2000);
   unsetenv("HIXL_TEST_CTL_STALL_MS");
-  hixl_peer_t *p = NULL;
-  if (hixl_connect(ini, hixl_ctx_address(tgt), 10000, &p) != HIXL_OK)
-    fail_msg("connect: %s", hixl_last_error());
+  hixl_peer_t *p = unit_connect(ini, tgt, "fabric");
   /* The stall comes at the control thread's next turn; wait it out and a
    * few liveness checks past it. */
   sleep(5);
   hixl_rmr_t *r = NULL;
   if (hixl_rmr_lookup(p, "m", 10000, &r) != HIXL_OK)
     fail_msg("lookup after the stall: %s", hixl_last_error());
-  uint64_t losses = stat_of(ini, "peer_losses");
+  uint64_t losses = unit_stat(ini, NULL, "peer_losses");
   printf("# after a 3 s stall of the initiator's control thread (liveness 2 s): %llu losses\n",
          (unsigned long long)losses);
   assert_int_equal(losses, 0);
@@ -61,7 +53,7 @@ static void test_stall_is_not_silence(void **state)
   assert_int_equal(hixl_put(p, &v, sizeof(v), r, 0, 0, NULL), HIXL_OK);
   assert_int_equal(hixl_fence(ini, p, 10000), HIXL_OK);
   assert_int_equal(mem[0], v);
-  assert_int_equal(stat_of(tgt, "peer_losses"), 0);
+  assert_int_equal(unit_stat(tgt, NULL, "peer_losses"), 0);
   hixl_rmr_release(r);
   hixl_ctx_destroy(ini);
   hixl_mr_dereg(mr);

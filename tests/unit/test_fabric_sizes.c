@@ -23,6 +23,8 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "core.h"
 
 #ifdef HIXL_HAVE_FABRIC
@@ -75,15 +77,6 @@ static void set_sizes(const char *user_buf, const char *user_rx)
   setenv("HIXL_FABRIC_PROVIDER", "tcp;ofi_rxm", 1);
 }
 
-static hixl_status_t fabric_ctx(hixl_ctx_t **c)
-{
-  hixl_config_t cfg;
-  hixl_config_init(&cfg);
-  cfg.transports = "fabric";
-  cfg.listen = "127.0.0.1:0";
-  return hixl_ctx_create(&cfg, c);
-}
-
 /* A fabric target in a child with the user's buffer size (NULL: unset):
  * its address in addr; it lives until *hold is closed. */
 static pid_t target_child(const char *user_buf, char *addr, size_t len, int *hold)
@@ -99,7 +92,7 @@ static pid_t target_child(const char *user_buf, char *addr, size_t len, int *hol
     set_sizes(user_buf, NULL);
     hixl_ctx_t *c = NULL;
     char out[128] = "";
-    if (fabric_ctx(&c) == HIXL_OK)
+    if (unit_create("fabric", 0, NULL, &c) == HIXL_OK)
       snprintf(out, sizeof(out), "%s", hixl_ctx_address(c));
     if (write(a[1], out, sizeof(out)) != (ssize_t)sizeof(out))
       _exit(1);
@@ -145,7 +138,7 @@ static report_t run_child_to(const char *user_buf, const char *user_rx, const ch
     set_sizes(user_buf, user_rx);
     hixl_ctx_t *c = NULL;
     long before = rss_kib();
-    r.status = fabric_ctx(&c);
+    r.status = unit_create("fabric", 0, NULL, &c);
     r.rss_kib = rss_kib() - before;
     if (r.status != HIXL_OK)
       snprintf(r.err, sizeof(r.err), "%s", hixl_last_error());

@@ -42,16 +42,10 @@ static hixl_ctx_t *make(const char *transports) { return unit_ctx(transports, TI
 static int idle_heartbeats(const char *transports)
 {
   hixl_ctx_t *tgt = make(transports), *ini = make(transports);
-  uint64_t *mem;
   hixl_mr_t *mr;
-  assert_int_equal(hixl_mem_alloc(tgt, 4096, HIXL_MEM_HOST,
-                                  HIXL_ACCESS_READ | HIXL_ACCESS_WRITE | HIXL_ACCESS_ATOMIC,
-                                  (void **)&mem, &mr),
-                   HIXL_OK);
-  assert_int_equal(hixl_mr_publish(mr, "m"), HIXL_OK);
-  hixl_peer_t *p = NULL;
-  if (hixl_connect(ini, hixl_ctx_address(tgt), 10000, &p) != HIXL_OK)
-    fail_msg("connect over %s: %s", transports, hixl_last_error());
+  uint64_t *mem =
+      unit_region(tgt, 4096, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE | HIXL_ACCESS_ATOMIC, &mr);
+  hixl_peer_t *p = unit_connect(ini, tgt, transports);
   assert_string_equal(hixl_peer_transport(p), transports);
   hixl_rmr_t *r = NULL;
   assert_int_equal(hixl_rmr_lookup(p, "m", 10000, &r), HIXL_OK);

@@ -30,12 +30,7 @@
 #define TIMEOUT_MS 200 /* liveness floor 1 s; release grace 1.4 s */
 #define N_INI 12
 
-static hixl_ctx_t *make_t(const char *transports, int timeout_ms)
-{
-  return unit_ctx(transports, timeout_ms, NULL);
-}
-
-static hixl_ctx_t *make(const char *transports) { return make_t(transports, TIMEOUT_MS); }
+static hixl_ctx_t *make(const char *transports) { return unit_ctx(transports, TIMEOUT_MS, NULL); }
 
 /* The context's peer records: the inbound ones only, or all. */
 static unsigned peers_of(hixl_ctx_t *ctx, bool inbound_only)
@@ -71,12 +66,8 @@ static unsigned settle(hixl_ctx_t *ctx, unsigned want)
 static void churn(const char *transports)
 {
   hixl_ctx_t *tgt = make(transports);
-  uint64_t *mem;
   hixl_mr_t *mr;
-  assert_int_equal(hixl_mem_alloc(tgt, 4096, HIXL_MEM_HOST, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE,
-                                  (void **)&mem, &mr),
-                   HIXL_OK);
-  assert_int_equal(hixl_mr_publish(mr, "m"), HIXL_OK);
+  uint64_t *mem = unit_region(tgt, 4096, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &mr);
   /* Each initiator puts its index; the even ones also notify, and the
    * target takes their notifications: those handles reach the user. */
   hixl_ctx_t *ini[N_INI];
@@ -146,12 +137,8 @@ static void churn(const char *transports)
 static void release_both(const char *transports)
 {
   hixl_ctx_t *tgt = make(transports), *ini = make(transports);
-  uint64_t *mem;
   hixl_mr_t *mr;
-  assert_int_equal(hixl_mem_alloc(tgt, 4096, HIXL_MEM_HOST, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE,
-                                  (void **)&mem, &mr),
-                   HIXL_OK);
-  assert_int_equal(hixl_mr_publish(mr, "m"), HIXL_OK);
+  uint64_t *mem = unit_region(tgt, 4096, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &mr);
   assert_int_equal(hixl_peer_release(NULL), HIXL_ERR_INVALID);
   enum { ROUNDS = 8 };
   for (int i = 0; i < ROUNDS; i++) {
@@ -239,19 +226,6 @@ static void *world_thread(void *arg)
   return NULL;
 }
 
-/* A loopback port nobody holds right now (the contexts are made first). */
-static int some_port(void)
-{
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof(sa);
-  assert_true(fd >= 0);
-  assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-  assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
-  close(fd);
-  return ntohs(sa.sin_port);
-}
-
 /* Up to 40 s for the context to hold want peers. */
 static unsigned settle_all(hixl_ctx_t *ctx, unsigned want)
 {
@@ -266,8 +240,8 @@ static unsigned settle_all(hixl_ctx_t *ctx, unsigned want)
 static void world_release(const char *transports)
 {
   enum { WT = 5000 }; /* the world's deadline; grace 11 s */
-  hixl_ctx_t *c0 = make_t(transports, WT), *c1 = make_t(transports, WT);
-  int port = some_port();
+  hixl_ctx_t *c0 = unit_ctx(transports, WT, NULL), *c1 = unit_ctx(transports, WT, NULL);
+  int port = unit_free_port(); /* the contexts are made first */
   struct world_arg a[2] = {{.ctx = c0, .rank = 0, .size = 3}, {.ctx = c1, .rank = 1, .size = 3}};
   pthread_t th[2];
   for (int i = 0; i < 2; i++) {
@@ -309,7 +283,7 @@ static void world_release(const char *transports)
 
   /* A world of 2 that works: rank 0 takes rank 1's peer, rank 1 takes
    * none but keeps the rmrs of an exchange past the world. */
-  port = some_port();
+  port = unit_free_port();
   void *mem[2];
   hixl_mr_t *mr[2];
   for (int i = 0; i < 2; i++)

@@ -9,7 +9,6 @@
  *  - a set-up that fails (a provider that does not exist) fails that
  *    connect with the reason, withdraws the transport, and shm goes on. */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -24,16 +23,7 @@
 #include "core.h"
 
 #ifdef HIXL_HAVE_FABRIC
-static int threads(void)
-{
-  DIR *d = opendir("/proc/self/task");
-  int n = 0;
-  for (struct dirent *e; d && (e = readdir(d));)
-    n += e->d_name[0] != '.';
-  if (d)
-    closedir(d);
-  return n;
-}
+static int threads(void) { return unit_dir_entries("/proc/self/task"); }
 
 static hixl_ctx_t *make(const char *transports) { return unit_ctx(transports, 0, NULL); }
 

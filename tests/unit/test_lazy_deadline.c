@@ -45,9 +45,31 @@ static uint32_t fabric_bit(void)
   return 0;
 }
 
-static hixl_ctx_t *make(const char *transports, int timeout_ms)
+/* tgt serves a region; ini connects to it while slow's first set-up
+ * takes SETUP_DELAY_US (a failed connect says it came `how`: "during a",
+ * "with our own"), and the peer, over fabric, must serve a put of v to
+ * word `at`.  Both contexts are destroyed. */
+static void connect_slowly_and_put(hixl_ctx_t *ini, hixl_ctx_t *tgt, hixl_ctx_t *slow,
+                                   const char *how, uint64_t v, size_t at)
 {
-  return unit_ctx(transports, timeout_ms, NULL);
+  hixl_mr_t *mr;
+  uint64_t *mem = unit_region(tgt, 4096, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &mr);
+  g_slow = slow;
+  hixl_peer_t *p = NULL;
+  if (hixl_connect(ini, hixl_ctx_address(tgt), 10000, &p) != HIXL_OK)
+    fail_msg("connect %s %d ms set-up: %s", how, SETUP_DELAY_US / 1000, hixl_last_error());
+  g_slow = NULL;
+  assert_string_equal(hixl_peer_transport(p), "fabric");
+  hixl_rmr_t *r = NULL;
+  assert_int_equal(hixl_rmr_lookup(p, "m", 10000, &r), HIXL_OK);
+  assert_int_equal(hixl_put(p, &v, sizeof(v), r, at * sizeof(v), 0, NULL), HIXL_OK);
+  assert_int_equal(hixl_fence(ini, p, 10000), HIXL_OK);
+  assert_int_equal(mem[at], v);
+  hixl_rmr_release(r);
+  hixl_disconnect(p);
+  hixl_ctx_destroy(ini);
+  hixl_mr_dereg(mr);
+  hixl_ctx_destroy(tgt);
 }
 #endif
 
@@ -59,33 +81,11 @@ static void test_slow_setup_keeps_handshake(void **state)
   /* The initiator sets fabric up at creation, so only the target's
    * set-up falls inside the handshake. */
   setenv("HIXL_LAZY", "0", 1);
-  hixl_ctx_t *ini = make("fabric", 10000);
+  hixl_ctx_t *ini = unit_ctx("fabric", 10000, NULL);
   unsetenv("HIXL_LAZY");
-  hixl_ctx_t *tgt = make("shm,fabric", 200);                /* liveness floor: 1 s */
+  hixl_ctx_t *tgt = unit_ctx("shm,fabric", 200, NULL);      /* liveness floor: 1 s */
   assert_false(atomic_load(&tgt->tp_ready) & fabric_bit()); /* lazy: not set up yet */
-  uint64_t *mem;
-  hixl_mr_t *mr;
-  assert_int_equal(hixl_mem_alloc(tgt, 4096, HIXL_MEM_HOST, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE,
-                                  (void **)&mem, &mr),
-                   HIXL_OK);
-  assert_int_equal(hixl_mr_publish(mr, "m"), HIXL_OK);
-  g_slow = tgt;
-  hixl_peer_t *p = NULL;
-  if (hixl_connect(ini, hixl_ctx_address(tgt), 10000, &p) != HIXL_OK)
-    fail_msg("connect during a %d ms set-up: %s", SETUP_DELAY_US / 1000, hixl_last_error());
-  g_slow = NULL;
-  assert_string_equal(hixl_peer_transport(p), "fabric");
-  hixl_rmr_t *r = NULL;
-  assert_int_equal(hixl_rmr_lookup(p, "m", 10000, &r), HIXL_OK);
-  uint64_t v = 0x5ca1e;
-  assert_int_equal(hixl_put(p, &v, sizeof(v), r, 0, 0, NULL), HIXL_OK);
-  assert_int_equal(hixl_fence(ini, p, 10000), HIXL_OK);
-  assert_int_equal(mem[0], v);
-  hixl_rmr_release(r);
-  hixl_disconnect(p);
-  hixl_ctx_destroy(ini);
-  hixl_mr_dereg(mr);
-  hixl_ctx_destroy(tgt);
+  connect_slowly_and_put(ini, tgt, tgt, "during a", 0x5ca1e, 0);
 #else
   skip();
 #endif
@@ -105,33 +105,11 @@ static void test_slow_own_setup_retries(void **state)
 #ifdef HIXL_HAVE_FABRIC
   setenv("HIXL_FABRIC_PROVIDER", "tcp;ofi_rxm", 1);
   setenv("HIXL_LAZY", "0", 1);
-  hixl_ctx_t *tgt = make("fabric", 200); /* set up now; liveness floor: 1 s */
+  hixl_ctx_t *tgt = unit_ctx("fabric", 200, NULL); /* set up now; liveness floor: 1 s */
   unsetenv("HIXL_LAZY");
-  hixl_ctx_t *ini = make("shm,fabric", 10000);
+  hixl_ctx_t *ini = unit_ctx("shm,fabric", 10000, NULL);
   assert_false(atomic_load(&ini->tp_ready) & fabric_bit());
-  uint64_t *mem;
-  hixl_mr_t *mr;
-  assert_int_equal(hixl_mem_alloc(tgt, 4096, HIXL_MEM_HOST, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE,
-                                  (void **)&mem, &mr),
-                   HIXL_OK);
-  assert_int_equal(hixl_mr_publish(mr, "m"), HIXL_OK);
-  g_slow = ini;
-  hixl_peer_t *p = NULL;
-  if (hixl_connect(ini, hixl_ctx_address(tgt), 10000, &p) != HIXL_OK)
-    fail_msg("connect with our own %d ms set-up: %s", SETUP_DELAY_US / 1000, hixl_last_error());
-  g_slow = NULL;
-  assert_string_equal(hixl_peer_transport(p), "fabric");
-  hixl_rmr_t *r = NULL;
-  assert_int_equal(hixl_rmr_lookup(p, "m", 10000, &r), HIXL_OK);
-  uint64_t v = 0xfab;
-  assert_int_equal(hixl_put(p, &v, sizeof(v), r, 8, 0, NULL), HIXL_OK);
-  assert_int_equal(hixl_fence(ini, p, 10000), HIXL_OK);
-  assert_int_equal(mem[1], v);
-  hixl_rmr_release(r);
-  hixl_disconnect(p);
-  hixl_ctx_destroy(ini);
-  hixl_mr_dereg(mr);
-  hixl_ctx_destroy(tgt);
+  connect_slowly_and_put(ini, tgt, ini, "with our own", 0xfab, 1);
 #else
   skip();
 #endif

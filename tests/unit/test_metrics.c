@@ -23,29 +23,15 @@
 #include <unistd.h>
 #include <cmocka.h>
 
-#include <hixl.h>
+#include "unit.h"
 
-/* A port nobody listens on now (bound to 0, read back, closed). */
-static int free_port(void)
-{
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t l = sizeof(a);
-  assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-  assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &l), 0);
-  close(fd);
-  return ntohs(a.sin_port);
-}
+#include <hixl.h>
 
 static hixl_ctx_t *make_with_metrics(const char *spec)
 {
   setenv("HIXL_METRICS", spec, 1);
-  hixl_config_t cfg;
-  hixl_config_init(&cfg);
-  cfg.transports = "self,shm";
-  cfg.listen = "127.0.0.1:0";
   hixl_ctx_t *c = NULL;
-  hixl_status_t st = hixl_ctx_create(&cfg, &c);
+  hixl_status_t st = unit_create("self,shm", 0, NULL, &c);
   unsetenv("HIXL_METRICS");
   if (st != HIXL_OK)
     fail_msg("hixl_ctx_create with HIXL_METRICS=%s: %s", spec, hixl_last_error());
@@ -122,19 +108,14 @@ static void scrape(void **state)
   if (system("command -v promtool >/dev/null && command -v curl >/dev/null") != 0)
     fail_msg("promtool and curl are needed (Debian: apt-get install prometheus curl; "
              "scripts/deps.sh)");
-  int port = free_port();
+  int port = unit_free_port();
   char spec[64];
   snprintf(spec, sizeof(spec), "127.0.0.1:%d", port);
   hixl_ctx_t *ctx = make_with_metrics(spec);
-  void *mem;
   hixl_mr_t *mr;
-  assert_int_equal(
-      hixl_mem_alloc(ctx, 4096, HIXL_MEM_HOST, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &mem, &mr),
-      HIXL_OK);
-  assert_int_equal(hixl_mr_publish(mr, "m"), HIXL_OK);
-  hixl_peer_t *self;
+  unit_region(ctx, 4096, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &mr);
+  hixl_peer_t *self = unit_connect(ctx, ctx, "self");
   hixl_rmr_t *r;
-  assert_int_equal(hixl_connect(ctx, hixl_ctx_address(ctx), 10000, &self), HIXL_OK);
   assert_int_equal(hixl_rmr_lookup(self, "m", 10000, &r), HIXL_OK);
   char buf[64] = {0};
   for (int i = 0; i < 3; i++)
@@ -208,7 +189,7 @@ static void scrape(void **state)
   hixl_ctx_destroy(bad);
   hixl_ctx_destroy(bad2);
   /* hixl_config_t.metrics, without the environment. */
-  int port2 = free_port();
+  int port2 = unit_free_port();
   char spec2[64];
   snprintf(spec2, sizeof(spec2), "127.0.0.1:%d", port2);
   hixl_config_t cfg;

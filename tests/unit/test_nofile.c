@@ -19,9 +19,9 @@
  * readable): its progress thread must not spin, and a peer it can still
  * serve is served. */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -38,16 +38,11 @@
 #include "unit.h"
 
 #include <hixl.h>
+#include "../common/usage.h"
 
 static int open_fds(void)
 {
-  DIR *d = opendir("/proc/self/fd");
-  int n = 0;
-  for (struct dirent *e; d && (e = readdir(d));)
-    n += e->d_name[0] != '.';
-  if (d)
-    closedir(d);
-  return n - 1; /* the directory's own */
+  return unit_dir_entries("/proc/self/fd") - 1; /* the directory's own */
 }
 
 /* In a child: at most what it has open now plus extra descriptors. */
@@ -69,24 +64,46 @@ static void send_address(int fd, hixl_ctx_t *t)
 
 static hixl_ctx_t *make(void) { return unit_ctx("shm", 1500, NULL); }
 
-/* A target with open + extra descriptors at most; its address in addr. */
-static pid_t target(int extra, char *addr, size_t n)
+/* fork, with a pipe from the child to us: *fd is the child's write end
+ * in the child (which never goes back into cmocka, and is gone with the
+ * test), our read end here. */
+static pid_t fork_piped(int *fd)
 {
   int pfd[2];
   assert_int_equal(pipe(pfd), 0);
   pid_t pid = fork();
   assert_true(pid >= 0);
   if (pid == 0) {
-    /* Never back into cmocka from here; gone with the test. */
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     close(pfd[0]);
-    hixl_config_t cfg;
-    hixl_config_init(&cfg);
-    cfg.transports = "shm";
-    cfg.listen = "127.0.0.1:0";
-    cfg.timeout_ms = 1500;
+    *fd = pfd[1];
+  } else {
+    close(pfd[1]);
+    *fd = pfd[0];
+  }
+  return pid;
+}
+
+/* What the child said on fd (closed then), NUL-terminated in buf; its
+ * length, <= 0 if it said nothing. */
+static ssize_t answer(int fd, char *buf, size_t n)
+{
+  ssize_t k = read(fd, buf, n - 1);
+  close(fd);
+  if (k > 0)
+    buf[k] = 0;
+  return k;
+}
+
+/* A target with open + extra descriptors at most; its address in addr. */
+static pid_t target(int extra, char *addr, size_t n)
+{
+  int fd;
+  pid_t pid = fork_piped(&fd);
+  if (pid == 0) {
     hixl_ctx_t *t = NULL, *w = NULL;
-    if (hixl_ctx_create(&cfg, &t) != HIXL_OK || hixl_ctx_create(&cfg, &w) != HIXL_OK)
+    if (unit_create("shm", 1500, NULL, &t) != HIXL_OK ||
+        unit_create("shm", 1500, NULL, &w) != HIXL_OK)
       _exit(2);
     /* Warm it up: a first connection makes what later ones reuse. */
     hixl_peer_t *p = NULL;
@@ -96,19 +113,15 @@ static pid_t target(int extra, char *addr, size_t n)
     hixl_ctx_destroy(w);
     usleep(300000);
     limit_to(extra);
-    send_address(pfd[1], t);
+    send_address(fd, t);
     for (;;)
       pause();
   }
-  close(pfd[1]);
-  ssize_t k = read(pfd[0], addr, n - 1);
-  close(pfd[0]);
-  if (k <= 0) { /* it could not get going at this limit: no step */
+  if (answer(fd, addr, n) <= 0) { /* it could not get going at this limit: no step */
     kill(pid, SIGKILL);
     waitpid(pid, NULL, 0);
     return -1;
   }
-  addr[k] = 0;
   return pid;
 }
 
@@ -158,32 +171,47 @@ static void test_limit_is_named(void **state)
 static int in_child(hixl_status_t (*fn)(const void *arg, int extra), const void *arg, int extra,
                     char *err, size_t n)
 {
-  int pfd[2];
-  assert_int_equal(pipe(pfd), 0);
-  pid_t pid = fork();
-  assert_true(pid >= 0);
+  int fd;
+  pid_t pid = fork_piped(&fd);
   if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    close(pfd[0]);
     setenv("HIXL_LAZY", "0", 1);
     hixl_status_t st = fn(arg, extra);
     char msg[600];
     int k = snprintf(msg, sizeof(msg), "%d %s", (int)st, st == HIXL_OK ? "" : hixl_last_error());
-    if (write(pfd[1], msg, (size_t)k + 1) < 0)
+    if (write(fd, msg, (size_t)k + 1) < 0)
       _exit(4);
     _exit(0); /* no destroy: the process goes */
   }
-  close(pfd[1]);
   char buf[600];
-  ssize_t k = read(pfd[0], buf, sizeof(buf) - 1);
-  close(pfd[0]);
+  ssize_t k = answer(fd, buf, sizeof(buf));
   waitpid(pid, NULL, 0);
   if (k <= 0)
     fail_msg("the child at open+%d said nothing", extra);
-  buf[k] = 0;
   const char *sp = strchr(buf, ' ');
   snprintf(err, n, "%s", sp ? sp + 1 : "");
   return atoi(buf);
+}
+
+/* fn in a child at open + 0, 1, ... max descriptors until it succeeds
+ * (*ok: whether it did); each failure is printed as what's and handed to
+ * failed, which fails the test or says whether it counts.  How many
+ * counted. */
+static int climb(hixl_status_t (*fn)(const void *arg, int extra), const void *arg, int max,
+                 const char *what, bool (*failed)(int st, const char *err, int extra), int *ok)
+{
+  int counted = 0;
+  *ok = 0;
+  for (int extra = 0; extra <= max && *ok == 0; extra++) {
+    char err[600];
+    int st = in_child(fn, arg, extra, err, sizeof(err));
+    if (st == HIXL_OK) {
+      (*ok)++;
+      continue;
+    }
+    print_message("%s at open+%d: %s\n", what, extra, err);
+    counted += failed(st, err, extra);
+  }
+  return counted;
 }
 
 /* An initiator at its own limit (open + extra in a child, its context
@@ -199,28 +227,26 @@ static hixl_status_t connect_limited(const void *addr, int extra)
   return hixl_connect(c, addr, 3000, &p);
 }
 
+/* Its failures: each names the limit; counted, the check before the bind. */
+static bool connect_failed(int st, const char *err, int extra)
+{
+  if (strstr(err, "RLIMIT_NOFILE") == NULL)
+    fail_msg("at open+%d the error does not name the limit: %s", extra, err);
+  if (strstr(err, "takes 6 free descriptors for a moment and this process has")) {
+    assert_int_equal(st, HIXL_ERR_NOMEM);
+    return true;
+  }
+  return false;
+}
+
 static void test_initiator_limit_is_named(void **state)
 {
   (void)state;
   char addr[128];
   pid_t tpid = target(1000, addr, sizeof(addr));
   assert_true(tpid > 0);
-  int checked = 0, ok = 0;
-  for (int extra = 0; extra <= 12 && ok == 0; extra++) {
-    char err[600];
-    int st = in_child(connect_limited, addr, extra, err, sizeof(err));
-    if (st == HIXL_OK) {
-      ok++;
-      continue;
-    }
-    print_message("initiator at open+%d: %s\n", extra, err);
-    if (strstr(err, "RLIMIT_NOFILE") == NULL)
-      fail_msg("at open+%d the error does not name the limit: %s", extra, err);
-    if (strstr(err, "takes 6 free descriptors for a moment and this process has")) {
-      assert_int_equal(st, HIXL_ERR_NOMEM);
-      checked++;
-    }
-  }
+  int ok;
+  int checked = climb(connect_limited, addr, 12, "initiator", connect_failed, &ok);
   kill(tpid, SIGKILL);
   waitpid(tpid, NULL, 0);
   assert_true(checked > 0); /* the check before the bind was reached, and said so */
@@ -235,12 +261,18 @@ static hixl_status_t fabric_create_limited(const void *arg, int extra)
 {
   (void)arg;
   limit_to(extra);
-  hixl_config_t cfg;
-  hixl_config_init(&cfg);
-  cfg.transports = "fabric";
-  cfg.listen = "127.0.0.1:0";
   hixl_ctx_t *c = NULL;
-  return hixl_ctx_create(&cfg, &c);
+  return unit_create("fabric", 0, NULL, &c);
+}
+
+/* Its failures: "Too many open files" names the limit too; counted, those
+ * that name it. */
+static bool fabric_create_failed(int st, const char *err, int extra)
+{
+  (void)st;
+  if (strstr(err, "Too many open files") && !strstr(err, "RLIMIT_NOFILE"))
+    fail_msg("at open+%d the error does not name the limit: %s", extra, err);
+  return strstr(err, "RLIMIT_NOFILE") != NULL;
 }
 
 static void test_fabric_limit_is_named(void **state)
@@ -250,36 +282,10 @@ static void test_fabric_limit_is_named(void **state)
   skip();
 #endif
   setenv("HIXL_FABRIC_PROVIDER", "tcp;ofi_rxm", 1); /* the default may pick shm's */
-  int named = 0, ok = 0;
-  for (int extra = 0; extra <= 60 && ok == 0; extra++) {
-    char err[600];
-    int st = in_child(fabric_create_limited, NULL, extra, err, sizeof(err));
-    if (st == HIXL_OK) {
-      ok++;
-      continue;
-    }
-    print_message("fabric set-up at open+%d: %s\n", extra, err);
-    if (strstr(err, "Too many open files") && !strstr(err, "RLIMIT_NOFILE"))
-      fail_msg("at open+%d the error does not name the limit: %s", extra, err);
-    named += strstr(err, "RLIMIT_NOFILE") != NULL;
-  }
+  int ok;
+  int named = climb(fabric_create_limited, NULL, 60, "fabric set-up", fabric_create_failed, &ok);
   assert_true(named > 0);  /* the provider ran out, and it was named */
   assert_int_equal(ok, 1); /* with room, it is set up */
-}
-
-static double cpu_s(void)
-{
-  struct rusage ru;
-  getrusage(RUSAGE_SELF, &ru);
-  return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
-         ru.ru_stime.tv_usec / 1e6;
-}
-
-static double wall_s(void)
-{
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
 enum { SPIN_INI = 12, SPIN_ROOM = 16 }; /* room: all control connections, 4 data ones */
@@ -290,54 +296,41 @@ enum { SPIN_INI = 12, SPIN_ROOM = 16 }; /* room: all control connections, 4 data
  * it used over the next 2 s, as CPU seconds / wall seconds. */
 static pid_t fabric_target(char *addr, size_t n, int *cmd, int *rep)
 {
-  int a[2], c[2], r[2];
-  assert_int_equal(pipe(a), 0);
+  int a, c[2], r[2];
   assert_int_equal(pipe(c), 0);
   assert_int_equal(pipe(r), 0);
-  pid_t pid = fork();
-  assert_true(pid >= 0);
+  pid_t pid = fork_piped(&a);
   if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    close(a[0]);
     close(c[1]);
     close(r[0]);
     setenv("HIXL_LAZY", "0", 1);
-    hixl_config_t cfg;
-    hixl_config_init(&cfg);
-    cfg.transports = "fabric";
-    cfg.listen = "127.0.0.1:0";
-    cfg.timeout_ms = 3000;
     hixl_ctx_t *t = NULL;
     void *mem;
     hixl_mr_t *mr;
-    if (hixl_ctx_create(&cfg, &t) != HIXL_OK ||
+    if (unit_create("fabric", 3000, NULL, &t) != HIXL_OK ||
         hixl_mem_alloc(t, 4096, HIXL_MEM_HOST, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &mem, &mr) !=
             HIXL_OK ||
         hixl_mr_publish(mr, "m") != HIXL_OK)
       _exit(2);
     limit_to(SPIN_ROOM);
-    send_address(a[1], t);
+    send_address(a, t);
     char b;
     while (read(c[0], &b, 1) == 1) {
-      double c0 = cpu_s(), w0 = wall_s();
+      long long c0 = cpu_us(), w0 = wall_us();
       /* Asleep as a target is (its wait arms the provider's fd too). */
       hixl_notif_t nt;
-      while (wall_s() - w0 < 2)
+      while (wall_us() - w0 < 2000000)
         hixl_notif_wait(t, &nt, 2000);
-      double frac = (cpu_s() - c0) / (wall_s() - w0);
+      double frac = (double)(cpu_us() - c0) / (double)(wall_us() - w0);
       if (write(r[1], &frac, sizeof(frac)) != sizeof(frac))
         _exit(5);
     }
     _exit(0);
   }
-  close(a[1]);
   close(c[0]);
   close(r[1]);
-  ssize_t k = read(a[0], addr, n - 1);
-  close(a[0]);
-  if (k <= 0)
+  if (answer(a, addr, n) <= 0)
     fail_msg("the fabric target did not start");
-  addr[k] = 0;
   *cmd = c[1];
   *rep = r[0];
   return pid;
@@ -362,11 +355,6 @@ static void test_fabric_at_limit_does_not_spin(void **state)
   int cmd, rep;
   pid_t pid = fabric_target(addr, sizeof(addr), &cmd, &rep);
   double quiet = target_cpu(cmd, rep);
-  hixl_config_t cfg;
-  hixl_config_init(&cfg);
-  cfg.transports = "fabric";
-  cfg.listen = "127.0.0.1:0";
-  cfg.timeout_ms = 3000;
   hixl_ctx_t *ini[SPIN_INI] = {0};
   hixl_peer_t *p[SPIN_INI] = {0};
   hixl_rmr_t *r[SPIN_INI] = {0};
@@ -377,8 +365,7 @@ static void test_fabric_at_limit_does_not_spin(void **state)
    * served: its data connection waits in the target's backlog, which is
    * what made the provider spin. */
   for (int i = 0; i < SPIN_INI; i++) {
-    if (hixl_ctx_create(&cfg, &ini[i]) != HIXL_OK)
-      fail_msg("hixl_ctx_create: %s", hixl_last_error());
+    ini[i] = unit_ctx("fabric", 3000, NULL);
     if (hixl_connect(ini[i], addr, 3000, &p[i]) != HIXL_OK ||
         hixl_rmr_lookup(p[i], "m", 3000, &r[i]) != HIXL_OK)
       fail_msg("initiator %d: %s", i, hixl_last_error());

@@ -28,6 +28,8 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include <hixl.h>
 #include "../common/usage.h"
 
@@ -89,11 +91,8 @@ static void *notify_later(void *arg)
  * ours notifies 1.5 s later; the wait must sleep and wake. */
 static void sleep_and_wake(bool deny_after_probe)
 {
-  hixl_config_t cfg;
-  hixl_config_init(&cfg);
-  cfg.listen = "127.0.0.1:0";
   hixl_ctx_t *ctx;
-  CHILD_CHECK(hixl_ctx_create(&cfg, &ctx) == HIXL_OK, "ctx: %s", hixl_last_error());
+  CHILD_CHECK(unit_create(NULL, 0, NULL, &ctx) == HIXL_OK, "ctx: %s", hixl_last_error());
   hixl_peer_t *peer;
   CHILD_CHECK(hixl_connect(ctx, hixl_ctx_address(ctx), 10000, &peer) == HIXL_OK, "connect: %s",
               hixl_last_error());

@@ -62,17 +62,10 @@ static uint64_t settle(hixl_ctx_t *ctx, const char *name, uint64_t want)
 static void counts(const char *transports)
 {
   hixl_ctx_t *tgt = make(transports), *ini = make(transports);
-  uint8_t *mem;
   hixl_mr_t *mr;
-  assert_int_equal(hixl_mem_alloc(tgt, 8192, HIXL_MEM_HOST,
-                                  HIXL_ACCESS_READ | HIXL_ACCESS_WRITE | HIXL_ACCESS_ATOMIC,
-                                  (void **)&mem, &mr),
-                   HIXL_OK);
-  assert_int_equal(hixl_mr_publish(mr, "m"), HIXL_OK);
-  hixl_peer_t *p = NULL;
+  unit_region(tgt, 8192, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE | HIXL_ACCESS_ATOMIC, &mr);
+  hixl_peer_t *p = unit_connect(ini, tgt, transports);
   hixl_rmr_t *r = NULL;
-  if (hixl_connect(ini, hixl_ctx_address(tgt), 10000, &p) != HIXL_OK)
-    fail_msg("connect over %s: %s", transports, hixl_last_error());
   assert_int_equal(hixl_rmr_lookup(p, "m", 10000, &r), HIXL_OK);
 
   static const kv_t zero[] = {{"put_ops", 0},    {"put_bytes", 0}, {"get_ops", 0},
@@ -257,15 +250,10 @@ static void threads(void **state)
 {
   (void)state;
   hixl_ctx_t *tgt = make("shm"), *ini = make("shm");
-  void *mem;
   hixl_mr_t *mr;
-  assert_int_equal(
-      hixl_mem_alloc(tgt, 4096, HIXL_MEM_HOST, HIXL_ACCESS_WRITE | HIXL_ACCESS_READ, &mem, &mr),
-      HIXL_OK);
-  assert_int_equal(hixl_mr_publish(mr, "m"), HIXL_OK);
-  hixl_peer_t *p;
+  unit_region(tgt, 4096, HIXL_ACCESS_WRITE | HIXL_ACCESS_READ, &mr);
+  hixl_peer_t *p = unit_connect(ini, tgt, "shm");
   hixl_rmr_t *r;
-  assert_int_equal(hixl_connect(ini, hixl_ctx_address(tgt), 10000, &p), HIXL_OK);
   assert_int_equal(hixl_rmr_lookup(p, "m", 10000, &r), HIXL_OK);
   enum { T = 4, N = 20000 };
   pthread_t th[T];
@@ -298,16 +286,10 @@ static void threads(void **state)
 static void remote(const char *transports)
 {
   hixl_ctx_t *tgt = make(transports), *ini = make(transports);
-  void *mem;
   hixl_mr_t *mr;
-  assert_int_equal(
-      hixl_mem_alloc(tgt, 4096, HIXL_MEM_HOST, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &mem, &mr),
-      HIXL_OK);
-  assert_int_equal(hixl_mr_publish(mr, "m"), HIXL_OK);
-  hixl_peer_t *p, *back;
+  unit_region(tgt, 4096, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &mr);
+  hixl_peer_t *p = unit_connect(ini, tgt, transports), *back;
   hixl_rmr_t *r;
-  if (hixl_connect(ini, hixl_ctx_address(tgt), 10000, &p) != HIXL_OK)
-    fail_msg("connect over %s: %s", transports, hixl_last_error());
   assert_int_equal(hixl_rmr_lookup(p, "m", 10000, &r), HIXL_OK);
   char buf[64] = {0};
   for (int i = 0; i < 5; i++)
