@@ -42,19 +42,46 @@ void die(const char *fmt, ...)
   _exit(1);
 }
 
+void test_config(hixl_config_t *cfg)
+{
+  hixl_config_init(cfg);
+  /* Across network namespaces (tests/netns/netns-run) this host's address. */
+  const char *listen = getenv("HIXL_TEST_LISTEN");
+  cfg->listen = listen && *listen ? listen : "127.0.0.1:0";
+}
+
 hixl_ctx_t *test_ctx(int timeout_ms, const char *token)
 {
   hixl_config_t cfg;
-  hixl_config_init(&cfg);
-  /* Across network namespaces (tests/netns/netns-run) this host's address. */
-  const char *listen = getenv("HIXL_TEST_LISTEN");
-  cfg.listen = listen && *listen ? listen : "127.0.0.1:0";
+  test_config(&cfg);
   if (timeout_ms > 0)
     cfg.timeout_ms = timeout_ms;
   cfg.auth_token = token;
   hixl_ctx_t *ctx;
   EXPECT_OK(hixl_ctx_create(&cfg, &ctx));
   return ctx;
+}
+
+bool ctx_figure(hixl_ctx_t *ctx, const char *name, uint64_t *value)
+{
+  hixl_stat_t s[128];
+  size_t n = sizeof(s) / sizeof(s[0]);
+  if (hixl_ctx_stats(ctx, NULL, s, &n) != HIXL_OK)
+    return false;
+  for (size_t i = 0; i < n && i < sizeof(s) / sizeof(s[0]); i++)
+    if (strcmp(s[i].name, name) == 0) {
+      *value = s[i].value;
+      return true;
+    }
+  return false;
+}
+
+void *xmalloc(size_t n)
+{
+  void *p = malloc(n ? n : 1);
+  if (p == NULL)
+    die("out of memory (%zu)", n);
+  return p;
 }
 
 /* ------------------------------------------------------------ data */
@@ -260,6 +287,32 @@ static void target_teardown(target_state_t *ts)
   }
 }
 
+/* Notification i of the count a command collects, within timeout_ms;
+ * false, saying why in resp, when none came. */
+static bool next_notif(target_state_t *ts, unsigned long i, unsigned long count, int timeout_ms,
+                       hixl_notif_t *n, char *resp, size_t cap)
+{
+  hixl_status_t st = hixl_notif_wait(ts->ctx, n, timeout_ms);
+  if (st != HIXL_OK)
+    snprintf(resp, cap, "bad: notification %lu of %lu: %s", i, count, hixl_strerror(st));
+  return st == HIXL_OK;
+}
+
+/* After the count notifications a command collected: exactly once, nothing
+ * more may arrive ("ok COUNT" in resp; an extra one's imm in hex where it
+ * packs fields). */
+static void no_more_notifs(target_state_t *ts, unsigned long count, bool imm_hex, char *resp,
+                           size_t cap)
+{
+  hixl_notif_t extra;
+  if (hixl_notif_poll(ts->ctx, &extra, 1) == 0)
+    snprintf(resp, cap, "ok %lu", count);
+  else if (imm_hex)
+    snprintf(resp, cap, "bad: an extra notification imm %#x", extra.imm);
+  else
+    snprintf(resp, cap, "bad: an extra notification imm %u", extra.imm);
+}
+
 /* Collect count notifications from one peer: imm 0..count-1 in order, each
  * with len imm % 61, each after its data (the first 8 bytes at its slot
  * carry imm when len >= 8).  Slots repeat every 131072 notifications, more
@@ -270,11 +323,8 @@ static void check_notifs(target_state_t *ts, unsigned long count, char *resp, si
   hixl_peer_t *from = NULL;
   for (unsigned long i = 0; i < count; i++) {
     hixl_notif_t n;
-    hixl_status_t st = hixl_notif_wait(ts->ctx, &n, 30000);
-    if (st != HIXL_OK) {
-      snprintf(resp, cap, "bad: notification %lu of %lu: %s", i, count, hixl_strerror(st));
+    if (!next_notif(ts, i, count, 30000, &n, resp, cap))
       return;
-    }
     if (from == NULL)
       from = n.peer;
     if (n.peer != from || n.imm != (uint32_t)i || n.len != i % 61) {
@@ -292,13 +342,7 @@ static void check_notifs(target_state_t *ts, unsigned long count, char *resp, si
       }
     }
   }
-  /* Exactly once: nothing more may arrive. */
-  hixl_notif_t extra;
-  if (hixl_notif_poll(ts->ctx, &extra, 1) != 0) {
-    snprintf(resp, cap, "bad: an extra notification imm %u", extra.imm);
-    return;
-  }
-  snprintf(resp, cap, "ok %lu", count);
+  no_more_notifs(ts, count, false, resp, cap);
 }
 
 /* Collect count notifications from up to 64 peers (qp_lru): imm is
@@ -312,11 +356,8 @@ static void check_notifs_many(target_state_t *ts, unsigned long count, char *res
   uint32_t next[64] = {0};
   for (unsigned long i = 0; i < count; i++) {
     hixl_notif_t n;
-    hixl_status_t st = hixl_notif_wait(ts->ctx, &n, 60000);
-    if (st != HIXL_OK) {
-      snprintf(resp, cap, "bad: notification %lu of %lu: %s", i, count, hixl_strerror(st));
+    if (!next_notif(ts, i, count, 60000, &n, resp, cap))
       return;
-    }
     uint32_t p = n.imm >> 20, seq = n.imm & 0xfffff;
     if (p >= 64 || n.len != 8 || (from[p] && from[p] != n.peer) || seq != next[p]) {
       snprintf(resp, cap, "bad: notification %lu: sender %u seq %u (expected %u) len %zu%s", i, p,
@@ -334,12 +375,7 @@ static void check_notifs_many(target_state_t *ts, unsigned long count, char *res
       return;
     }
   }
-  hixl_notif_t extra;
-  if (hixl_notif_poll(ts->ctx, &extra, 1) != 0) {
-    snprintf(resp, cap, "bad: an extra notification imm %#x", extra.imm);
-    return;
-  }
-  snprintf(resp, cap, "ok %lu", count);
+  no_more_notifs(ts, count, true, resp, cap);
 }
 
 static void target_serve(target_state_t *ts)
@@ -436,13 +472,11 @@ static void target_serve(target_state_t *ts)
       check_notifs_many(ts, (unsigned long)a, resp, sizeof(resp));
     } else if (strcmp(cmd, "stat") == 0 && n == 2) {
       /* One of the target context's figures (hixl_ctx_stats). */
-      hixl_stat_t st[128];
-      size_t ns = sizeof(st) / sizeof(st[0]);
-      snprintf(resp, sizeof(resp), "bad: no figure %s", name);
-      if (hixl_ctx_stats(ts->ctx, NULL, st, &ns) == HIXL_OK)
-        for (size_t i = 0; i < ns && i < sizeof(st) / sizeof(st[0]); i++)
-          if (strcmp(st[i].name, name) == 0)
-            snprintf(resp, sizeof(resp), "ok %llu", (unsigned long long)st[i].value);
+      uint64_t v;
+      if (ctx_figure(ts->ctx, name, &v))
+        snprintf(resp, sizeof(resp), "ok %llu", (unsigned long long)v);
+      else
+        snprintf(resp, sizeof(resp), "bad: no figure %s", name);
     } else if (strcmp(cmd, "ping") == 0) {
       snprintf(resp, sizeof(resp), "ok");
     }
@@ -656,6 +690,20 @@ hixl_rmr_t *lookup(hixl_peer_t *peer, const char *name)
   hixl_rmr_t *rmr;
   EXPECT_OK(hixl_rmr_lookup(peer, name, 10000, &rmr));
   return rmr;
+}
+
+void session_open(session_t *s, int timeout_ms, int target_timeout_ms)
+{
+  s->ctx = test_ctx(timeout_ms, NULL);
+  target_start(&s->t, s->ctx, NULL, target_timeout_ms);
+  s->peer = connect_to(s->ctx, &s->t);
+}
+
+void session_close(session_t *s)
+{
+  hixl_disconnect(s->peer);
+  target_stop(&s->t);
+  hixl_ctx_destroy(s->ctx);
 }
 
 /* ------------------------------------------------------------ workers */

@@ -24,6 +24,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "cases.h"
+
 /* Regions every target has. */
 #define BIG_LEN ((size_t)72 << 20) /* alloc / reg: room for 64 MiB at odd offsets */
 #define SMALL_LEN ((size_t)1 << 20)
@@ -44,8 +46,16 @@ extern const char *g_transport; /* "self" or "shm" */
  * report through exit codes). */
 void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 
+/* A configuration for the test side: the defaults, listening where a test's
+ * contexts listen (HIXL_TEST_LISTEN across hosts, else 127.0.0.1:0). */
+void test_config(hixl_config_t *cfg);
 /* Context for the test side.  timeout_ms 0: the default. */
 hixl_ctx_t *test_ctx(int timeout_ms, const char *token);
+/* One of ctx's figures (hixl_ctx_stats) in *value; false when it has none
+ * of that name. */
+bool ctx_figure(hixl_ctx_t *ctx, const char *name, uint64_t *value);
+/* malloc that dies when there is no memory (n 0: one byte). */
+void *xmalloc(size_t n);
 
 /* Call first in main(): in an exec'd target process it serves and exits. */
 void harness_init(int argc, char **argv);
@@ -66,6 +76,18 @@ void target_stop(target_t *t);
 /* Connect to the target and look up a region (dies on failure). */
 hixl_peer_t *connect_to(hixl_ctx_t *ctx, const target_t *t);
 hixl_rmr_t *lookup(hixl_peer_t *peer, const char *name);
+
+/* How most cases start: a context of the test's (timeout_ms 0: the
+ * default), a target (target_timeout_ms for its own context, as for
+ * target_start) and one peer connected to it. */
+typedef struct session {
+  hixl_ctx_t *ctx;
+  target_t t;
+  hixl_peer_t *peer;
+} session_t;
+void session_open(session_t *s, int timeout_ms, int target_timeout_ms);
+/* Disconnect the peer, stop the target, destroy the context. */
+void session_close(session_t *s);
 
 /* Deterministic data and a fast hash (the target uses the same). */
 void fill_pattern(void *buf, size_t len, uint64_t seed);
@@ -88,5 +110,25 @@ int run_workers(int n, int (*fn)(void *arg, int index), void *arg);
           hixl_strerror(st__), hixl_strerror(expected), hixl_last_error());                        \
   } while (0)
 #define EXPECT_OK(call) EXPECT_ST(HIXL_OK, call)
+
+#ifdef cmocka_unit_test /* a program that includes cmocka.h first */
+/* main()'s dispatch for a program run as PROG TRANSPORT CASE (conformance,
+ * device), after harness_init: --list and --check (cases.h); else the case
+ * named, as a cmocka group named after the transport; any other command
+ * line gets the usage, naming the cases, and exit status 2. */
+static inline int harness_main(int argc, char **argv, const struct CMUnitTest *tests, size_t n)
+{
+  struct cases c = {tests, n, sizeof(*tests)};
+  cases_options(c, argc, argv);
+  if (argc != 3) {
+    fprintf(stderr, "usage: %s self|shm|fabric|verbs CASE; cases: ", argv[0]);
+    cases_print(stderr, c);
+    fprintf(stderr, "\n");
+    return 2;
+  }
+  g_transport = argv[1];
+  return cases_run_cmocka(argv[1], tests, n, argv[2], NULL, NULL);
+}
+#endif
 
 #endif

@@ -37,14 +37,6 @@
 
 static bool is_self(void) { return strcmp(g_transport, "self") == 0; }
 
-static void *xmalloc(size_t n)
-{
-  void *p = malloc(n);
-  if (p == NULL)
-    die("out of memory (%zu)", n);
-  return p;
-}
-
 /* ----------------------------------------------------------- put / get */
 
 static void put_get_region(hixl_ctx_t *ctx, target_t *t, hixl_peer_t *peer, const char *name,
@@ -91,15 +83,11 @@ static void put_get_region(hixl_ctx_t *ctx, target_t *t, hixl_peer_t *peer, cons
 static void test_put_get(void **state)
 {
   (void)state;
-  hixl_ctx_t *ctx = test_ctx(0, NULL);
-  target_t t;
-  target_start(&t, ctx, NULL, 0);
-  hixl_peer_t *peer = connect_to(ctx, &t);
-  put_get_region(ctx, &t, peer, "alloc", 1); /* mapped memfd */
-  put_get_region(ctx, &t, peer, "reg", 2);   /* any memory: CMA on shm */
-  hixl_disconnect(peer);
-  target_stop(&t);
-  hixl_ctx_destroy(ctx);
+  session_t s;
+  session_open(&s, 0, 0);
+  put_get_region(s.ctx, &s.t, s.peer, "alloc", 1); /* mapped memfd */
+  put_get_region(s.ctx, &s.t, s.peer, "reg", 2);   /* any memory: CMA on shm */
+  session_close(&s);
 }
 
 /* ------------------------------------------------------------- batches */
@@ -159,15 +147,11 @@ static void batch_region(target_t *t, hixl_peer_t *peer, const char *name, uint6
 static void test_batch(void **state)
 {
   (void)state;
-  hixl_ctx_t *ctx = test_ctx(0, NULL);
-  target_t t;
-  target_start(&t, ctx, NULL, 0);
-  hixl_peer_t *peer = connect_to(ctx, &t);
-  batch_region(&t, peer, "alloc", 11);
-  batch_region(&t, peer, "reg", 12);
-  hixl_disconnect(peer);
-  target_stop(&t);
-  hixl_ctx_destroy(ctx);
+  session_t s;
+  session_open(&s, 0, 0);
+  batch_region(&s.t, s.peer, "alloc", 11);
+  batch_region(&s.t, s.peer, "reg", 12);
+  session_close(&s);
 }
 
 /* ------------------------------------------------------- notifications */
@@ -176,35 +160,31 @@ static void test_notif_order(void **state)
 {
   (void)state;
   enum { COUNT = 100000 };
-  hixl_ctx_t *ctx = test_ctx(0, NULL);
-  target_t t;
-  target_start(&t, ctx, NULL, 0);
-  hixl_peer_t *peer = connect_to(ctx, &t);
-  hixl_rmr_t *rmr = lookup(peer, "alloc");
-  target_send(&t, "notif %d", COUNT); /* the target collects concurrently */
+  session_t s;
+  session_open(&s, 0, 0);
+  hixl_rmr_t *rmr = lookup(s.peer, "alloc");
+  target_send(&s.t, "notif %d", COUNT); /* the target collects concurrently */
   uint8_t buf[64];
   for (uint64_t i = 0; i < COUNT; i++) {
     size_t len = i % 61;
     memcpy(buf, &i, 8);
     hixl_status_t st =
-        len == 0 ? hixl_notify(peer, (uint32_t)i, 0, NULL)
-                 : hixl_put_imm(peer, buf, len, rmr, (i % 131072) * 64, (uint32_t)i, 0, NULL);
+        len == 0 ? hixl_notify(s.peer, (uint32_t)i, 0, NULL)
+                 : hixl_put_imm(s.peer, buf, len, rmr, (i % 131072) * 64, (uint32_t)i, 0, NULL);
     if (st != HIXL_OK) {
       char why[512];
       snprintf(why, sizeof(why), "%s", hixl_last_error());
       char resp[256] = "";
-      target_reply(&t, resp, sizeof(resp)); /* what the target saw */
+      target_reply(&s.t, resp, sizeof(resp)); /* what the target saw */
       fail_msg("notification %llu: %s (%s); target: %s", (unsigned long long)i, hixl_strerror(st),
                why, resp);
     }
   }
   char resp[256];
-  if (!target_reply(&t, resp, sizeof(resp)) || strcmp(resp, "ok 100000") != 0)
+  if (!target_reply(&s.t, resp, sizeof(resp)) || strcmp(resp, "ok 100000") != 0)
     fail_msg("target: %s", resp);
   hixl_rmr_release(rmr);
-  hixl_disconnect(peer);
-  target_stop(&t);
-  hixl_ctx_destroy(ctx);
+  session_close(&s);
 }
 
 /* ------------------------------------------------------------- atomics */
@@ -346,37 +326,33 @@ static void test_cas_lock(void **state)
 static void test_fence(void **state)
 {
   (void)state;
-  hixl_ctx_t *ctx = test_ctx(0, NULL);
-  target_t t;
-  target_start(&t, ctx, NULL, 0);
-  hixl_peer_t *peer = connect_to(ctx, &t);
-  hixl_rmr_t *ctr = lookup(peer, "ctr_reg"), *big = lookup(peer, "reg");
-  assert_true(target_cmd(&t, NULL, 0, "zero ctr_reg"));
+  session_t s;
+  session_open(&s, 0, 0);
+  hixl_rmr_t *ctr = lookup(s.peer, "ctr_reg"), *big = lookup(s.peer, "reg");
+  assert_true(target_cmd(&s.t, NULL, 0, "zero ctr_reg"));
   /* Without requests, only the fence says these have executed; on shm they
    * complete asynchronously (the owner runs them). */
   for (int i = 0; i < 2000; i++)
-    EXPECT_OK(hixl_atomic_faa(peer, ctr, 16, 3, NULL, 0, NULL));
+    EXPECT_OK(hixl_atomic_faa(s.peer, ctr, 16, 3, NULL, 0, NULL));
   size_t len = 8 << 20;
   uint8_t *buf = xmalloc(len);
   fill_pattern(buf, len, 99);
-  EXPECT_OK(hixl_put(peer, buf, len, big, 1, 0, NULL));
-  EXPECT_OK(hixl_fence(ctx, peer, 30000));
+  EXPECT_OK(hixl_put(s.peer, buf, len, big, 1, 0, NULL));
+  EXPECT_OK(hixl_fence(s.ctx, s.peer, 30000));
   char resp[64];
-  assert_true(target_cmd(&t, resp, sizeof(resp), "read64 ctr_reg 16"));
+  assert_true(target_cmd(&s.t, resp, sizeof(resp), "read64 ctr_reg 16"));
   assert_string_equal(resp, "ok 6000");
-  assert_int_equal(target_hash(&t, "reg", 1, len), hash_bytes(buf, len));
+  assert_int_equal(target_hash(&s.t, "reg", 1, len), hash_bytes(buf, len));
   /* A fence over all peers, and one with nothing outstanding, succeed. */
-  EXPECT_OK(hixl_atomic_faa(peer, ctr, 16, 1, NULL, 0, NULL));
-  EXPECT_OK(hixl_fence(ctx, NULL, 30000));
-  assert_true(target_cmd(&t, resp, sizeof(resp), "read64 ctr_reg 16"));
+  EXPECT_OK(hixl_atomic_faa(s.peer, ctr, 16, 1, NULL, 0, NULL));
+  EXPECT_OK(hixl_fence(s.ctx, NULL, 30000));
+  assert_true(target_cmd(&s.t, resp, sizeof(resp), "read64 ctr_reg 16"));
   assert_string_equal(resp, "ok 6001");
-  EXPECT_OK(hixl_fence(ctx, peer, 0));
+  EXPECT_OK(hixl_fence(s.ctx, s.peer, 0));
   free(buf);
   hixl_rmr_release(ctr);
   hixl_rmr_release(big);
-  hixl_disconnect(peer);
-  target_stop(&t);
-  hixl_ctx_destroy(ctx);
+  session_close(&s);
 }
 
 /* ------------------------------------------------------ connect churn */
@@ -572,13 +548,10 @@ static void ew_steps(hixl_ctx_t *ctx, hixl_world_t *w, hixl_rmr_t *ps, int rank,
 /* hixl_ctx_stats' peer_records: the peer handles ctx holds. */
 static uint64_t ew_records(hixl_ctx_t *ctx)
 {
-  hixl_stat_t s[128];
-  size_t n = sizeof(s) / sizeof(s[0]);
-  EXPECT_OK(hixl_ctx_stats(ctx, NULL, s, &n));
-  for (size_t i = 0; i < n && i < sizeof(s) / sizeof(s[0]); i++)
-    if (strcmp(s[i].name, "peer_records") == 0)
-      return s[i].value;
-  die("hixl_ctx_stats has no figure peer_records");
+  uint64_t v;
+  if (!ctx_figure(ctx, "peer_records", &v))
+    die("hixl_ctx_stats has no figure peer_records");
+  return v;
 }
 
 static int ew_rank(void *arg, int rank)
@@ -1418,14 +1391,10 @@ static void put_check(hixl_ctx_t *ctx, target_t *t, hixl_peer_t *peer, hixl_rmr_
 /* One of a context's figures (hixl_ctx_stats); fails when it is absent. */
 static uint64_t ctx_stat(hixl_ctx_t *ctx, const char *name)
 {
-  hixl_stat_t s[128];
-  size_t n = sizeof(s) / sizeof(s[0]);
-  EXPECT_OK(hixl_ctx_stats(ctx, NULL, s, &n));
-  for (size_t i = 0; i < n && i < sizeof(s) / sizeof(s[0]); i++)
-    if (strcmp(s[i].name, name) == 0)
-      return s[i].value;
-  fail_msg("hixl_ctx_stats has no figure %s", name);
-  return 0;
+  uint64_t v = 0;
+  if (!ctx_figure(ctx, name, &v))
+    fail_msg("hixl_ctx_stats has no figure %s", name);
+  return v;
 }
 
 /* A local buffer unmapped and mapped again at the same address (what free
@@ -1442,40 +1411,38 @@ static void test_remap(void **state)
   /* Room for one buffer and a half: a second one evicts the first.  Set
    * before the connect, which is when verbs is set up (lazily). */
   setenv("HIXL_VERBS_RCACHE_MAX", "6291456", 1); /* bytes */
-  hixl_ctx_t *ctx = test_ctx(0, NULL);
-  target_t t;
-  target_start(&t, ctx, NULL, 0);
-  hixl_peer_t *peer = connect_to(ctx, &t);
+  session_t s;
+  session_open(&s, 0, 0);
   unsetenv("HIXL_VERBS_RCACHE_MAX");
-  hixl_rmr_t *rmr = lookup(peer, "alloc");
-  uint64_t hits0 = ctx_stat(ctx, "rcache_hits"), miss0 = ctx_stat(ctx, "rcache_misses");
-  uint64_t inval0 = ctx_stat(ctx, "rcache_invalidations");
+  hixl_rmr_t *rmr = lookup(s.peer, "alloc");
+  uint64_t hits0 = ctx_stat(s.ctx, "rcache_hits"), miss0 = ctx_stat(s.ctx, "rcache_misses");
+  uint64_t inval0 = ctx_stat(s.ctx, "rcache_invalidations");
   const int prot = PROT_READ | PROT_WRITE, anon = MAP_PRIVATE | MAP_ANONYMOUS;
   for (int round = 0; round < 3; round++) {
     uint8_t *buf = mmap(NULL, LEN, prot, anon, -1, 0);
     assert_true(buf != MAP_FAILED);
     fill_pattern(buf, LEN, 500 + round);
-    put_check(ctx, &t, peer, rmr, buf, LEN, "first put");
-    put_check(ctx, &t, peer, rmr, buf, LEN, "same buffer again");
+    put_check(s.ctx, &s.t, s.peer, rmr, buf, LEN, "first put");
+    put_check(s.ctx, &s.t, s.peer, rmr, buf, LEN, "same buffer again");
     /* munmap, then a new mapping at the very same address. */
     assert_int_equal(munmap(buf, LEN), 0);
     uint8_t *again = mmap(buf, LEN, prot, anon | MAP_FIXED_NOREPLACE, -1, 0);
     assert_true(again == buf);
     fill_pattern(buf, LEN, 600 + round);
-    put_check(ctx, &t, peer, rmr, buf, LEN, "after munmap + mmap");
+    put_check(s.ctx, &s.t, s.peer, rmr, buf, LEN, "after munmap + mmap");
     /* MAP_FIXED straight over the live mapping. */
     assert_true(mmap(buf, LEN, prot, anon | MAP_FIXED, -1, 0) == buf);
     fill_pattern(buf, LEN, 700 + round);
-    put_check(ctx, &t, peer, rmr, buf, LEN, "after MAP_FIXED over it");
+    put_check(s.ctx, &s.t, s.peer, rmr, buf, LEN, "after MAP_FIXED over it");
     /* madvise(DONTNEED): the pages are dropped and come back as new ones. */
     assert_int_equal(madvise(buf, LEN, MADV_DONTNEED), 0);
     fill_pattern(buf, LEN, 800 + round);
-    put_check(ctx, &t, peer, rmr, buf, LEN, "after MADV_DONTNEED");
+    put_check(s.ctx, &s.t, s.peer, rmr, buf, LEN, "after MADV_DONTNEED");
     /* A get into a remapped buffer lands in the new pages. */
     assert_int_equal(munmap(buf, LEN), 0);
     assert_true(mmap(buf, LEN, prot, anon | MAP_FIXED_NOREPLACE, -1, 0) == buf);
-    EXPECT_OK(hixl_get(peer, buf, LEN, rmr, 0, 0, NULL));
-    EXPECT_OK(hixl_fence(ctx, peer, 30000));
+    EXPECT_OK(hixl_get(s.peer, buf, LEN, rmr, 0, 0, NULL));
+    EXPECT_OK(hixl_fence(s.ctx, s.peer, 30000));
     uint8_t *want = xmalloc(LEN);
     fill_pattern(want, LEN, 800 + round);
     if (memcmp(buf, want, LEN) != 0)
@@ -1483,20 +1450,20 @@ static void test_remap(void **state)
     free(want);
     munmap(buf, LEN);
   }
-  uint64_t hits = ctx_stat(ctx, "rcache_hits") - hits0,
-           miss = ctx_stat(ctx, "rcache_misses") - miss0;
-  uint64_t inval = ctx_stat(ctx, "rcache_invalidations") - inval0;
+  uint64_t hits = ctx_stat(s.ctx, "rcache_hits") - hits0,
+           miss = ctx_stat(s.ctx, "rcache_misses") - miss0;
+  uint64_t inval = ctx_stat(s.ctx, "rcache_invalidations") - inval0;
   /* Two buffers of LEN alternately, under a limit that holds one: each put
    * evicts the other's entry, and the data is still right. */
   uint8_t *a = mmap(NULL, LEN, prot, anon, -1, 0), *b = mmap(NULL, LEN, prot, anon, -1, 0);
   assert_true(a != MAP_FAILED && b != MAP_FAILED);
   fill_pattern(a, LEN, 900);
   fill_pattern(b, LEN, 901);
-  uint64_t evict0 = ctx_stat(ctx, "rcache_evictions");
+  uint64_t evict0 = ctx_stat(s.ctx, "rcache_evictions");
   for (int i = 0; i < 4; i++)
-    put_check(ctx, &t, peer, rmr, i % 2 ? b : a, LEN, "two buffers over a small cache");
-  uint64_t evict = ctx_stat(ctx, "rcache_evictions") - evict0;
-  uint64_t pinned = ctx_stat(ctx, "pinned_bytes");
+    put_check(s.ctx, &s.t, s.peer, rmr, i % 2 ? b : a, LEN, "two buffers over a small cache");
+  uint64_t evict = ctx_stat(s.ctx, "rcache_evictions") - evict0;
+  uint64_t pinned = ctx_stat(s.ctx, "pinned_bytes");
   munmap(a, LEN);
   munmap(b, LEN);
   if (verbs) {
@@ -1518,9 +1485,7 @@ static void test_remap(void **state)
              g_transport, hits, miss, inval, evict, pinned);
   }
   hixl_rmr_release(rmr);
-  hixl_disconnect(peer);
-  target_stop(&t);
-  hixl_ctx_destroy(ctx);
+  session_close(&s);
 }
 
 /* Drop CAP_IPC_LOCK from this thread's effective set (it stays permitted).
@@ -1549,13 +1514,11 @@ static void memlock_child(void)
   (void)setrlimit(RLIMIT_MEMLOCK, &inf);
   if (!drop_ipc_lock())
     fail_msg("capset: %s", strerror(errno));
-  hixl_ctx_t *ctx = test_ctx(0, NULL);
-  target_t t;
-  target_start(&t, ctx, NULL, 0);
   /* Verbs is set up at first need, the connect: its own buffers are pinned
    * before the limit is lowered (their own failure is reported the same way). */
-  hixl_peer_t *peer = connect_to(ctx, &t);
-  hixl_rmr_t *rmr = lookup(peer, "alloc");
+  session_t s;
+  session_open(&s, 0, 0);
+  hixl_rmr_t *rmr = lookup(s.peer, "alloc");
   uint8_t *big = mmap(NULL, BIG, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   assert_true(big != MAP_FAILED);
   fill_pattern(big, BIG, 41);
@@ -1565,7 +1528,7 @@ static void memlock_child(void)
   low.rlim_cur = old.rlim_max < (rlim_t)LIMIT ? old.rlim_max : (rlim_t)LIMIT;
   assert_int_equal(setrlimit(RLIMIT_MEMLOCK, &low), 0);
   hixl_mr_t *mr = NULL;
-  hixl_status_t st = hixl_mr_reg(ctx, big, BIG, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &mr);
+  hixl_status_t st = hixl_mr_reg(s.ctx, big, BIG, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &mr);
   char msg[1024];
   snprintf(msg, sizeof(msg), "%s", hixl_last_error());
   /* Raising the soft limit back up to the hard one needs no privilege. */
@@ -1595,13 +1558,13 @@ static void memlock_child(void)
     print_message("memlock: %s\n", msg);
     /* Nothing changed: data still moves, and with the limit back the same
      * registration works (the limit was the cause). */
-    put_check(ctx, &t, peer, rmr, big, 1 << 20, "after a refused registration");
+    put_check(s.ctx, &s.t, s.peer, rmr, big, 1 << 20, "after a refused registration");
     if (old.rlim_cur != RLIM_INFINITY && old.rlim_cur < (rlim_t)BIG * 2) {
       print_message("memlock: the hard limit is %llu KiB: registering again with it raised "
                     "not checked\n",
                     (unsigned long long)old.rlim_max / 1024);
       mr = NULL;
-    } else if ((st = hixl_mr_reg(ctx, big, BIG, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &mr)) !=
+    } else if ((st = hixl_mr_reg(s.ctx, big, BIG, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &mr)) !=
                HIXL_OK) {
       fail_msg("64 MiB with the limit raised: %s: %s", hixl_strerror(st), hixl_last_error());
     }
@@ -1618,7 +1581,7 @@ static void memlock_child(void)
     low.rlim_cur = 16 << 10;
     assert_int_equal(setrlimit(RLIMIT_MEMLOCK, &low), 0);
     hixl_peer_t *p2 = NULL;
-    st = hixl_connect(c2, t.addr, 10000, &p2);
+    st = hixl_connect(c2, s.t.addr, 10000, &p2);
     snprintf(msg, sizeof(msg), "%s", hixl_last_error());
     assert_int_equal(setrlimit(RLIMIT_MEMLOCK, &old), 0);
     if (st == HIXL_OK)
@@ -1631,9 +1594,7 @@ static void memlock_child(void)
   }
   munmap(big, BIG);
   hixl_rmr_release(rmr);
-  hixl_disconnect(peer);
-  target_stop(&t);
-  hixl_ctx_destroy(ctx);
+  session_close(&s);
 }
 
 /* Registration past RLIMIT_MEMLOCK (the usual cause of ibv_reg_mr's
@@ -1667,12 +1628,10 @@ static void test_flood(void **state)
 {
   (void)state;
   enum { N = 3000, BLK = 16384, SEED = 31 };
-  hixl_ctx_t *ctx = test_ctx(0, NULL);
-  target_t t;
-  target_start(&t, ctx, NULL, 0);
-  hixl_peer_t *peer = connect_to(ctx, &t);
-  hixl_rmr_t *rmr = lookup(peer, "alloc");
-  assert_true(target_cmd(&t, NULL, 0, "fill alloc %d", SEED));
+  session_t s;
+  session_open(&s, 0, 0);
+  hixl_rmr_t *rmr = lookup(s.peer, "alloc");
+  assert_true(target_cmd(&s.t, NULL, 0, "fill alloc %d", SEED));
   size_t span = (size_t)N * BLK;
   uint8_t *image = xmalloc(span); /* the target's initial contents */
   fill_pattern(image, span, SEED);
@@ -1680,14 +1639,14 @@ static void test_flood(void **state)
   fill_pattern(plain, span, 1);
   fill_pattern(regd, span, 2);
   hixl_mr_t *mr;
-  EXPECT_OK(hixl_mr_reg(ctx, regd, span, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &mr));
+  EXPECT_OK(hixl_mr_reg(s.ctx, regd, span, HIXL_ACCESS_READ | HIXL_ACCESS_WRITE, &mr));
   static hixl_req_t *reqs[N];
   for (int i = 0; i < N; i++) {
     size_t off = (size_t)i * BLK;
     size_t len = i % 4 == 0 ? 1 + (size_t)i % 200 : BLK - (size_t)i % 512;
     uint8_t *local = (i % 8 < 4 ? plain : regd) + off;
-    hixl_status_t st = i % 3 == 2 ? hixl_get(peer, local, len, rmr, off, 0, &reqs[i])
-                                  : hixl_put(peer, local, len, rmr, off, 0, &reqs[i]);
+    hixl_status_t st = i % 3 == 2 ? hixl_get(s.peer, local, len, rmr, off, 0, &reqs[i])
+                                  : hixl_put(s.peer, local, len, rmr, off, 0, &reqs[i]);
     if (st != HIXL_OK)
       fail_msg("op %d: %s (%s)", i, hixl_strerror(st), hixl_last_error());
   }
@@ -1703,7 +1662,7 @@ static void test_flood(void **state)
       if (memcmp(local, image + off, len) != 0)
         fail_msg("get %d (%zu bytes) brought the wrong bytes", i, len);
     } else if (i % 97 == 0 || i == N - 1) { /* a sample: each hash is a round trip */
-      if (target_hash(&t, "alloc", off, len) != hash_bytes(local, len))
+      if (target_hash(&s.t, "alloc", off, len) != hash_bytes(local, len))
         fail_msg("put %d (%zu bytes) did not land", i, len);
     }
   }
@@ -1715,15 +1674,13 @@ static void test_flood(void **state)
     if (i % 3 != 2)
       memcpy(image + off, (i % 8 < 4 ? plain : regd) + off, len);
   }
-  assert_int_equal(target_hash(&t, "alloc", 0, span), hash_bytes(image, span));
+  assert_int_equal(target_hash(&s.t, "alloc", 0, span), hash_bytes(image, span));
   EXPECT_OK(hixl_mr_dereg(mr));
   free(image);
   free(plain);
   free(regd);
   hixl_rmr_release(rmr);
-  hixl_disconnect(peer);
-  target_stop(&t);
-  hixl_ctx_destroy(ctx);
+  session_close(&s);
 }
 
 /* --------------------------------------------------------- transport choice */
@@ -1743,9 +1700,7 @@ static void test_choice(void **state)
   static const char *const lists[] = {"shm", "shm,fabric", "fabric,shm"};
   for (size_t i = 0; i < 3; i++) {
     hixl_config_t cfg;
-    hixl_config_init(&cfg);
-    const char *listen = getenv("HIXL_TEST_LISTEN");
-    cfg.listen = listen && *listen ? listen : "127.0.0.1:0";
+    test_config(&cfg);
     cfg.transports = lists[i];
     hixl_ctx_t *ctx;
     EXPECT_OK(hixl_ctx_create(&cfg, &ctx));
@@ -1817,17 +1772,15 @@ static void stop_process(pid_t pid)
 static void test_sleep(void **state)
 {
   (void)state;
-  hixl_ctx_t *ctx = test_ctx(0, NULL);
-  target_t t;
-  target_start(&t, ctx, NULL, 0);
-  hixl_peer_t *peer = connect_to(ctx, &t);
-  hixl_rmr_t *rmr = lookup(peer, "alloc");
-  EXPECT_OK(hixl_fence(ctx, peer, 10000));
-  target_send(&t, "sleepwait 30000");
+  session_t s;
+  session_open(&s, 0, 0);
+  hixl_rmr_t *rmr = lookup(s.peer, "alloc");
+  EXPECT_OK(hixl_fence(s.ctx, s.peer, 10000));
+  target_send(&s.t, "sleepwait 30000");
   usleep(1500000); /* the target sleeps in its wait meanwhile */
-  EXPECT_OK(hixl_notify(peer, 77, 0, NULL));
+  EXPECT_OK(hixl_notify(s.peer, 77, 0, NULL));
   char resp[256];
-  if (!target_reply(&t, resp, sizeof(resp)))
+  if (!target_reply(&s.t, resp, sizeof(resp)))
     fail_msg("the waiter did not wake: %s", resp);
   unsigned imm = 0;
   long long cpu = -1, wall = 0;
@@ -1841,19 +1794,19 @@ static void test_sleep(void **state)
 
   if (!is_self() && strcmp(g_transport, "verbs") != 0) {
     bool shm = strcmp(g_transport, "shm") == 0;
-    hixl_rmr_t *ctr = lookup(peer, "ctr_reg");
+    hixl_rmr_t *ctr = lookup(s.peer, "ctr_reg");
     uint64_t old = 99;
     uint8_t buf[4096];
     hixl_req_t *req = NULL;
-    stop_process(t.pid);
+    stop_process(s.t.pid);
     if (shm)
-      EXPECT_OK(hixl_atomic_faa(peer, ctr, 0, 1, &old, 0, &req));
+      EXPECT_OK(hixl_atomic_faa(s.peer, ctr, 0, 1, &old, 0, &req));
     else
-      EXPECT_OK(hixl_get(peer, buf, sizeof(buf), rmr, 4096, 0, &req));
+      EXPECT_OK(hixl_get(s.peer, buf, sizeof(buf), rmr, 4096, 0, &req));
     long long c0 = cpu_us(), w0 = wall_us();
     hixl_status_t st = hixl_req_wait(req, 1500);
     long long c1 = cpu_us(), w1 = wall_us();
-    kill(t.pid, SIGCONT);
+    kill(s.t.pid, SIGCONT);
     if (st != HIXL_ERR_TIMEOUT)
       fail_msg("an operation to a stopped target: %s, expected TIMEOUT", hixl_strerror(st));
     printf("# req_wait for %lld us: %lld us of CPU (whole process)\n", w1 - w0, c1 - c0);
@@ -1863,14 +1816,12 @@ static void test_sleep(void **state)
     hixl_req_free(req);
     if (shm && old != 0)
       fail_msg("the atomic returned %llu, expected 0", (unsigned long long)old);
-    if (!shm && hash_bytes(buf, sizeof(buf)) != target_hash(&t, "alloc", 4096, sizeof(buf)))
+    if (!shm && hash_bytes(buf, sizeof(buf)) != target_hash(&s.t, "alloc", 4096, sizeof(buf)))
       fail_msg("the get returned other bytes than the target holds");
     hixl_rmr_release(ctr);
   }
   hixl_rmr_release(rmr);
-  hixl_disconnect(peer);
-  target_stop(&t);
-  hixl_ctx_destroy(ctx);
+  session_close(&s);
 }
 
 /* The adaptive budget (docs/waiting.md) learns from wake-ups that carry no
@@ -1915,15 +1866,13 @@ static void test_wait_budget(void **state)
   (void)state;
   if (is_self() || strcmp(g_transport, "shm") == 0)
     fail_msg("wait_budget is for transports that wake a waiter by a descriptor");
-  hixl_ctx_t *ctx = test_ctx(0, NULL);
-  target_t t;
-  target_start(&t, ctx, NULL, 0);
-  hixl_peer_t *peer = connect_to(ctx, &t);
-  uint64_t start = ctx_stat(ctx, "wait_budget_ns");
-  uint64_t top = echo_rounds(ctx, peer, &t, ECHO_ROUNDS, 0);
-  uint64_t high = ctx_stat(ctx, "wait_budget_ns");
-  echo_rounds(ctx, peer, &t, SLOW_ROUNDS, 2000);
-  uint64_t end = ctx_stat(ctx, "wait_budget_ns");
+  session_t s;
+  session_open(&s, 0, 0);
+  uint64_t start = ctx_stat(s.ctx, "wait_budget_ns");
+  uint64_t top = echo_rounds(s.ctx, s.peer, &s.t, ECHO_ROUNDS, 0);
+  uint64_t high = ctx_stat(s.ctx, "wait_budget_ns");
+  echo_rounds(s.ctx, s.peer, &s.t, SLOW_ROUNDS, 2000);
+  uint64_t end = ctx_stat(s.ctx, "wait_budget_ns");
   printf("# wait budget %.1f us at the start, at most %.1f us over %u round trips (%.1f at "
          "their end), %.1f after %u replies 2 ms late\n",
          start / 1e3, top / 1e3, ECHO_ROUNDS, high / 1e3, end / 1e3, SLOW_ROUNDS);
@@ -1943,9 +1892,7 @@ static void test_wait_budget(void **state)
     fail_msg("late replies did not bring the budget back toward its start: %.1f us after "
              "them, %.1f before",
              end / 1e3, high / 1e3);
-  hixl_disconnect(peer);
-  target_stop(&t);
-  hixl_ctx_destroy(ctx);
+  session_close(&s);
 }
 
 /* A target asleep in hixl_notif_wait while its peers come and go: each
@@ -2027,13 +1974,5 @@ int main(int argc, char **argv)
       cmocka_unit_test(test_memlock),       cmocka_unit_test(test_wait_budget),
       cmocka_unit_test(test_pin_budget),    cmocka_unit_test(test_qp_rate),
   };
-  cases_options(CASES(tests), argc, argv);
-  if (argc != 3) {
-    fprintf(stderr, "usage: %s self|shm|fabric|verbs CASE; cases: ", argv[0]);
-    cases_print(stderr, CASES(tests));
-    fprintf(stderr, "\n");
-    return 2;
-  }
-  g_transport = argv[1];
-  return cases_run_cmocka(argv[1], tests, sizeof(tests) / sizeof(tests[0]), argv[2], NULL, NULL);
+  return harness_main(argc, argv, tests, sizeof(tests) / sizeof(tests[0]));
 }

@@ -97,37 +97,21 @@ static void lbuf_get(const lbuf_t *b, void *dst, size_t len)
   EXPECT_OK(hixl_mem_copy(dst, b->p, len));
 }
 
-static void *xmalloc(size_t n)
-{
-  void *p = malloc(n ? n : 1);
-  if (p == NULL)
-    die("out of memory (%zu)", n);
-  return p;
-}
-
 /* ----------------------------------------------------------- fixture */
 
-typedef struct fixture {
-  hixl_ctx_t *ctx;
-  target_t t;
-  hixl_peer_t *peer;
-} fixture_t;
-
-static void setup(fixture_t *f)
+/* A session (tests/common/harness.h) whose target has the device regions,
+ * and the other context. */
+static void setup(session_t *f)
 {
   setenv("HIXL_TEST_DEVICE_REGIONS", "1", 1);
-  f->ctx = test_ctx(0, NULL);
+  session_open(f, 0, 0);
   g_other = test_ctx(0, NULL);
-  target_start(&f->t, f->ctx, NULL, 0);
-  f->peer = connect_to(f->ctx, &f->t);
 }
 
-static void teardown(fixture_t *f)
+static void teardown(session_t *f)
 {
-  hixl_disconnect(f->peer);
-  target_stop(&f->t);
+  session_close(f);
   hixl_ctx_destroy(g_other);
-  hixl_ctx_destroy(f->ctx);
 }
 
 /* Whether the remote region can be reached from here: device regions over
@@ -142,7 +126,7 @@ static bool remote_reachable(const char *region)
 /* One put then one get of len bytes at off between a local buffer of kind
  * and region: the eight direction pairs are the four (local, remote) kind
  * pairs, each way. */
-static void xfer_check(fixture_t *f, hixl_rmr_t *rmr, const char *region, int kind, size_t len,
+static void xfer_check(session_t *f, hixl_rmr_t *rmr, const char *region, int kind, size_t len,
                        uint64_t off, uint64_t seed)
 {
   lbuf_t src, dst;
@@ -173,7 +157,7 @@ static void xfer_check(fixture_t *f, hixl_rmr_t *rmr, const char *region, int ki
 static void test_dirs(void **state)
 {
   (void)state;
-  fixture_t f;
+  session_t f;
   setup(&f);
   static const char *const regions[] = {"alloc", "reg", "dev", "dev_reg"};
   /* 1 B to 64 MiB; the odd sizes cross every piece boundary (64 KiB bounce
@@ -213,7 +197,7 @@ static void test_dirs(void **state)
 static void test_batch(void **state)
 {
   (void)state;
-  fixture_t f;
+  session_t f;
   setup(&f);
   const char *names[4] = {"alloc", "reg", "dev", "dev_reg"};
   hixl_rmr_t *rmrs[4];
@@ -278,7 +262,7 @@ static void test_batch(void **state)
 static void test_notif(void **state)
 {
   (void)state;
-  fixture_t f;
+  session_t f;
   setup(&f);
   const char *region = remote_reachable("dev") ? "dev" : "alloc";
   hixl_rmr_t *rmr = lookup(f.peer, region);
@@ -321,7 +305,7 @@ static uint64_t read64(target_t *t, const char *region, uint64_t off)
 static void test_atomic(void **state)
 {
   (void)state;
-  fixture_t f;
+  session_t f;
   setup(&f);
   /* Host counters keep working beside device memory. */
   hixl_rmr_t *ctr = lookup(f.peer, "ctr");
@@ -370,7 +354,7 @@ static void test_atomic(void **state)
 static void test_badinput(void **state)
 {
   (void)state;
-  fixture_t f;
+  session_t f;
   setup(&f);
   hixl_ctx_t *ctx = f.ctx;
   hixl_mr_t *mr = NULL;
@@ -484,13 +468,5 @@ int main(int argc, char **argv)
       cmocka_unit_test(test_dirs),   cmocka_unit_test(test_batch),    cmocka_unit_test(test_notif),
       cmocka_unit_test(test_atomic), cmocka_unit_test(test_badinput), cmocka_unit_test(test_absent),
   };
-  cases_options(CASES(tests), argc, argv);
-  if (argc != 3) {
-    fprintf(stderr, "usage: %s self|shm|fabric|verbs CASE; cases: ", argv[0]);
-    cases_print(stderr, CASES(tests));
-    fprintf(stderr, "\n");
-    return 2;
-  }
-  g_transport = argv[1];
-  return cases_run_cmocka(argv[1], tests, sizeof(tests) / sizeof(tests[0]), argv[2], NULL, NULL);
+  return harness_main(argc, argv, tests, sizeof(tests) / sizeof(tests[0]));
 }

@@ -15,23 +15,18 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "cases.h"
 #include "harness.h"
+#include "usage.h"
 
 #define TIMEOUT_MS 2000
 /* Scheduling slack on a loaded 2-core CI machine: a correctness bound (the
  * peer must be noticed, not hang), not a performance assertion. */
 #define SLACK_MS 3000
 
-static double now_ms(void)
-{
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
+static double now_ms(void) { return wall_us() / 1e3; }
 
 /* The context still serves a fresh peer after losing one. */
 static void still_serves(hixl_ctx_t *ctx)
@@ -76,33 +71,29 @@ static double stream_until_lost(hixl_peer_t *peer, hixl_rmr_t *rmr, target_t *t,
 
 static void kill_during_puts(const char *region)
 {
-  hixl_ctx_t *ctx = test_ctx(TIMEOUT_MS, NULL);
-  target_t t;
-  target_start(&t, ctx, NULL, TIMEOUT_MS);
-  hixl_peer_t *peer = connect_to(ctx, &t);
-  hixl_rmr_t *rmr = lookup(peer, region);
-  double ms = stream_until_lost(peer, rmr, &t, SIGKILL);
+  session_t s;
+  session_open(&s, TIMEOUT_MS, TIMEOUT_MS);
+  hixl_rmr_t *rmr = lookup(s.peer, region);
+  double ms = stream_until_lost(s.peer, rmr, &s.t, SIGKILL);
   printf("# %s: PEER_LOST %.1f ms after kill -9\n", region, ms);
   /* Everything after that fails the same way, promptly. */
   uint64_t v = 0;
-  hixl_status_t gst = hixl_get(peer, &v, 8, rmr, 0, 0, NULL);
+  hixl_status_t gst = hixl_get(s.peer, &v, 8, rmr, 0, 0, NULL);
   if (gst != HIXL_ERR_PEER_LOST)
     fail_msg("get after loss: %s (%s)", hixl_strerror(gst), hixl_last_error());
-  assert_int_equal(hixl_notify(peer, 1, 0, NULL), HIXL_ERR_PEER_LOST);
+  assert_int_equal(hixl_notify(s.peer, 1, 0, NULL), HIXL_ERR_PEER_LOST);
   /* Every later PEER_LOST says why the peer was lost, not only that it is. */
   if (strstr(hixl_last_error(), " is lost (") == NULL)
     fail_msg("no reason in: %s", hixl_last_error());
-  assert_int_equal(hixl_fence(ctx, peer, TIMEOUT_MS), HIXL_ERR_PEER_LOST);
+  assert_int_equal(hixl_fence(s.ctx, s.peer, TIMEOUT_MS), HIXL_ERR_PEER_LOST);
   if (strstr(hixl_last_error(), " is lost (") == NULL)
     fail_msg("no reason in: %s", hixl_last_error());
-  assert_int_equal(hixl_fence(ctx, NULL, TIMEOUT_MS), HIXL_ERR_PEER_LOST);
+  assert_int_equal(hixl_fence(s.ctx, NULL, TIMEOUT_MS), HIXL_ERR_PEER_LOST);
   hixl_rmr_t *r2;
-  assert_int_equal(hixl_rmr_lookup(peer, "alloc", 100, &r2), HIXL_ERR_PEER_LOST);
-  still_serves(ctx);
+  assert_int_equal(hixl_rmr_lookup(s.peer, "alloc", 100, &r2), HIXL_ERR_PEER_LOST);
+  still_serves(s.ctx);
   hixl_rmr_release(rmr);
-  hixl_disconnect(peer);
-  target_stop(&t);
-  hixl_ctx_destroy(ctx);
+  session_close(&s);
 }
 
 static void test_kill_mapped(void **state)
@@ -132,26 +123,22 @@ static void test_lost_peer_released(void **state)
   /* A lost peer's mappings (its notification rings, its region table, its
    * regions) are released after the grace period even if the application
    * never disconnects it; the handle keeps answering PEER_LOST. */
-  hixl_ctx_t *ctx = test_ctx(TIMEOUT_MS, NULL);
-  target_t t;
-  target_start(&t, ctx, NULL, TIMEOUT_MS);
-  hixl_peer_t *peer = connect_to(ctx, &t);
-  hixl_rmr_t *rmr = lookup(peer, "alloc");
+  session_t s;
+  session_open(&s, TIMEOUT_MS, TIMEOUT_MS);
+  hixl_rmr_t *rmr = lookup(s.peer, "alloc");
   int rings = count_maps("hixl-inbox"), mem = count_maps("hixl-mem");
   assert_int_equal(rings, 2); /* ours for them, theirs for us */
   assert_true(mem >= 1);
-  kill(t.pid, SIGKILL);
+  kill(s.t.pid, SIGKILL);
   double t0 = now_ms();
   while (count_maps("hixl-inbox") > 0 && now_ms() - t0 < 2.0 * TIMEOUT_MS + 1000 + SLACK_MS)
     usleep(50000);
   assert_int_equal(count_maps("hixl-inbox"), 0);
   assert_int_equal(count_maps("hixl-mem"), mem - 1);
   uint8_t b[8] = {0};
-  assert_int_equal(hixl_put(peer, b, 8, rmr, 0, 0, NULL), HIXL_ERR_PEER_LOST);
+  assert_int_equal(hixl_put(s.peer, b, 8, rmr, 0, 0, NULL), HIXL_ERR_PEER_LOST);
   hixl_rmr_release(rmr);
-  hixl_disconnect(peer);
-  target_stop(&t);
-  hixl_ctx_destroy(ctx);
+  session_close(&s);
 }
 
 static void test_kill_cma(void **state)
@@ -165,54 +152,48 @@ static void test_kill_cma(void **state)
 static void test_frozen_peer_heartbeat(void **state)
 {
   (void)state;
-  hixl_ctx_t *ctx = test_ctx(TIMEOUT_MS, NULL);
-  target_t t;
-  target_start(&t, ctx, NULL, TIMEOUT_MS);
-  hixl_peer_t *peer = connect_to(ctx, &t);
-  hixl_rmr_t *rmr = lookup(peer, "alloc");
+  session_t s;
+  session_open(&s, TIMEOUT_MS, TIMEOUT_MS);
+  hixl_rmr_t *rmr = lookup(s.peer, "alloc");
   /* SIGSTOP: the socket stays open, only missing heartbeats tell. */
-  double ms = stream_until_lost(peer, rmr, &t, SIGSTOP);
+  double ms = stream_until_lost(s.peer, rmr, &s.t, SIGSTOP);
   printf("# frozen peer: PEER_LOST %.1f ms after SIGSTOP (timeout %d ms)\n", ms, TIMEOUT_MS);
   assert_non_null(strstr(hixl_last_error(), "lost"));
   /* Its reason is the silence (shm: its turn counter, or heartbeats). */
   uint8_t b1[8] = {0};
-  assert_int_equal(hixl_put(peer, b1, 8, rmr, 0, 0, NULL), HIXL_ERR_PEER_LOST);
+  assert_int_equal(hixl_put(s.peer, b1, 8, rmr, 0, 0, NULL), HIXL_ERR_PEER_LOST);
   if (strstr(hixl_last_error(), " is lost (") == NULL)
     fail_msg("no reason in: %s", hixl_last_error());
   printf("# %s\n", hixl_last_error());
-  kill(t.pid, SIGKILL);
-  still_serves(ctx);
+  kill(s.t.pid, SIGKILL);
+  still_serves(s.ctx);
   hixl_rmr_release(rmr);
-  hixl_disconnect(peer);
-  target_stop(&t);
-  hixl_ctx_destroy(ctx);
+  session_close(&s);
 }
 
 static void test_inflight_requests(void **state)
 {
   (void)state;
   enum { N = 2000 };
-  hixl_ctx_t *ctx = test_ctx(TIMEOUT_MS, NULL);
-  target_t t;
-  target_start(&t, ctx, NULL, TIMEOUT_MS);
-  hixl_peer_t *peer = connect_to(ctx, &t);
+  session_t s;
+  session_open(&s, TIMEOUT_MS, TIMEOUT_MS);
   /* Atomics on a CMA region are executed by the owner over shm: the first
    * half is truly in flight when it dies.  Over verbs the responder's NIC
    * executes them (rxe: the owner's kernel) and may finish all of the first
    * half before the process is gone, so the second half is issued only once
    * it has exited (waitid WNOWAIT: target_stop still reaps it): those must
    * fail PEER_LOST, at issue or at wait, on every transport. */
-  hixl_rmr_t *rmr = lookup(peer, "ctr_reg");
+  hixl_rmr_t *rmr = lookup(s.peer, "ctr_reg");
   static hixl_req_t *reqs[N];
   static uint64_t olds[N];
   int issued = 0;
   for (; issued < N; issued++) {
     if (issued == N / 2) {
-      kill(t.pid, SIGKILL);
+      kill(s.t.pid, SIGKILL);
       siginfo_t si;
-      assert_int_equal(waitid(P_PID, (id_t)t.pid, &si, WEXITED | WNOWAIT), 0);
+      assert_int_equal(waitid(P_PID, (id_t)s.t.pid, &si, WEXITED | WNOWAIT), 0);
     }
-    hixl_status_t st = hixl_atomic_faa(peer, rmr, 0, 1, &olds[issued], 0, &reqs[issued]);
+    hixl_status_t st = hixl_atomic_faa(s.peer, rmr, 0, 1, &olds[issued], 0, &reqs[issued]);
     if (st == HIXL_ERR_PEER_LOST)
       break;
     assert_int_equal(st, HIXL_OK);
@@ -234,11 +215,9 @@ static void test_inflight_requests(void **state)
   printf("# %d atomics issued: %d completed, %d failed PEER_LOST, all within %.1f ms\n", issued, ok,
          lost, now_ms() - t0);
   assert_true(lost > 0 || issued < N);
-  still_serves(ctx);
+  still_serves(s.ctx);
   hixl_rmr_release(rmr);
-  hixl_disconnect(peer);
-  target_stop(&t);
-  hixl_ctx_destroy(ctx);
+  session_close(&s);
 }
 
 /* A target that stops answering (SIGSTOP) with operations in flight to
@@ -260,36 +239,34 @@ static void test_frozen_inflight(void **state)
 {
   (void)state;
   bool fabric = strcmp(g_transport, "fabric") == 0;
-  hixl_ctx_t *ctx = test_ctx(TIMEOUT_MS, NULL);
-  target_t t;
-  target_start(&t, ctx, NULL, TIMEOUT_MS);
-  hixl_peer_t *peer = connect_to(ctx, &t);
-  hixl_rmr_t *rmr = lookup(peer, "alloc"), *ctr = lookup(peer, "ctr_reg");
+  session_t s;
+  session_open(&s, TIMEOUT_MS, TIMEOUT_MS);
+  hixl_rmr_t *rmr = lookup(s.peer, "alloc"), *ctr = lookup(s.peer, "ctr_reg");
   /* Static: a fabric put left in flight may read it until the end. */
   static uint8_t in[1 << 16], out[1 << 16];
   uint64_t old = 0;
-  EXPECT_OK(hixl_get(peer, in, 8, rmr, 0, 0, NULL)); /* its connections up */
-  EXPECT_OK(hixl_atomic_faa(peer, ctr, 0, 1, &old, 0, NULL));
-  EXPECT_OK(hixl_fence(ctx, peer, TIMEOUT_MS));
-  kill(t.pid, SIGSTOP);
+  EXPECT_OK(hixl_get(s.peer, in, 8, rmr, 0, 0, NULL)); /* its connections up */
+  EXPECT_OK(hixl_atomic_faa(s.peer, ctr, 0, 1, &old, 0, NULL));
+  EXPECT_OK(hixl_fence(s.ctx, s.peer, TIMEOUT_MS));
+  kill(s.t.pid, SIGSTOP);
   siginfo_t si; /* stopped for sure, not about to be */
-  assert_int_equal(waitid(P_PID, (id_t)t.pid, &si, WSTOPPED | WNOWAIT), 0);
+  assert_int_equal(waitid(P_PID, (id_t)s.t.pid, &si, WSTOPPED | WNOWAIT), 0);
   hixl_req_t *reqs[3];
   const char *what[3] = {"faa", "get", "put"};
   int n = fabric ? 1 : 3;
   double t0 = now_ms();
   /* An owner-executed atomic is a request like any other (fabric's was a
    * call that blocked here and failed TIMEOUT, racing the loss). */
-  EXPECT_OK(hixl_atomic_faa(peer, ctr, 0, 1, &old, 0, &reqs[0]));
+  EXPECT_OK(hixl_atomic_faa(s.peer, ctr, 0, 1, &old, 0, &reqs[0]));
   if (now_ms() - t0 > TIMEOUT_MS / 2)
     fail_msg("hixl_atomic_faa blocked %.0f ms at issue", now_ms() - t0);
   if (!fabric) {
-    EXPECT_OK(hixl_get(peer, in, sizeof(in), rmr, 0, 0, &reqs[1]));
-    EXPECT_OK(hixl_put(peer, out, sizeof(out), rmr, sizeof(in), 0, &reqs[2]));
+    EXPECT_OK(hixl_get(s.peer, in, sizeof(in), rmr, 0, 0, &reqs[1]));
+    EXPECT_OK(hixl_put(s.peer, out, sizeof(out), rmr, sizeof(in), 0, &reqs[2]));
   } else {
     hixl_req_t *put;
-    EXPECT_OK(hixl_put(peer, out, sizeof(out), rmr, 0, 0, &put));
-    hixl_status_t st = hixl_notify(peer, 7, 0, NULL);
+    EXPECT_OK(hixl_put(s.peer, out, sizeof(out), rmr, 0, 0, &put));
+    hixl_status_t st = hixl_notify(s.peer, 7, 0, NULL);
     if (st != HIXL_OK && st != HIXL_ERR_PEER_LOST)
       fail_msg("a notification behind a put to a stopped target: %s after %.0f ms (%s)",
                hixl_strerror(st), now_ms() - t0, hixl_last_error());
@@ -304,13 +281,11 @@ static void test_frozen_inflight(void **state)
     printf("# %s: %s after %.0f ms\n", what[i], hixl_strerror(st), now_ms() - t0);
     hixl_req_free(reqs[i]);
   }
-  kill(t.pid, SIGKILL);
-  still_serves(ctx);
+  kill(s.t.pid, SIGKILL);
+  still_serves(s.ctx);
   hixl_rmr_release(ctr);
   hixl_rmr_release(rmr);
-  hixl_disconnect(peer);
-  target_stop(&t);
-  hixl_ctx_destroy(ctx);
+  session_close(&s);
 }
 
 /* Issuing to a stopped target until there is no room: the call that waits
@@ -389,42 +364,38 @@ static void test_no_room(void **state)
 static void test_reconnect_after_loss(void **state)
 {
   (void)state;
-  hixl_ctx_t *ctx = test_ctx(TIMEOUT_MS, NULL);
-  target_t t;
-  target_start(&t, ctx, NULL, TIMEOUT_MS);
-  hixl_peer_t *peer = connect_to(ctx, &t);
-  hixl_rmr_t *rmr = lookup(peer, "alloc");
-  double ms = stream_until_lost(peer, rmr, &t, SIGSTOP);
+  session_t s;
+  session_open(&s, TIMEOUT_MS, TIMEOUT_MS);
+  hixl_rmr_t *rmr = lookup(s.peer, "alloc");
+  double ms = stream_until_lost(s.peer, rmr, &s.t, SIGSTOP);
   printf("# frozen peer lost after %.1f ms; thawing and reconnecting\n", ms);
-  kill(t.pid, SIGCONT);
+  kill(s.t.pid, SIGCONT);
   hixl_peer_t *again = NULL;
   hixl_status_t st = HIXL_ERR_TIMEOUT;
   /* The target may first have to notice that the old connection is gone. */
   for (int i = 0; i < 50 && st != HIXL_OK; i++) {
-    st = hixl_connect(ctx, t.addr, TIMEOUT_MS, &again);
+    st = hixl_connect(s.ctx, s.t.addr, TIMEOUT_MS, &again);
     if (st != HIXL_OK)
       usleep(100000);
   }
   if (st != HIXL_OK)
-    fail_msg("reconnect to %s: %s (%s)", t.addr, hixl_strerror(st), hixl_last_error());
-  assert_true(again != peer);
+    fail_msg("reconnect to %s: %s (%s)", s.t.addr, hixl_strerror(st), hixl_last_error());
+  assert_true(again != s.peer);
   hixl_rmr_t *r2 = lookup(again, "alloc");
   static uint8_t out[1 << 20], in[1 << 20];
   fill_pattern(out, sizeof(out), 99);
   EXPECT_OK(hixl_put(again, out, sizeof(out), r2, 4096, 0, NULL));
-  EXPECT_OK(hixl_fence(ctx, again, TIMEOUT_MS));
-  assert_int_equal(target_hash(&t, "alloc", 4096, sizeof(out)), hash_bytes(out, sizeof(out)));
+  EXPECT_OK(hixl_fence(s.ctx, again, TIMEOUT_MS));
+  assert_int_equal(target_hash(&s.t, "alloc", 4096, sizeof(out)), hash_bytes(out, sizeof(out)));
   EXPECT_OK(hixl_get(again, in, sizeof(in), r2, 4096, 0, NULL));
-  EXPECT_OK(hixl_fence(ctx, again, TIMEOUT_MS));
+  EXPECT_OK(hixl_fence(s.ctx, again, TIMEOUT_MS));
   assert_memory_equal(out, in, sizeof(in));
   uint8_t b[8] = {0};
-  assert_int_equal(hixl_put(peer, b, 8, rmr, 0, 0, NULL), HIXL_ERR_PEER_LOST);
+  assert_int_equal(hixl_put(s.peer, b, 8, rmr, 0, 0, NULL), HIXL_ERR_PEER_LOST);
   hixl_rmr_release(r2);
   hixl_rmr_release(rmr);
   hixl_disconnect(again);
-  hixl_disconnect(peer);
-  target_stop(&t);
-  hixl_ctx_destroy(ctx);
+  session_close(&s);
 }
 
 /* Issue 18: a peer closed while operations to it are still in flight (the
@@ -437,24 +408,22 @@ static void test_reconnect_after_loss(void **state)
  */
 static void closed_while_frozen(bool thaw)
 {
-  hixl_ctx_t *ctx = test_ctx(TIMEOUT_MS, NULL);
-  target_t t;
-  target_start(&t, ctx, NULL, TIMEOUT_MS);
-  hixl_peer_t *peer = connect_to(ctx, &t);
-  hixl_rmr_t *rmr = lookup(peer, "alloc");
-  double ms = stream_until_lost(peer, rmr, &t, SIGSTOP);
+  session_t s;
+  session_open(&s, TIMEOUT_MS, TIMEOUT_MS);
+  hixl_rmr_t *rmr = lookup(s.peer, "alloc");
+  double ms = stream_until_lost(s.peer, rmr, &s.t, SIGSTOP);
   printf("# frozen peer lost after %.1f ms; closing it while stopped\n", ms);
   hixl_rmr_release(rmr);
-  assert_int_equal(hixl_disconnect(peer), HIXL_OK);
+  assert_int_equal(hixl_disconnect(s.peer), HIXL_OK);
   if (thaw) {
-    kill(t.pid, SIGCONT); /* what it had received is acknowledged now */
+    kill(s.t.pid, SIGCONT); /* what it had received is acknowledged now */
     usleep(500000);
   } else {
-    kill(t.pid, SIGKILL);
+    kill(s.t.pid, SIGKILL);
   }
-  still_serves(ctx); /* and gives the killed one time to be gone */
-  target_stop(&t);
-  hixl_ctx_destroy(ctx);
+  still_serves(s.ctx); /* and gives the killed one time to be gone */
+  target_stop(&s.t);
+  hixl_ctx_destroy(s.ctx);
 }
 
 static void test_closed_while_frozen_thawed(void **state)
