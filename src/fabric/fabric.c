@@ -259,6 +259,12 @@ static void fc_free(fab_ctx_t *fc)
     atomic_store(&fc->stop, true);
     pthread_join(fc->thread, NULL);
   }
+  /* Read only now: the progress thread counts under poll_lock, and could
+   * still be counting until the join (ThreadSanitizer caught the read
+   * that came before it). */
+  if (fc->n_dropped)
+    hixl_info("fabric: %llu notification messages from unbound senders were dropped",
+              (unsigned long long)fc->n_dropped);
   if (fc->ep)
     fi_close(&fc->ep->fid);
   if (fc->rbufs_mr)
@@ -469,11 +475,7 @@ static hixl_status_t fab_probe(hixl_ctx_t *ctx)
 
 static void fab_ctx_fini(hixl_ctx_t *ctx)
 {
-  fab_ctx_t *fc = FC(ctx);
-  if (fc && fc->n_dropped)
-    hixl_info("fabric: %llu notification messages from unbound senders were dropped",
-              (unsigned long long)fc->n_dropped);
-  fc_free(fc);
+  fc_free(FC(ctx));
   ctx->tp[HIXL_TP_FABRIC] = NULL;
 }
 
