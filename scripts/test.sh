@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 scripts/deps.sh
 out=${HIXL_TEST_BUILD:-build-test}
 # Each step prints when it starts (UTC), so a slow one shows in CI's log:
-# the whole must stay well under CI's 90 minutes.
+# the whole must stay under an hour (CI allows 90 minutes).
 step() { printf '\n=== %s (%s)\n' "$*" "$(date -u +%H:%M:%S)"; }
 
 step "lint"
